@@ -1,0 +1,40 @@
+"""RootConfig: the whole recipe as one typed tree, the schema every YAML file and override merges into.
+
+The primary config (conf/config.yaml) starts from this schema, so every group option, experiment
+and command-line override is type-checked at composition: a misspelled key or a wrong type fails
+naming the full key (e.g. `model.n_layr`). `dsrecipes.initialize(config=dict)` merges user dicts into
+the same schema. Each group's dataclass lives beside the code that consumes it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dsrecipes.data.config import DataConfig
+from dsrecipes.distributed.config import ZeroConfig
+from dsrecipes.models.config import ModelConfig
+from dsrecipes.training.config import (
+    CheckpointConfig,
+    LoggerConfig,
+    LRSchedulerConfig,
+    OptimizerConfig,
+    PrecisionConfig,
+    TrainerConfig,
+)
+
+# Config groups, in the order the README documents them.
+CONFIG_GROUPS = ("model", "data", "optimizer", "lr_scheduler", "precision", "trainer", "checkpoint", "logger", "zero")
+
+
+@dataclass
+class RootConfig:
+    name: str = "gpt"  # run name: appended to the run directory and used by loggers
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    lr_scheduler: LRSchedulerConfig = field(default_factory=LRSchedulerConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    zero: ZeroConfig = field(default_factory=ZeroConfig)

@@ -1,0 +1,96 @@
+"""Cross-field validation of a composed recipe, run once before any expensive work starts.
+
+Each check raises ValueError naming the key, its value and what would be valid; schema-level
+problems (unknown keys, wrong types) were already caught by Hydra/OmegaConf at composition.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+from omegaconf import DictConfig, OmegaConf
+
+from dsrecipes.config.schema import RootConfig
+from dsrecipes.data.config import validate_data_config
+from dsrecipes.distributed.config import validate_zero_config
+from dsrecipes.models.config import validate_model_config
+from dsrecipes.training.batch import BatchSizes, resolve_batch_sizes
+from dsrecipes.training.lr_schedules import LR_SCHEDULERS, WARMUP_TYPES
+from dsrecipes.training.optimizers import OPTIMIZER_IMPLS, OPTIMIZERS
+from dsrecipes.training.precision import PRECISIONS
+from dsrecipes.utils.device import resolve_device
+
+WANDB_MODES = ("auto", "offline", "online", "disabled")
+
+
+def _choice(key: str, value, choices) -> None:
+    if value not in choices:
+        raise ValueError(f"{key}={value!r} is not valid; choose one of: {', '.join(map(str, choices))}")
+
+
+def _positive(key: str, value, allow_zero: bool = False) -> None:
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ValueError(f"{key}={value} must be {'>= 0' if allow_zero else '> 0'}")
+
+
+def to_root(cfg: RootConfig | DictConfig) -> RootConfig:
+    """A typed RootConfig object from a composed DictConfig (interpolations resolved)."""
+    return OmegaConf.to_object(cfg) if isinstance(cfg, DictConfig) else cfg
+
+
+def data_parallel_world_size() -> int:
+    """World size the batch arithmetic uses: torch.distributed's, else WORLD_SIZE, else 1."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def validate_engine_config(cfg: RootConfig, dp_world_size: int) -> BatchSizes:
+    """Checks of everything the Engine consumes; returns the resolved batch sizes."""
+    t = cfg.trainer
+    batch = resolve_batch_sizes(
+        t.train_batch_size, t.train_micro_batch_size_per_gpu, t.gradient_accumulation_steps, dp_world_size
+    )
+    resolve_device(t.device)
+    _positive("trainer.max_steps", t.max_steps)
+    _positive("trainer.log_interval", t.log_interval)
+    _positive("trainer.eval_interval", t.eval_interval, allow_zero=True)
+    _positive("trainer.eval_batches", t.eval_batches, allow_zero=True)
+    _positive("trainer.gradient_clipping", t.gradient_clipping, allow_zero=True)
+    _positive("trainer.sample_tokens", t.sample_tokens, allow_zero=True)
+    _choice("optimizer.name", cfg.optimizer.name, OPTIMIZERS)
+    _choice("optimizer.impl", cfg.optimizer.impl, OPTIMIZER_IMPLS)
+    _positive("optimizer.lr", cfg.optimizer.lr)
+    if len(cfg.optimizer.betas) != 2:
+        raise ValueError(f"optimizer.betas={list(cfg.optimizer.betas)} must have two values")
+    _choice("lr_scheduler.name", cfg.lr_scheduler.name, LR_SCHEDULERS)
+    _choice("lr_scheduler.warmup_type", cfg.lr_scheduler.warmup_type, WARMUP_TYPES)
+    _positive("lr_scheduler.warmup_num_steps", cfg.lr_scheduler.warmup_num_steps, allow_zero=True)
+    _choice("precision.dtype", cfg.precision.dtype, PRECISIONS)
+    _positive("checkpoint.interval", cfg.checkpoint.interval, allow_zero=True)
+    _positive("checkpoint.keep_last", cfg.checkpoint.keep_last, allow_zero=True)
+    validate_zero_config(cfg.zero)
+    if cfg.zero.stage > 0 and dp_world_size == 1:
+        warnings.warn(
+            f"zero.stage={cfg.zero.stage} with a data-parallel world size of 1: there is nothing to shard, "
+            "the run trains as stage 0",
+            stacklevel=2,
+        )
+    return batch
+
+
+def validate_recipe(cfg: RootConfig | DictConfig, dp_world_size: int | None = None) -> tuple[RootConfig, BatchSizes]:
+    """Every check a training recipe needs; returns the typed config and the batch sizes."""
+    root = to_root(cfg)
+    validate_model_config(root.model)
+    validate_data_config(root.data)
+    if root.data.block_size > root.model.max_seq_len:
+        raise ValueError(
+            f"data.block_size={root.data.block_size} exceeds model.max_seq_len={root.model.max_seq_len}"
+        )
+    _choice("logger.wandb_mode", root.logger.wandb_mode, WANDB_MODES)
+    batch = validate_engine_config(root, dp_world_size or data_parallel_world_size())
+    return root, batch

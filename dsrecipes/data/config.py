@@ -1,0 +1,94 @@
+"""The ``data`` section of a recipe: where the corpus comes from and how it is cut.
+
+``DataConfig`` is a plain dataclass so that it can serve both as a Python object
+for library users and as an OmegaConf structured-config schema for the Hydra
+recipes (hence only OmegaConf-friendly field types: no ``Literal``/``Union``).
+``validate_data_config`` turns the easy mistakes (typos in choices, missing
+files) into one-line errors that name the key, the value and the valid choices,
+before any expensive work starts.
+"""
+
+import os
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+#: Valid values of ``data.source``.
+SOURCES = ("builtin", "files", "hub")
+
+#: File suffixes accepted by ``source=files``, grouped by the datasets builder that reads them.
+TEXT_SUFFIXES = (".txt", ".md", ".py")
+JSON_SUFFIXES = (".jsonl", ".json")
+PARQUET_SUFFIXES = (".parquet",)
+SUPPORTED_SUFFIXES = TEXT_SUFFIXES + JSON_SUFFIXES + PARQUET_SUFFIXES
+
+
+@dataclass
+class DataConfig:
+    """Where the training text comes from, how it is tokenized and cut into blocks.
+
+    Attributes:
+        source: ``"builtin"`` (the Python standard library's own top-level
+            ``*.py`` files, present wherever Python is), ``"files"`` (local
+            files/directories in ``paths``) or ``"hub"`` (``datasets.load_dataset``).
+        paths: for ``source=files``: ``.txt/.md/.py`` (one document per file),
+            ``.jsonl/.json`` or ``.parquet`` files, or directories searched
+            recursively for those suffixes (sorted).
+        hub_name: dataset name on the Hugging Face Hub (``source=hub``).
+        hub_config: dataset configuration name (``source=hub``).
+        hub_split: split to load (``source=hub``).
+        text_field: column holding the text for json/parquet/hub data.
+        tokenizer: ``"byte"`` or a path to a ``tokenizers`` ``tokenizer.json`` file.
+        block_size: tokens per training example (the model's context length).
+        val_fraction: fraction of documents held out for validation.
+        max_bytes: cap on the corpus size; documents are taken in sorted order
+            while the cumulative size fits (always at least one).
+        num_proc: worker processes for ``datasets.Dataset.map``.
+        cache_dir: datasets cache directory (``None``: datasets' default).
+        split_seed: seed of the deterministic document-level train/validation split.
+    """
+
+    source: str = "builtin"
+    paths: List[str] = field(default_factory=list)
+    hub_name: Optional[str] = None
+    hub_config: Optional[str] = None
+    hub_split: str = "train"
+    text_field: str = "text"
+    tokenizer: str = "byte"
+    block_size: int = 128
+    val_fraction: float = 0.05
+    max_bytes: Optional[int] = None
+    num_proc: Optional[int] = None
+    cache_dir: Optional[str] = None
+    split_seed: int = 1234
+
+
+def validate_data_config(cfg) -> None:
+    """Check ``cfg`` (a ``DataConfig`` or an equivalent OmegaConf node).
+
+    Raises:
+        ValueError: naming the offending ``data.<key>``, its value and what would be valid.
+    """
+    if cfg.source not in SOURCES:
+        raise ValueError(f"data.source={cfg.source!r} is not valid; choose one of: {', '.join(SOURCES)}")
+    if not isinstance(cfg.block_size, int) or cfg.block_size <= 0:
+        raise ValueError(f"data.block_size={cfg.block_size!r} is not valid; it must be a positive integer")
+    if not 0.0 < float(cfg.val_fraction) < 1.0:
+        raise ValueError(f"data.val_fraction={cfg.val_fraction!r} is not valid; it must lie strictly between 0 and 1")
+    if cfg.max_bytes is not None and cfg.max_bytes <= 0:
+        raise ValueError(f"data.max_bytes={cfg.max_bytes!r} is not valid; use a positive integer or null (no cap)")
+    if cfg.num_proc is not None and cfg.num_proc < 1:
+        raise ValueError(f"data.num_proc={cfg.num_proc!r} is not valid; use a positive integer or null")
+    if not cfg.text_field:
+        raise ValueError(f"data.text_field={cfg.text_field!r} is not valid; name the column holding the text")
+    if cfg.source == "files":
+        if not cfg.paths:
+            raise ValueError("data.paths is empty; source=files needs at least one file or directory")
+        for path in cfg.paths:
+            if not os.path.exists(str(path)):
+                raise ValueError(f"data.paths: {str(path)!r} does not exist")
+    if cfg.source == "hub" and not cfg.hub_name:
+        raise ValueError("data.hub_name is not set; source=hub needs a dataset name, e.g. data.hub_name=wikitext")
+    if cfg.tokenizer != "byte" and not os.path.isfile(str(cfg.tokenizer)):
+        raise ValueError(
+            f"data.tokenizer={cfg.tokenizer!r} is not valid; use 'byte' or the path of an existing tokenizer.json file"
+        )

@@ -1,0 +1,1 @@
+"""Distributed machinery: parallel layout (DeviceMesh), ZeRO sharding, launch helpers."""

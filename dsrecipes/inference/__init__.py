@@ -1,0 +1,1 @@
+"""Inference: text generation from trained models."""

@@ -1,0 +1,79 @@
+"""ModelConfig: the shape of a decoder-only GPT, shared by the Hydra `model` group and Python users.
+
+Plain dataclass (no Hydra) so it doubles as the structured-config schema of conf/model/*.yaml and as
+the constructor argument of `dsrecipes.models.GPT`. Choice-valued fields are plain strings checked by
+`validate_model_config`, because OmegaConf has no Literal type.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+MODEL_STYLES = ("gpt2", "llama")
+
+
+@dataclass
+class ModelConfig:
+    """Decoder-only transformer shape.
+
+    style: "gpt2" = LayerNorm, GELU MLP, learned positions, biases;
+           "llama" = RMSNorm, SwiGLU MLP, rotary positions, optional grouped-query attention.
+    """
+
+    name: str = "custom"
+    style: str = "gpt2"
+    n_layer: int = 4
+    n_head: int = 4
+    n_kv_head: Optional[int] = None  # None = n_head (multi-head); fewer = grouped-query attention
+    d_model: int = 128
+    d_ff: Optional[int] = None  # None = 4*d_model (gpt2) or ~8/3*d_model rounded to 64 (llama)
+    vocab_size: Optional[int] = None  # None = taken from the tokenizer by the recipe
+    max_seq_len: int = 128
+    dropout: float = 0.0
+    bias: bool = True
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    tie_embeddings: bool = True
+    init_std: float = 0.02
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_head or self.n_head
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
+
+    @property
+    def ffn_dim(self) -> int:
+        if self.d_ff:
+            return self.d_ff
+        if self.style == "llama":
+            return 64 * ((int(8 * self.d_model / 3) + 63) // 64)
+        return 4 * self.d_model
+
+
+def validate_model_config(cfg: ModelConfig, prefix: str = "model") -> None:
+    """Raise ValueError naming the key, its value and what would be valid."""
+    if cfg.style not in MODEL_STYLES:
+        raise ValueError(f"{prefix}.style={cfg.style!r} is not valid; choose one of: {', '.join(MODEL_STYLES)}")
+    for key in ("n_layer", "n_head", "d_model", "max_seq_len"):
+        if getattr(cfg, key) <= 0:
+            raise ValueError(f"{prefix}.{key}={getattr(cfg, key)} must be > 0")
+    if cfg.d_model % cfg.n_head:
+        raise ValueError(
+            f"{prefix}.d_model={cfg.d_model} must be divisible by {prefix}.n_head={cfg.n_head}"
+        )
+    if cfg.n_kv_head is not None and (cfg.n_kv_head <= 0 or cfg.n_head % cfg.n_kv_head):
+        raise ValueError(
+            f"{prefix}.n_kv_head={cfg.n_kv_head} must be a positive divisor of {prefix}.n_head={cfg.n_head}"
+        )
+    if cfg.style == "llama" and cfg.head_dim % 2:
+        raise ValueError(
+            f"{prefix}: rotary embeddings need an even head dim, got d_model/n_head={cfg.head_dim}"
+        )
+    if cfg.vocab_size is not None and cfg.vocab_size <= 0:
+        raise ValueError(f"{prefix}.vocab_size={cfg.vocab_size} must be > 0 (or null: from the tokenizer)")
+    if not 0.0 <= cfg.dropout < 1.0:
+        raise ValueError(f"{prefix}.dropout={cfg.dropout} must be in [0, 1)")

@@ -1,0 +1,107 @@
+"""Decoder-only GPT with GPT-2-style or Llama-style blocks.
+
+    model = GPT(ModelConfig(style="llama", n_layer=2, n_head=4, d_model=128, vocab_size=257))
+    out = model(input_ids, labels=labels)       # out.loss, out.logits
+
+Construction allocates nothing on the meta device (`with torch.device("meta"): GPT(cfg)` is instant
+for any flavor, which the memory estimator relies on); `init_weights()` (re)initialises every
+parameter and buffer in place after `to_empty()`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dsrecipes.models.config import ModelConfig, validate_model_config
+from dsrecipes.models.layers import Block, RMSNorm, make_norm, rope_tables
+
+
+@dataclass
+class GPTOutput:
+    logits: torch.Tensor
+    loss: torch.Tensor | None = None
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        validate_model_config(cfg)
+        if cfg.vocab_size is None:
+            raise ValueError("model.vocab_size is null; set it or let the recipe take it from the tokenizer")
+        self.cfg = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos_emb = nn.Embedding(cfg.max_seq_len, cfg.d_model) if cfg.style == "gpt2" else None
+        self.emb_dropout = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.final_norm = make_norm(cfg)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.tok_emb.weight
+        if cfg.style == "llama":
+            cos, sin = rope_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
+        if not any(p.is_meta for p in self.parameters()):
+            self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """GPT-2 initialisation: N(0, init_std), output projections scaled by 1/sqrt(2*n_layer)."""
+        std = self.cfg.init_std
+        for name, module in self.named_modules():
+            if isinstance(module, nn.Linear):
+                is_output_proj = name.endswith(("out_proj", "fc_out"))
+                scale = 1.0 / math.sqrt(2 * self.cfg.n_layer) if is_output_proj else 1.0
+                nn.init.normal_(module.weight, mean=0.0, std=std * scale)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, mean=0.0, std=std)
+            elif isinstance(module, (nn.LayerNorm, RMSNorm)):
+                module.reset_parameters()
+        if self.cfg.style == "llama":
+            cos, sin = rope_tables(self.cfg.head_dim, self.cfg.max_seq_len, self.cfg.rope_theta, self.rope_cos.device)
+            self.rope_cos.copy_(cos)
+            self.rope_sin.copy_(sin)
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> GPTOutput:
+        """input_ids, labels: [batch, seq] token ids; the loss is mean cross-entropy over all labels != -100."""
+        seq_len = input_ids.shape[1]
+        if seq_len > self.cfg.max_seq_len:
+            raise ValueError(f"sequence length {seq_len} exceeds model.max_seq_len={self.cfg.max_seq_len}")
+        x = self.tok_emb(input_ids)
+        if self.pos_emb is not None:
+            x = x + self.pos_emb(torch.arange(seq_len, device=input_ids.device))
+        x = self.emb_dropout(x)
+        rope = (self.rope_cos, self.rope_sin) if self.cfg.style == "llama" else None
+        for block in self.blocks:
+            x = block(x, rope)
+        logits = self.lm_head(self.final_norm(x))
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100)
+        return GPTOutput(logits=logits, loss=loss)
+
+    def num_params(self, non_embedding: bool = False) -> int:
+        """Parameter count (a tied weight counts once).
+
+        non_embedding drops the lookup-only tables: position embeddings, and the token embedding
+        when it is not tied (a tied one is also the LM head's matmul weight, so it stays).
+        """
+        total = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            if self.pos_emb is not None:
+                total -= self.pos_emb.weight.numel()
+            if not self.cfg.tie_embeddings:
+                total -= self.tok_emb.weight.numel()
+        return total
+
+    def flops_per_token(self, seq_len: int | None = None) -> float:
+        """Training FLOPs per token: 6N (forward+backward matmuls) + 12*L*d*T (attention scores)."""
+        seq_len = seq_len or self.cfg.max_seq_len
+        return 6.0 * self.num_params(non_embedding=True) + 12.0 * self.cfg.n_layer * self.cfg.d_model * seq_len

@@ -1,0 +1,125 @@
+"""Building blocks of the GPT family: norms, MLPs, rotary embeddings and causal self-attention.
+
+Attention goes through torch's scaled_dot_product_attention (flash / memory-efficient kernels where
+the device has them). Kernel injection (dsrecipes.kernels) later swaps these modules for fused ones,
+so each is a small module with a plain-torch forward.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dsrecipes.models.config import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm (Llama); computed in fp32 for stability, returned in the input dtype."""
+
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (y * self.weight.float()).to(x.dtype)
+
+    def reset_parameters(self) -> None:
+        nn.init.ones_(self.weight)
+
+
+def make_norm(cfg: ModelConfig) -> nn.Module:
+    if cfg.style == "llama":
+        return RMSNorm(cfg.d_model, cfg.norm_eps)
+    return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
+
+
+class GeluMLP(nn.Module):
+    """GPT-2 MLP: Linear -> GELU(tanh) -> Linear."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.fc_in = nn.Linear(cfg.d_model, cfg.ffn_dim, bias=cfg.bias)
+        self.fc_out = nn.Linear(cfg.ffn_dim, cfg.d_model, bias=cfg.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc_out(F.gelu(self.fc_in(x), approximate="tanh"))
+
+
+class SwiGLUMLP(nn.Module):
+    """Llama MLP: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate = nn.Linear(cfg.d_model, cfg.ffn_dim, bias=cfg.bias)
+        self.up = nn.Linear(cfg.d_model, cfg.ffn_dim, bias=cfg.bias)
+        self.fc_out = nn.Linear(cfg.ffn_dim, cfg.d_model, bias=cfg.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc_out(F.silu(self.gate(x)) * self.up(x))
+
+
+def make_mlp(cfg: ModelConfig) -> nn.Module:
+    return SwiGLUMLP(cfg) if cfg.style == "llama" else GeluMLP(cfg)
+
+
+def rope_tables(head_dim: int, max_seq_len: int, theta: float, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables [max_seq_len, head_dim/2] for rotary embeddings (fp32)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+    angles = torch.outer(torch.arange(max_seq_len, device=device, dtype=torch.float32), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (x[..., :d/2], x[..., d/2:]) of x [B, H, T, D] by the angles for positions 0..T-1."""
+    seq_len = x.shape[-2]
+    cos, sin = cos[:seq_len].to(x.dtype), sin[:seq_len].to(x.dtype)
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head (or grouped-query) causal self-attention via torch SDPA."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_head, self.n_kv_head, self.head_dim = cfg.n_head, cfg.kv_heads, cfg.head_dim
+        self.use_rope = cfg.style == "llama"
+        self.dropout = cfg.dropout
+        self.q_proj = nn.Linear(cfg.d_model, cfg.n_head * cfg.head_dim, bias=cfg.bias)
+        self.kv_proj = nn.Linear(cfg.d_model, 2 * cfg.kv_heads * cfg.head_dim, bias=cfg.bias)
+        self.out_proj = nn.Linear(cfg.n_head * cfg.head_dim, cfg.d_model, bias=cfg.bias)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        bsz, seq_len, _ = x.shape
+        q = self.q_proj(x).view(bsz, seq_len, self.n_head, self.head_dim).transpose(1, 2)
+        k, v = self.kv_proj(x).view(bsz, seq_len, 2, self.n_kv_head, self.head_dim).unbind(2)
+        k, v = k.transpose(1, 2), v.transpose(1, 2)
+        if self.use_rope:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if self.n_kv_head != self.n_head:
+            repeat = self.n_head // self.n_kv_head
+            k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+        y = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
+        )
+        return self.out_proj(y.transpose(1, 2).reshape(bsz, seq_len, self.n_head * self.head_dim))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.attn_norm = make_norm(cfg)
+        self.attn = CausalSelfAttention(cfg)
+        self.mlp_norm = make_norm(cfg)
+        self.mlp = make_mlp(cfg)
+        self.resid_dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor, rope=None) -> torch.Tensor:
+        x = x + self.resid_dropout(self.attn(self.attn_norm(x), rope))
+        return x + self.resid_dropout(self.mlp(self.mlp_norm(x)))

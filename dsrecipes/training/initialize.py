@@ -1,0 +1,90 @@
+"""`dsrecipes.initialize`: the library path, shaped like `deepspeed.initialize`.
+
+    import dsrecipes
+    engine, optimizer, dataloader, lr_scheduler = dsrecipes.initialize(
+        model=my_module,
+        training_data=my_dataset,                 # optional: a micro-batch DataLoader is built
+        config={"trainer": {"train_batch_size": 32, "gradient_accumulation_steps": 2},
+                "optimizer": {"lr": 3e-4}, "precision": {"dtype": "bf16"}},
+    )
+    for batch in dataloader:
+        loss = my_loss(engine(batch))
+        engine.backward(loss)
+        engine.step()
+
+`config` may be a dict, a DictConfig, a YAML path or a list of Hydra overrides (see
+dsrecipes.config.loading); only the engine's groups (trainer batch/clipping/device, optimizer,
+lr_scheduler, precision, checkpoint, zero) matter here.
+"""
+
+from __future__ import annotations
+
+import torch
+from omegaconf import OmegaConf
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, RandomSampler
+
+from dsrecipes.config.loading import load_config
+from dsrecipes.config.schema import RootConfig
+from dsrecipes.config.validate import data_parallel_world_size, to_root, validate_engine_config
+from dsrecipes.training.batch import BatchSizes
+from dsrecipes.training.engine import Engine
+from dsrecipes.training.lr_schedules import build_lr_scheduler
+from dsrecipes.training.optimizers import build_optimizer
+from dsrecipes.training.precision import Precision
+from dsrecipes.utils.device import resolve_device
+
+
+def build_engine(
+    model: nn.Module,
+    cfg: RootConfig,
+    batch: BatchSizes,
+    optimizer: torch.optim.Optimizer | None = None,
+    lr_scheduler=None,
+    config_yaml: str | None = None,
+) -> Engine:
+    """Place the model, build what the user did not pass, and wrap it all in an Engine."""
+    device = resolve_device(cfg.trainer.device)
+    model.to(device)
+    optimizer = optimizer or build_optimizer(cfg.optimizer, model)
+    if lr_scheduler is None:
+        lr_scheduler = build_lr_scheduler(cfg.lr_scheduler, optimizer, cfg.trainer.max_steps)
+    elif callable(lr_scheduler) and not hasattr(lr_scheduler, "step"):
+        lr_scheduler = lr_scheduler(optimizer)
+    return Engine(
+        model,
+        optimizer,
+        lr_scheduler,
+        batch,
+        Precision(cfg.precision, device),
+        gradient_clipping=cfg.trainer.gradient_clipping,
+        keep_last_checkpoints=cfg.checkpoint.keep_last,
+        config_yaml=config_yaml,
+    )
+
+
+def initialize(
+    model: nn.Module,
+    config=None,
+    optimizer: torch.optim.Optimizer | None = None,
+    training_data: Dataset | None = None,
+    lr_scheduler=None,
+    collate_fn=None,
+):
+    """Returns (engine, optimizer, dataloader or None, lr_scheduler), like deepspeed.initialize."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    composed = load_config(config)
+    cfg = to_root(composed)
+    batch = validate_engine_config(cfg, data_parallel_world_size())
+    engine = build_engine(model, cfg, batch, optimizer, lr_scheduler, OmegaConf.to_yaml(composed))
+    dataloader = None
+    if training_data is not None:
+        generator = torch.Generator().manual_seed(cfg.trainer.seed)
+        dataloader = DataLoader(
+            training_data,
+            batch_size=batch.micro_batch_size,
+            sampler=RandomSampler(training_data, generator=generator),
+            collate_fn=collate_fn,
+        )
+    return engine, engine.optimizer, dataloader, engine.lr_scheduler

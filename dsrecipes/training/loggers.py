@@ -1,0 +1,98 @@
+"""Metric sinks: metrics.jsonl, TensorBoard and Weights & Biases behind one `log(metrics, step)` call.
+
+W&B runs offline (files under <run dir>/wandb, sync later with `wandb sync`) unless an API key is
+configured or logger.wandb_mode=online; it is imported only when enabled, since it is slow to start.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+from dsrecipes.training.config import LoggerConfig
+
+
+class JsonlLogger:
+    """One JSON object per log call: {"step": N, "time": unix_s, "train/loss": ...}."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._file = open(path, "a", buffering=1)
+
+    def log(self, metrics: dict, step: int) -> None:
+        record = {"step": step, "time": round(time.time(), 3)}
+        record.update({k: (v if not isinstance(v, float) or math.isfinite(v) else str(v)) for k, v in metrics.items()})
+        self._file.write(json.dumps(record) + "\n")
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class TensorBoardLogger:
+    def __init__(self, log_dir: Path):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(log_dir=str(log_dir))
+
+    def log(self, metrics: dict, step: int) -> None:
+        for key, value in metrics.items():
+            self.writer.add_scalar(key, value, step)
+
+    def close(self) -> None:
+        self.writer.flush()
+        self.writer.close()
+
+
+def wandb_mode(configured: str) -> str:
+    """auto -> online when WANDB_API_KEY is set, else offline."""
+    if configured != "auto":
+        return configured
+    return "online" if os.environ.get("WANDB_API_KEY") else "offline"
+
+
+class WandbLogger:
+    def __init__(self, cfg: LoggerConfig, run_dir: Path, run_name: str, config: dict):
+        import wandb
+
+        self.run = wandb.init(
+            project=cfg.wandb_project,
+            entity=cfg.wandb_entity,
+            name=run_name,
+            tags=list(cfg.wandb_tags),
+            dir=str(run_dir),
+            mode=wandb_mode(cfg.wandb_mode),
+            config=config,
+            reinit="finish_previous",
+        )
+
+    def log(self, metrics: dict, step: int) -> None:
+        self.run.log(metrics, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class MetricLoggers:
+    """Fans a metrics dict out to every enabled sink (only on the rank that logs)."""
+
+    def __init__(self, cfg: LoggerConfig, run_dir: Path, run_name: str, config: dict, enabled: bool = True):
+        self.sinks = []
+        if not enabled:
+            return
+        if cfg.jsonl:
+            self.sinks.append(JsonlLogger(run_dir / "metrics.jsonl"))
+        if cfg.tensorboard:
+            self.sinks.append(TensorBoardLogger(run_dir / "tb"))
+        if cfg.wandb and wandb_mode(cfg.wandb_mode) != "disabled":
+            self.sinks.append(WandbLogger(cfg, run_dir, run_name, config))
+
+    def log(self, metrics: dict, step: int) -> None:
+        for sink in self.sinks:
+            sink.log(metrics, step)
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()

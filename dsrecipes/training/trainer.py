@@ -1,0 +1,304 @@
+"""The recipe Trainer: what `python -m dsrecipes` runs.
+
+Build order, fixed and readable: device -> data -> model -> engine -> loggers. Then the loop:
+micro-batches through the Engine (forward, extra loss terms, backward, step), metrics every
+log_interval, validation every eval_interval, checkpoints every checkpoint.interval, and at the end a
+final evaluation, the final checkpoint, a summary table and a short text sample from the model.
+Later capabilities plug in through dsrecipes.training.extensions, not by editing this loop.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+from rich.console import Console
+from rich.panel import Panel
+from rich.table import Table
+
+from dsrecipes.config.schema import RootConfig
+from dsrecipes.data import BatchIterator, eval_batches, prepare_data
+from dsrecipes.inference.sampling import sample_tokens
+from dsrecipes.models import GPT
+from dsrecipes.training.batch import BatchSizes
+from dsrecipes.training.extensions import Extensions, build_extensions
+from dsrecipes.training.initialize import build_engine
+from dsrecipes.training.loggers import MetricLoggers
+from dsrecipes.training.progress import TrainingProgress
+from dsrecipes.utils.device import peak_tflops, resolve_device
+from dsrecipes.utils.logging import get_logger, setup_logging
+from dsrecipes.utils.seed import seed_everything
+
+SUMMARY_FILE = "summary.json"
+
+
+def padded_vocab_size(tokenizer_vocab: int, multiple: int = 64) -> int:
+    """Round the embedding table up to a multiple of 64 rows (faster matmuls; extra rows never targets)."""
+    return multiple * math.ceil(tokenizer_vocab / multiple)
+
+
+class Trainer:
+    def __init__(
+        self,
+        cfg: RootConfig,
+        run_dir: str | Path,
+        batch: BatchSizes,
+        overrides: list[str] | None = None,
+        extensions: Extensions | None = None,
+        console: Console | None = None,
+        rank: int = 0,
+    ):
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.batch = batch
+        self.overrides = list(overrides or [])
+        self.extensions = extensions if extensions is not None else build_extensions(cfg)
+        self.console = console or Console()
+        self.rank = rank
+        self.is_logging_rank = rank == 0
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = setup_logging(self.run_dir, rank, self.console, cfg.logger.level)
+        self.log = get_logger()
+
+    # ------------------------------------------------------------------ build
+    def setup(self) -> None:
+        cfg = self.cfg
+        seed_everything(cfg.trainer.seed)
+        self.device = resolve_device(cfg.trainer.device)
+        self.log.info("device: %s", self.device)
+
+        self.data = prepare_data(cfg.data, status=lambda msg: self.log.info("data: %s", msg))
+        self.log.info(
+            "data: %d documents, %s train tokens, %s validation tokens%s",
+            self.data.num_documents,
+            f"{self.data.num_train_tokens:,}",
+            f"{self.data.num_val_tokens:,}",
+            " (from cache)" if self.data.from_cache else "",
+        )
+        self.train_batches = BatchIterator(
+            self.data.train, self.batch.micro_batch_size, seed=cfg.trainer.seed, rank=0, world_size=1
+        )
+
+        model_cfg = cfg.model
+        if model_cfg.vocab_size is None:
+            model_cfg.vocab_size = padded_vocab_size(self.data.tokenizer.vocab_size)
+        elif model_cfg.vocab_size < self.data.tokenizer.vocab_size:
+            raise ValueError(
+                f"model.vocab_size={model_cfg.vocab_size} is smaller than the tokenizer's "
+                f"{self.data.tokenizer.vocab_size} tokens; set it to null to take it from the tokenizer"
+            )
+        with torch.device(self.device):
+            model = GPT(model_cfg)
+        self.gpt = model
+        for transform in self.extensions.model_transforms:
+            model = transform(model)
+        self.log.info(
+            "model: %s (%s), %s parameters", model_cfg.name, model_cfg.style, f"{self.gpt.num_params():,}"
+        )
+
+        config_yaml = OmegaConf.to_yaml(OmegaConf.structured(cfg))
+        self.engine = build_engine(model, cfg, self.batch, config_yaml=config_yaml)
+        self.log.info(
+            "batch: train_batch_size=%d = micro %d x accumulation %d x dp %d",
+            self.batch.train_batch_size,
+            self.batch.micro_batch_size,
+            self.batch.gradient_accumulation_steps,
+            self.batch.dp_world_size,
+        )
+
+        self.loggers = MetricLoggers(
+            cfg.logger, self.run_dir, cfg.name, OmegaConf.to_container(OmegaConf.structured(cfg)), self.is_logging_rank
+        )
+        self.tokens_per_step = self.batch.train_batch_size * cfg.data.block_size
+        self.flops_per_token = self.gpt.flops_per_token(cfg.data.block_size)
+        self.peak_flops = peak_tflops(self.device, cfg.trainer.peak_tflops)
+
+    # ------------------------------------------------------------------ steps
+    def _micro_batch(self, step: int) -> dict:
+        batch = {k: v.to(self.device, non_blocking=True) for k, v in next(self.train_batches).items()}
+        for hook in self.extensions.batch_hooks:
+            batch = hook(batch, step)
+        return batch
+
+    def train_step(self, step: int) -> dict:
+        """One optimizer step over gradient_accumulation_steps micro-batches; returns its metrics."""
+        engine = self.engine
+        engine.train()
+        lr = engine.get_lr()[0]
+        totals: dict[str, torch.Tensor] = {}
+        for _ in range(engine.gradient_accumulation_steps):
+            batch = self._micro_batch(step)
+            output = engine(batch["input_ids"], labels=batch["labels"])
+            loss, terms = output.loss, {}
+            if self.extensions.loss_terms:
+                terms["lm_loss"] = output.loss
+                for loss_term in self.extensions.loss_terms:
+                    extra = loss_term(engine.module, batch, output)
+                    terms.update(extra)
+                    loss = loss + sum(extra.values())
+            engine.backward(loss)
+            engine.step()
+            terms["loss"] = loss
+            for name, value in terms.items():
+                totals[name] = totals.get(name, 0.0) + value.detach().float()
+        gas = engine.gradient_accumulation_steps
+        metrics = {f"train/{name}": float(total) / gas for name, total in totals.items()}
+        metrics["train/lr"] = lr
+        metrics["train/grad_norm"] = engine.last_grad_norm
+        return metrics
+
+    @torch.no_grad()
+    def evaluate(self) -> dict:
+        engine = self.engine
+        engine.eval()
+        losses = []
+        max_batches = self.cfg.trainer.eval_batches or None
+        for batch in eval_batches(self.data.validation, self.batch.micro_batch_size, max_batches=max_batches):
+            output = engine(batch["input_ids"].to(self.device), labels=batch["labels"].to(self.device))
+            losses.append(float(output.loss))
+        engine.train()
+        val_loss = sum(losses) / max(1, len(losses))
+        return {"val/loss": val_loss, "val/ppl": math.exp(min(val_loss, 50.0))}
+
+    def _perf_metrics(self, steps: int, seconds: float) -> dict:
+        tokens_per_s = steps * self.tokens_per_step / max(seconds, 1e-9)
+        metrics = {"perf/tokens_per_s": tokens_per_s, "perf/step_time_s": seconds / max(steps, 1)}
+        if self.peak_flops:
+            metrics["perf/mfu"] = tokens_per_s * self.flops_per_token / (self.peak_flops * 1e12)
+        if self.device.type == "cuda":
+            metrics["mem/peak_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+        return metrics
+
+    def save_checkpoint(self) -> Path:
+        save_dir = self.run_dir / self.cfg.checkpoint.dirname
+        path = self.engine.save_checkpoint(save_dir, client_state={"data": self.train_batches.state_dict()})
+        self.log.info("checkpoint: %s", path)
+        return path
+
+    # ------------------------------------------------------------------ run
+    def fit(self) -> dict:
+        """Train to trainer.max_steps; returns the summary (also written to summary.json)."""
+        self.setup()
+        cfg, t = self.cfg, self.cfg.trainer
+        for callback in self.extensions.callbacks:
+            callback.on_train_start(self)
+        started = window_start = time.perf_counter()
+        window_steps, first_loss, last_train, last_eval, last_checkpoint = 0, None, {}, {}, None
+        show_bar = t.progress_bar and self.is_logging_rank
+        with TrainingProgress(self.console, t.max_steps, self.engine.global_steps, enabled=show_bar) as bar:
+            while self.engine.global_steps < t.max_steps:
+                metrics = self.train_step(self.engine.global_steps)
+                step = self.engine.global_steps
+                window_steps += 1
+                first_loss = metrics["train/loss"] if first_loss is None else first_loss
+                if step % t.log_interval == 0 or step == t.max_steps:
+                    if self.device.type == "cuda":
+                        torch.cuda.synchronize(self.device)
+                    now = time.perf_counter()
+                    metrics.update(self._perf_metrics(window_steps, now - window_start))
+                    window_start, window_steps = now, 0
+                    self.loggers.log(metrics, step)
+                    last_train = metrics
+                    bar.update(step, metrics["train/loss"], metrics["train/lr"], metrics["perf/tokens_per_s"])
+                    self.log.debug("step %d %s", step, _fmt(metrics))
+                else:
+                    bar.update(step)
+                for callback in self.extensions.callbacks:
+                    callback.on_step_end(self, step, metrics)
+                if t.eval_interval and step % t.eval_interval == 0 and step < t.max_steps:
+                    last_eval = self._evaluate_and_log(step)
+                if cfg.checkpoint.interval and step % cfg.checkpoint.interval == 0 and step < t.max_steps:
+                    last_checkpoint = self.save_checkpoint()
+        last_eval = self._evaluate_and_log(self.engine.global_steps)
+        if cfg.checkpoint.save_final:
+            last_checkpoint = self.save_checkpoint()
+        total_s = time.perf_counter() - started
+        summary = self._summary(first_loss, last_train, last_eval, total_s, last_checkpoint)
+        sample = self.sample_text()
+        if sample is not None:
+            summary["sample"] = sample
+        self._report(summary)
+        for callback in self.extensions.callbacks:
+            callback.on_train_end(self, summary)
+        self.loggers.close()
+        (self.run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
+        return summary
+
+    def _evaluate_and_log(self, step: int) -> dict:
+        metrics = self.evaluate()
+        self.loggers.log(metrics, step)
+        self.log.info("eval step %d: val/loss %.4f  val/ppl %.2f", step, metrics["val/loss"], metrics["val/ppl"])
+        for callback in self.extensions.callbacks:
+            callback.on_eval_end(self, step, metrics)
+        return metrics
+
+    def sample_text(self) -> str | None:
+        t = self.cfg.trainer
+        if not t.sample_tokens:
+            return None
+        tokenizer = self.data.tokenizer
+        prompt = tokenizer.encode(t.sample_prompt)
+        with self.engine.precision.autocast():
+            new_ids = sample_tokens(
+                self.engine.module,
+                prompt,
+                t.sample_tokens,
+                self.cfg.data.block_size,
+                temperature=t.sample_temperature,
+                top_k=t.sample_top_k,
+                seed=t.seed,
+                device=self.device,
+                stop_id=getattr(tokenizer, "eos_id", None),
+            )
+        return t.sample_prompt + tokenizer.decode(new_ids)
+
+    def _summary(self, first_loss, last_train, last_eval, total_s, checkpoint) -> dict:
+        steps = self.engine.global_steps
+        metrics = {
+            "train/first_loss": first_loss,
+            "train/loss": last_train.get("train/loss"),
+            **last_eval,
+            "perf/tokens_per_s": steps * self.tokens_per_step / max(total_s, 1e-9),
+            "time/total_s": total_s,
+            "train/steps": steps,
+            "train/tokens": steps * self.tokens_per_step,
+        }
+        if "perf/mfu" in last_train:
+            metrics["perf/mfu"] = last_train["perf/mfu"]
+        return {
+            "name": self.cfg.name,
+            "run_dir": str(self.run_dir),
+            "overrides": self.overrides,
+            "parameters": self.gpt.num_params(),
+            "checkpoint": str(checkpoint) if checkpoint else None,
+            "metrics": metrics,
+        }
+
+    def _report(self, summary: dict) -> None:
+        if not self.is_logging_rank:
+            return
+        table = Table(title=f"dsrecipes run summary: {summary['name']}", show_header=False)
+        table.add_column("what", style="bold")
+        table.add_column("value", justify="right")
+        table.add_row("parameters", f"{summary['parameters']:,}")
+        for key, value in summary["metrics"].items():
+            table.add_row(key, _fmt_value(value))
+        table.add_row("run directory", summary["run_dir"])
+        table.add_row("checkpoint", summary["checkpoint"] or "-")
+        self.console.print(table)
+        if "sample" in summary:
+            self.console.print(Panel(summary["sample"], title="sample from the trained model", expand=False))
+
+
+def _fmt_value(value) -> str:
+    if isinstance(value, float):
+        return f"{value:,.4g}" if abs(value) < 1e5 else f"{value:,.0f}"
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+def _fmt(metrics: dict) -> str:
+    return " ".join(f"{k}={_fmt_value(v)}" for k, v in metrics.items())

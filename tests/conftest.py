@@ -1,0 +1,43 @@
+"""Shared fixtures: a session-wide datasets cache and small, fast recipe overrides."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def datasets_cache(tmp_path_factory) -> str:
+    """One datasets cache for the whole session, so the corpus is tokenized once, not per test."""
+    return str(tmp_path_factory.mktemp("hf_datasets_cache"))
+
+
+@pytest.fixture
+def fast_overrides(datasets_cache) -> list[str]:
+    """A recipe that trains in seconds: debug model, short blocks, a 300 kB slice of the corpus."""
+    return [
+        "model=gpt_debug",
+        "model.max_seq_len=64",
+        "data.max_bytes=300000",
+        f"data.cache_dir={datasets_cache}",
+        "trainer.max_steps=20",
+        "trainer.train_micro_batch_size_per_gpu=8",
+        "trainer.log_interval=5",
+        "trainer.eval_interval=10",
+        "trainer.eval_batches=4",
+        "trainer.sample_tokens=16",
+        "trainer.progress_bar=false",
+        "lr_scheduler.warmup_num_steps=5",
+    ]
+
+
+def run_cli(args: list[str], cwd, timeout: int = 240, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    """Run `python -m dsrecipes ARGS` in `cwd`; W&B forced offline, no network."""
+    env = dict(os.environ, WANDB_MODE="offline", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", **(env_extra or {}))
+    env.pop("WANDB_API_KEY", None)
+    return subprocess.run(
+        [sys.executable, "-m", "dsrecipes", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
