@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 import warnings
 
 import hydra
@@ -26,12 +28,23 @@ def run(cfg: DictConfig) -> dict:
     from dsrecipes.config.validate import validate_recipe
     from dsrecipes.training.trainer import Trainer
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("always")
-        root, batch = validate_recipe(cfg)
-    hydra_cfg = HydraConfig.get()
-    trainer = Trainer(root, hydra_cfg.runtime.output_dir, batch, overrides=list(hydra_cfg.overrides.task))
-    return trainer.fit()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            root, batch = validate_recipe(cfg)
+        hydra_cfg = HydraConfig.get()
+        trainer = Trainer(root, hydra_cfg.runtime.output_dir, batch, overrides=list(hydra_cfg.overrides.task))
+        return trainer.fit()
+    except (ValueError, FileNotFoundError) as error:
+        exit_on_user_error(error)
+
+
+def exit_on_user_error(error: Exception) -> None:
+    """A recipe mistake ends the run with its message, not a traceback (DSRECIPES_DEBUG=1 re-raises)."""
+    if os.environ.get("DSRECIPES_DEBUG") or os.environ.get("HYDRA_FULL_ERROR"):
+        raise error
+    print(f"dsrecipes: error: {error}", file=sys.stderr)
+    sys.exit(2)
 
 
 def main() -> None:

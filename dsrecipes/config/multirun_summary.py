@@ -31,15 +31,16 @@ class MultirunSummary(Callback):
         )
         table = Table(title=f"multirun summary: {sweep_dir}")
         table.add_column("job")
-        table.add_column("overrides")
+        table.add_column("overrides (those that differ)")
         for column in _COLUMNS:
             table.add_column(column, justify="right")
-        for path in jobs:
-            summary = json.loads(path.read_text())
+        summaries = [json.loads(path.read_text()) for path in jobs]
+        shared = set.intersection(*(set(s.get("overrides", [])) for s in summaries)) if summaries else set()
+        for path, summary in zip(jobs, summaries):
             metrics = summary.get("metrics", {})
             table.add_row(
                 path.parent.name,
-                " ".join(summary.get("overrides", [])),
+                " ".join(o for o in summary.get("overrides", []) if o not in shared),
                 *(_format(metrics.get(c, "-")) for c in _COLUMNS),
             )
         Console().print(table)
