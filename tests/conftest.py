@@ -41,3 +41,15 @@ def run_cli(args: list[str], cwd, timeout: int = 240, env_extra: dict | None = N
     return subprocess.run(
         [sys.executable, "-m", "dsrecipes", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
     )
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `gpu` need CUDA: skipped (with the reason) on machines without it."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
