@@ -55,7 +55,13 @@ def wandb_mode(configured: str) -> str:
 
 class WandbLogger:
     def __init__(self, cfg: LoggerConfig, run_dir: Path, run_name: str, config: dict):
-        import wandb
+        try:
+            import wandb
+        except ImportError as error:
+            raise ValueError(
+                "logger.wandb=true but the wandb package is not installed; "
+                "pip install wandb, or use logger=default (jsonl + TensorBoard)"
+            ) from error
 
         self.run = wandb.init(
             project=cfg.wandb_project,

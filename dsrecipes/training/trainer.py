@@ -69,6 +69,8 @@ class Trainer:
         cfg = self.cfg
         seed_everything(cfg.trainer.seed)
         self.device = resolve_device(cfg.trainer.device)
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)  # mem/peak_gib is this run's, not the process's
         self.log.info("device: %s", self.device)
 
         self.data = prepare_data(cfg.data, status=lambda msg: self.log.info("data: %s", msg))
