@@ -74,13 +74,6 @@ class Trainer:
         self.log.info("device: %s", self.device)
 
         self.data = prepare_data(cfg.data, status=lambda msg: self.log.info("data: %s", msg))
-        self.log.info(
-            "data: %d documents, %s train tokens, %s validation tokens%s",
-            self.data.num_documents,
-            f"{self.data.num_train_tokens:,}",
-            f"{self.data.num_val_tokens:,}",
-            " (from cache)" if self.data.from_cache else "",
-        )
         self.train_batches = BatchIterator(
             self.data.train, self.batch.micro_batch_size, seed=cfg.trainer.seed, rank=0, world_size=1
         )
