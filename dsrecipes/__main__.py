@@ -12,9 +12,11 @@ from __future__ import annotations
 import os
 import sys
 import warnings
+from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from dsrecipes.config.store import register_configs
@@ -33,9 +35,12 @@ def run(cfg: DictConfig) -> dict:
             warnings.simplefilter("always")
             root, batch = validate_recipe(cfg)
         hydra_cfg = HydraConfig.get()
-        trainer = Trainer(root, hydra_cfg.runtime.output_dir, batch, overrides=list(hydra_cfg.overrides.task))
+        sweep_name = Path(hydra_cfg.sweep.dir).name if hydra_cfg.mode == RunMode.MULTIRUN else None
+        trainer = Trainer(
+            root, hydra_cfg.runtime.output_dir, batch, overrides=list(hydra_cfg.overrides.task), sweep_name=sweep_name
+        )
         return trainer.fit()
-    except (ValueError, FileNotFoundError) as error:
+    except (ValueError, FileNotFoundError, FloatingPointError) as error:
         exit_on_user_error(error)
 
 

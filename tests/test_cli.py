@@ -18,7 +18,7 @@ def only_run_dir(root: Path) -> Path:
 
 def test_default_run_writes_the_run_directory(tmp_path, fast_overrides):
     with_wandb = importlib.util.find_spec("wandb") is not None  # a dependency; absent on some GPU images
-    result = run_cli(fast_overrides + (["logger=wandb"] if with_wandb else []), cwd=tmp_path)
+    result = run_cli(fast_overrides + (["logger=all"] if with_wandb else []), cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stdout
     assert "dsrecipes run summary" in out and "sample from the trained model" in out and "val/ppl" in out

@@ -24,6 +24,7 @@ def test_default_recipe_composes_and_validates():
     assert batch.train_batch_size == 16
 
 
+@pytest.mark.filterwarnings("ignore:zero.stage=3 with a data-parallel world size of 1")
 @pytest.mark.parametrize("experiment", options("experiment"))
 def test_every_experiment_composes_and_validates(experiment):
     cfg = compose([f"+experiment={experiment}"])

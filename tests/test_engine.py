@@ -1,7 +1,5 @@
 """The library path: dsrecipes.initialize + Engine on a user's own nn.Module and loop."""
 
-import math
-
 import pytest
 import torch
 from omegaconf.errors import ConfigKeyError, ValidationError
@@ -9,7 +7,6 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import dsrecipes
-from dsrecipes.training.lr_schedules import warmup_cosine_ratio
 
 
 class TwoLayerRegressor(nn.Module):
@@ -147,16 +144,6 @@ def test_keep_last_prunes_old_checkpoints(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["step_2", "step_3"]
     with pytest.raises(FileNotFoundError, match="step_0"):
         engine.load_checkpoint(tmp_path, tag="step_0")
-
-
-def test_warmup_cosine_matches_deepspeed_formula():
-    kw = dict(total_num_steps=100, warmup_num_steps=10, warmup_min_ratio=0.1, cos_min_ratio=0.01, warmup_type="linear")
-    assert warmup_cosine_ratio(0, **kw) == pytest.approx(0.1)
-    assert warmup_cosine_ratio(5, **kw) == pytest.approx(0.1 + 0.9 * 0.5)
-    assert warmup_cosine_ratio(10, **kw) == pytest.approx(0.01 + 0.99 * 0.5 * (1 + math.cos(math.pi / 90)))
-    assert warmup_cosine_ratio(100, **kw) == pytest.approx(0.01)
-    log_kw = kw | {"warmup_type": "log"}
-    assert warmup_cosine_ratio(4, **log_kw) == pytest.approx(0.1 + 0.9 * math.log(5) / math.log(10))
 
 
 def test_config_forms_dict_yaml_overrides(tmp_path):

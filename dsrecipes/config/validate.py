@@ -16,9 +16,9 @@ from dsrecipes.data.config import validate_data_config
 from dsrecipes.distributed.config import validate_zero_config
 from dsrecipes.models.config import validate_model_config
 from dsrecipes.training.batch import BatchSizes, resolve_batch_sizes
-from dsrecipes.training.lr_schedules import LR_SCHEDULERS, WARMUP_TYPES
-from dsrecipes.training.optimizers import OPTIMIZER_IMPLS, OPTIMIZERS
-from dsrecipes.training.precision import PRECISIONS
+from dsrecipes.training.lr_schedules import validate_lr_scheduler_config
+from dsrecipes.training.optimizers import validate_optimizer_config
+from dsrecipes.training.precision import validate_precision_config
 from dsrecipes.utils.device import resolve_device
 
 WANDB_MODES = ("auto", "offline", "online", "disabled")
@@ -61,15 +61,9 @@ def validate_engine_config(cfg: RootConfig, dp_world_size: int) -> BatchSizes:
     _positive("trainer.eval_batches", t.eval_batches, allow_zero=True)
     _positive("trainer.gradient_clipping", t.gradient_clipping, allow_zero=True)
     _positive("trainer.sample_tokens", t.sample_tokens, allow_zero=True)
-    _choice("optimizer.name", cfg.optimizer.name, OPTIMIZERS)
-    _choice("optimizer.impl", cfg.optimizer.impl, OPTIMIZER_IMPLS)
-    _positive("optimizer.lr", cfg.optimizer.lr)
-    if len(cfg.optimizer.betas) != 2:
-        raise ValueError(f"optimizer.betas={list(cfg.optimizer.betas)} must have two values")
-    _choice("lr_scheduler.name", cfg.lr_scheduler.name, LR_SCHEDULERS)
-    _choice("lr_scheduler.warmup_type", cfg.lr_scheduler.warmup_type, WARMUP_TYPES)
-    _positive("lr_scheduler.warmup_num_steps", cfg.lr_scheduler.warmup_num_steps, allow_zero=True)
-    _choice("precision.dtype", cfg.precision.dtype, PRECISIONS)
+    validate_optimizer_config(cfg.optimizer)
+    validate_lr_scheduler_config(cfg.lr_scheduler, t.max_steps)
+    validate_precision_config(cfg.precision)
     _positive("checkpoint.interval", cfg.checkpoint.interval, allow_zero=True)
     _positive("checkpoint.keep_last", cfg.checkpoint.keep_last, allow_zero=True)
     validate_zero_config(cfg.zero)

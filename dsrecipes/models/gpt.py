@@ -64,6 +64,11 @@ class GPT(nn.Module):
                 nn.init.normal_(module.weight, mean=0.0, std=std)
             elif isinstance(module, (nn.LayerNorm, RMSNorm)):
                 module.reset_parameters()
+        self.init_rope()
+
+    @torch.no_grad()
+    def init_rope(self) -> None:
+        """(Re)compute the rotary tables in place (they are not saved in state dicts)."""
         if self.cfg.style == "llama":
             cos, sin = rope_tables(self.cfg.head_dim, self.cfg.max_seq_len, self.cfg.rope_theta, self.rope_cos.device)
             self.rope_cos.copy_(cos)

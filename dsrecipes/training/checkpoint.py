@@ -15,8 +15,10 @@ complete, so a crash mid-save never leaves a half checkpoint under a real tag.
 from __future__ import annotations
 
 import os
+import pickle
 import re
 import shutil
+import zipfile
 from pathlib import Path
 
 import torch
@@ -87,4 +89,72 @@ def resolve_checkpoint_dir(load_dir: str | os.PathLike, tag: str | None = None) 
 
 
 def read_checkpoint(path: Path, name: str, map_location="cpu"):
-    return torch.load(path / name, map_location=map_location, weights_only=False)
+    """torch.load one file of a checkpoint; a truncated or corrupt file is a ValueError naming it."""
+    file = path / name
+    if not file.exists():
+        raise FileNotFoundError(f"checkpoint {path} is incomplete: {name} is missing")
+    try:
+        return torch.load(file, map_location=map_location, weights_only=False)
+    except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile) as error:
+        raise ValueError(f"checkpoint file {file} is truncated or corrupt ({error}); load an older checkpoint") from error
+
+
+def check_state_dict_matches(expected: dict, loaded: dict, source: Path) -> None:
+    """Refuse partial or mismatched loads: every tensor present, none extra, every shape equal."""
+    missing = [k for k in expected if k not in loaded]
+    unexpected = [k for k in loaded if k not in expected]
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"missing tensors: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
+        if unexpected:
+            parts.append(f"unexpected tensors: {', '.join(unexpected[:5])}{' ...' if len(unexpected) > 5 else ''}")
+        raise ValueError(f"checkpoint {source} does not match the model ({'; '.join(parts)}); nothing was loaded")
+    for name, tensor in expected.items():
+        if tuple(loaded[name].shape) != tuple(tensor.shape):
+            raise ValueError(
+                f"checkpoint {source} does not match the model: tensor {name!r} has shape "
+                f"{tuple(loaded[name].shape)} in the checkpoint but {tuple(tensor.shape)} in the model; nothing was loaded"
+            )
+
+
+def _newest_in(save_dir: Path) -> Path | None:
+    """The newest complete checkpoint in save_dir: `latest` if it points at one, else the highest step."""
+    latest = save_dir / LATEST
+    if latest.exists():
+        candidate = save_dir / latest.read_text().strip()
+        if (candidate / "model.pt").exists():
+            return candidate
+    complete = [p for p in complete_checkpoints(save_dir) if (p / "model.pt").exists()]
+    return complete[-1] if complete else None
+
+
+def find_resume_checkpoint(spec: str, run_dir: Path, dirname: str, run_name: str) -> Path | None:
+    """Where `trainer.resume=<spec>` resumes from.
+
+    spec "auto": the newest complete checkpoint of this run directory, else of the most recent
+    earlier run directory with the same name beside it (outputs/<date>/<time>_<name>/, so re-running
+    the same command after a preemption continues), else None (a fresh start).
+    Any other spec is a checkpoint directory, or a folder holding `latest` / step_N checkpoints,
+    and must exist.
+    """
+    if spec != "auto":
+        path = Path(spec)
+        if (path / "model.pt").exists():
+            return path
+        for folder in (path, path / dirname):
+            found = _newest_in(folder) if folder.is_dir() else None
+            if found is not None:
+                return found
+        raise FileNotFoundError(f"trainer.resume={spec!r}: no complete checkpoint found there")
+    found = _newest_in(run_dir / dirname)
+    if found is not None:
+        return found
+    outputs_root = run_dir.parent.parent
+    if run_dir.parent.parent.name == "multirun" or run_dir.parent.name.isdigit():
+        return None  # sweep jobs resume only from their own directory
+    candidates = [
+        c for folder in outputs_root.glob(f"*/*_{run_name}") if folder != run_dir
+        if (c := _newest_in(folder / dirname)) is not None
+    ]
+    return max(candidates, key=lambda p: p.stat().st_mtime) if candidates else None

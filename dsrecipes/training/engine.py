@@ -14,15 +14,16 @@ kernels) live here once.
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from dsrecipes.distributed.utils import any_rank
 from dsrecipes.training.batch import BatchSizes
 from dsrecipes.training.checkpoint import (
+    check_state_dict_matches,
     prune_checkpoints,
     read_checkpoint,
     resolve_checkpoint_dir,
@@ -56,7 +57,10 @@ class Engine:
         self.global_steps = 0
         self.global_samples = 0
         self.micro_steps = 0
+        self.skipped_steps = 0
         self.last_grad_norm: float | None = None
+        self.last_step_skipped = False
+        precision.attach(module)
 
     # ------------------------------------------------------------------ batch arithmetic
     @property
@@ -87,42 +91,96 @@ class Engine:
         return self.train(False)
 
     def backward(self, loss: torch.Tensor, scale_wrt_gas: bool = True) -> None:
-        """Backward of loss / gradient_accumulation_steps (the window's loss is averaged exactly once)."""
+        """Backward of loss x loss_scale / gradient_accumulation_steps (averaged over the window exactly once)."""
         if scale_wrt_gas and self.gradient_accumulation_steps > 1:
             loss = loss / self.gradient_accumulation_steps
+        if self.precision.loss_scaler is not None:
+            loss = loss * self.precision.loss_scale
         loss.backward()
 
     def step(self) -> None:
-        """Call after every micro-batch; at the accumulation boundary clip, step, schedule and zero."""
+        """Call after every micro-batch; at the accumulation boundary take (or skip) the optimizer step."""
         if self.is_gradient_accumulation_boundary():
-            params = [p for group in self.optimizer.param_groups for p in group["params"] if p.grad is not None]
-            max_norm = self.gradient_clipping if self.gradient_clipping > 0 else math.inf
-            norm = torch.nn.utils.clip_grad_norm_(params, max_norm) if params else torch.tensor(0.0)
-            self.last_grad_norm = float(norm)
+            self._take_model_step()
+        self.micro_steps += 1
+
+    def _grad_tensors(self) -> list[torch.Tensor]:
+        return [p.grad for group in self.optimizer.param_groups for p in group["params"] if p.grad is not None]
+
+    def _take_model_step(self) -> None:
+        """Overflow check, unscale+clip in one pass, optimizer and schedule step (DeepSpeed's order).
+
+        Overflow (inf/nan in any gradient, agreed by all ranks) skips the step: the optimizer and the
+        LR schedule do not advance, global_steps does (as in DeepSpeed), skipped_steps counts it.
+        """
+        precision = self.precision
+        if precision.master is not None:
+            precision.master.grads_to_master()
+        grads = self._grad_tensors()
+        scale = precision.loss_scale  # the scale the backward used, before this step's update
+        norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0) if grads else torch.zeros(())
+        overflow = any_rank(not bool(torch.isfinite(norm)), self.device)
+        self.last_step_skipped = overflow
+        if precision.loss_scaler is not None:
+            precision.loss_scaler.update_scale(overflow)
+        elif overflow and precision.cfg.nonfinite_grads == "error":
+            raise FloatingPointError(
+                f"non-finite gradients (inf/nan) at step {self.global_steps + 1}: the loss or a gradient "
+                f"overflowed in {precision.name}. Lower the learning rate, or set "
+                "precision.nonfinite_grads=skip to skip such steps"
+            )
+        if overflow:
+            self.skipped_steps += 1
+            self.last_grad_norm = float("nan")
+        else:
+            true_norm = float(norm) / scale
+            self.last_grad_norm = true_norm
+            combined_scale = scale
+            if self.gradient_clipping > 0:
+                clip = (true_norm + 1e-6) / self.gradient_clipping
+                if clip > 1:
+                    combined_scale = clip * scale
+            if combined_scale != 1.0 and grads:
+                torch._foreach_mul_(grads, 1.0 / combined_scale)
             self.optimizer.step()
             if self.lr_scheduler is not None:
                 self.lr_scheduler.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            self.global_steps += 1
-            self.global_samples += self.train_batch_size
-        self.micro_steps += 1
+            if precision.master is not None:
+                precision.master.master_to_model()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.module.zero_grad(set_to_none=True)
+        self.global_steps += 1
+        self.global_samples += self.train_batch_size
 
     def get_lr(self) -> list[float]:
         return [group["lr"] for group in self.optimizer.param_groups]
 
     # ------------------------------------------------------------------ checkpoints
+    def module_state_dict(self) -> dict:
+        """The module's weights at full precision (fp32 masters when the model runs in bf16/fp16)."""
+        if self.precision.master is not None:
+            return self.precision.master.master_state_dict(self.module)
+        return self.module.state_dict()
+
     def save_checkpoint(self, save_dir: str | os.PathLike, tag: str | None = None, client_state: dict | None = None) -> Path:
-        """Atomically write <save_dir>/<tag>/ (tag defaults to step_<global_steps>) and update `latest`."""
+        """Atomically write <save_dir>/<tag>/ (tag defaults to step_<global_steps>) and update `latest`.
+
+        Holds the model (full precision), optimizer, LR schedule, loss scaler, step counters, RNG
+        states, the caller's client_state (e.g. the data position) and the resolved config.
+        """
         tag = tag or f"step_{self.global_steps}"
+        scaler = self.precision.loss_scaler
         engine_state = {
             "global_steps": self.global_steps,
             "global_samples": self.global_samples,
             "micro_steps": self.micro_steps,
+            "skipped_steps": self.skipped_steps,
             "lr_scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None,
+            "loss_scaler": scaler.state_dict() if scaler is not None else None,
             "rng": rng_state(),
             "client_state": client_state or {},
         }
-        files = {"model.pt": self.module.state_dict(), "optimizer.pt": self.optimizer.state_dict(), "engine.pt": engine_state}
+        files = {"model.pt": self.module_state_dict(), "optimizer.pt": self.optimizer.state_dict(), "engine.pt": engine_state}
         path = write_checkpoint(save_dir, tag, files, self.config_yaml)
         prune_checkpoints(save_dir, self.keep_last_checkpoints)
         return path
@@ -130,16 +188,29 @@ class Engine:
     def load_checkpoint(
         self, load_dir: str | os.PathLike, tag: str | None = None, load_optimizer_states: bool = True
     ) -> tuple[Path, dict]:
-        """Restore from <load_dir>/<tag> (default: `latest`); returns (path, client_state)."""
+        """Restore from <load_dir>/<tag> (default: `latest`); returns (path, client_state).
+
+        Every tensor is checked against the model first: a missing, unexpected or differently shaped
+        tensor raises ValueError naming it, and nothing is loaded.
+        """
         path = resolve_checkpoint_dir(load_dir, tag)
-        self.module.load_state_dict(read_checkpoint(path, "model.pt", map_location=self.device))
+        model_state = read_checkpoint(path, "model.pt", map_location=self.device)
+        check_state_dict_matches(self.module_state_dict(), model_state, path / "model.pt")
         state = read_checkpoint(path, "engine.pt")
-        if load_optimizer_states:
-            self.optimizer.load_state_dict(read_checkpoint(path, "optimizer.pt", map_location=self.device))
+        optimizer_state = read_checkpoint(path, "optimizer.pt", map_location=self.device) if load_optimizer_states else None
+        if self.precision.master is not None:
+            self.precision.master.load_master_state_dict(self.module, model_state)
+        else:
+            self.module.load_state_dict(model_state)
+        if optimizer_state is not None:
+            self.optimizer.load_state_dict(optimizer_state)
             if self.lr_scheduler is not None and state["lr_scheduler"] is not None:
                 self.lr_scheduler.load_state_dict(state["lr_scheduler"])
+            if self.precision.loss_scaler is not None and state.get("loss_scaler") is not None:
+                self.precision.loss_scaler.load_state_dict(state["loss_scaler"])
         self.global_steps = state["global_steps"]
         self.global_samples = state["global_samples"]
         self.micro_steps = state["micro_steps"]
+        self.skipped_steps = state.get("skipped_steps", 0)
         set_rng_state(state["rng"])
         return path, state["client_state"]

@@ -32,10 +32,15 @@ class JsonlLogger:
 
 
 class TensorBoardLogger:
-    def __init__(self, log_dir: Path):
+    """Scalars per step, and the resolved config as text (TensorBoard's TEXT tab)."""
+
+    def __init__(self, log_dir: Path, config: dict):
+        import yaml
         from torch.utils.tensorboard import SummaryWriter
 
         self.writer = SummaryWriter(log_dir=str(log_dir))
+        text = yaml.safe_dump(config, sort_keys=False)
+        self.writer.add_text("config", "\n".join("    " + line for line in text.splitlines()), 0)
 
     def log(self, metrics: dict, step: int) -> None:
         for key, value in metrics.items():
@@ -54,7 +59,7 @@ def wandb_mode(configured: str) -> str:
 
 
 class WandbLogger:
-    def __init__(self, cfg: LoggerConfig, run_dir: Path, run_name: str, config: dict):
+    def __init__(self, cfg: LoggerConfig, run_dir: Path, run_name: str, config: dict, group: str | None):
         try:
             import wandb
         except ImportError as error:
@@ -67,6 +72,7 @@ class WandbLogger:
             project=cfg.wandb_project,
             entity=cfg.wandb_entity,
             name=run_name,
+            group=cfg.wandb_group or group,
             tags=list(cfg.wandb_tags),
             dir=str(run_dir),
             mode=wandb_mode(cfg.wandb_mode),
@@ -84,21 +90,31 @@ class WandbLogger:
 class MetricLoggers:
     """Fans a metrics dict out to every enabled sink (only on the rank that logs)."""
 
-    def __init__(self, cfg: LoggerConfig, run_dir: Path, run_name: str, config: dict, enabled: bool = True):
+    def __init__(
+        self,
+        cfg: LoggerConfig,
+        run_dir: Path,
+        run_name: str,
+        config: dict,
+        enabled: bool = True,
+        group: str | None = None,
+    ):
         self.sinks = []
         if not enabled:
             return
         if cfg.jsonl:
             self.sinks.append(JsonlLogger(run_dir / "metrics.jsonl"))
         if cfg.tensorboard:
-            self.sinks.append(TensorBoardLogger(run_dir / "tb"))
+            self.sinks.append(TensorBoardLogger(run_dir / "tb", config))
         if cfg.wandb and wandb_mode(cfg.wandb_mode) != "disabled":
-            self.sinks.append(WandbLogger(cfg, run_dir, run_name, config))
+            self.sinks.append(WandbLogger(cfg, run_dir, run_name, config, group))
 
     def log(self, metrics: dict, step: int) -> None:
         for sink in self.sinks:
             sink.log(metrics, step)
 
     def close(self) -> None:
-        for sink in self.sinks:
+        """Close every sink (idempotent; called on every exit path of a run)."""
+        sinks, self.sinks = self.sinks, []
+        for sink in sinks:
             sink.close()

@@ -1,26 +1,65 @@
 """Learning-rate schedules with DeepSpeed's formulas, stepped once per applied optimizer step.
 
-`t` is the 0-based index of the optimizer step the lr is used for (DeepSpeed's
-last_batch_iteration after the scheduler's first step). Built on torch's LambdaLR so the state dict,
-get_last_lr() and optimizer integration are torch's own.
+What: DeepSpeed's five schedules (WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle, LRRangeTest)
+plus a constant one, selected by `lr_scheduler.name`, or any torch scheduler class named by
+`lr_scheduler._target_`. Why: a recipe ported from a DeepSpeed config should see the same lr curve
+(and, for OneCycle, the same momentum curve), while the objects stay ordinary torch
+`LRScheduler`s, so `state_dict()`, `load_state_dict()`, `get_last_lr()` and every tool that
+expects a torch scheduler work unchanged.
+
+Step convention: `t` is DeepSpeed's `last_batch_iteration` read as "the 0-based index of the
+optimizer step the lr is used for". As with torch's LambdaLR, building a scheduler already puts
+f(0) into the optimizer, and after k calls of `step()` the optimizer holds f(k) (`last_epoch == k`).
+(DeepSpeed's own objects start at last_batch_iteration = -1 and put a placeholder lr -
+warmup_min_lr, 0, cycle_min_lr - into the optimizer until their first step(); here that
+placeholder step does not exist.)
+
+Each formula is also a pure function of `t` (`warmup_lr`, `warmup_decay_lr`,
+`warmup_cosine_ratio`, `one_cycle_lr`, `one_cycle_momentum`, `lr_range_test_lr`) so it can be
+checked and plotted without an optimizer. Every lr is a closed-form function of `t`, never of the
+previous lr, which makes a resumed run continue exactly.
+
+Saved state: `state_dict()` holds the progress (`last_epoch`, `_step_count`, `base_lrs`, the last
+lrs and momenta), not the schedule's hyperparameters: like DeepSpeed (whose state is
+`{'last_batch_iteration': t}`), the shape of a resumed schedule comes from the config it is built
+from. `load_state_dict()` also writes the loaded step's lr (and momentum) into the optimizer, so
+the order of loading optimizer and scheduler state does not matter.
+
+This module must not import Hydra: `_target_` is resolved with importlib.
 """
 
 from __future__ import annotations
 
+import importlib
+import inspect
+import logging
 import math
-from functools import partial
+from typing import Any
 
 import torch
+from torch.optim.lr_scheduler import LRScheduler
 
 from dsrecipes.training.config import LRSchedulerConfig
 
-LR_SCHEDULERS = ("warmup_cosine", "constant")
+LR_SCHEDULERS = ("warmup_lr", "warmup_decay_lr", "warmup_cosine", "one_cycle", "lr_range_test", "constant")
 WARMUP_TYPES = ("linear", "log")
+
+_log = logging.getLogger(__name__)
+
+
+# --------------------------------------------------------------------------------------------
+# Pure formulas (t = 0-based optimizer step the value is used for)
+# --------------------------------------------------------------------------------------------
 
 
 def warmup_gamma(t: int, warmup_num_steps: int, warmup_type: str) -> float:
-    """Warmup progress in [0, 1]: log(t+1)/log(N) or t/N for t < N, else 1 (N >= 2 as in DeepSpeed)."""
+    """Warmup progress in [0, 1] at step t: log(t+1)/log(N) (log) or t/N (linear) for t < N, else 1.
+
+    N = max(2, warmup_num_steps), as in DeepSpeed (so 0 and 1 behave like 2; log(1) would divide by 0).
+    """
     n = max(2, warmup_num_steps)
+    if warmup_type not in WARMUP_TYPES:
+        raise ValueError(f"warmup_type={warmup_type!r} is not valid; choose one of: {', '.join(WARMUP_TYPES)}")
     if t >= n:
         return 1.0
     if warmup_type == "log":
@@ -28,36 +67,584 @@ def warmup_gamma(t: int, warmup_num_steps: int, warmup_type: str) -> float:
     return t / n
 
 
+def warmup_lr(t: int, *, warmup_min_lr: float, warmup_max_lr: float, warmup_num_steps: int, warmup_type: str) -> float:
+    """DeepSpeed WarmupLR: min + (max - min) * gamma(t); constant at warmup_max_lr once t >= N."""
+    return warmup_min_lr + (warmup_max_lr - warmup_min_lr) * warmup_gamma(t, warmup_num_steps, warmup_type)
+
+
+def warmup_decay_lr(
+    t: int, *, total_num_steps: int, warmup_min_lr: float, warmup_max_lr: float, warmup_num_steps: int,
+    warmup_type: str,
+) -> float:
+    """DeepSpeed WarmupDecayLR: WarmupLR's warmup, then gamma = max(0, (T - t) / max(1, T - N)).
+
+    The lr is min + (max - min) * gamma, so it falls linearly from warmup_max_lr at t = N to
+    warmup_min_lr (0 by default) at t = T = total_num_steps and stays there.
+    """
+    n = max(2, warmup_num_steps)
+    if t < n:
+        gamma = warmup_gamma(t, warmup_num_steps, warmup_type)
+    else:
+        gamma = max(0.0, (total_num_steps - t) / max(1, total_num_steps - n))
+    return warmup_min_lr + (warmup_max_lr - warmup_min_lr) * gamma
+
+
 def warmup_cosine_ratio(
     t: int, *, total_num_steps: int, warmup_num_steps: int, warmup_min_ratio: float, cos_min_ratio: float,
     warmup_type: str,
 ) -> float:
-    """DeepSpeed WarmupCosineLR: the multiplier of the optimizer's base lr at step t."""
-    if t < warmup_num_steps:
+    """DeepSpeed WarmupCosineLR: the multiplier of the optimizer's initial lr at step t.
+
+    Warmup (t < N): r = wmin + (1 - wmin) * gamma(t). After: p = min(1, (t - N + 1) / max(1, T - N)),
+    r = max(0, cmin + (1 - cmin) * (1 + cos(pi * p)) / 2), so r reaches cos_min_ratio at t = T - 1
+    and stays there. N = max(2, warmup_num_steps).
+    """
+    n = max(2, warmup_num_steps)
+    if t < n:
         gamma = warmup_gamma(t, warmup_num_steps, warmup_type)
         return warmup_min_ratio + (1.0 - warmup_min_ratio) * gamma
-    progress = min(1.0, (t - warmup_num_steps + 1) / max(1, total_num_steps - warmup_num_steps))
+    progress = min(1.0, (t - n + 1) / max(1, total_num_steps - n))
     return max(0.0, cos_min_ratio + (1.0 - cos_min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress)))
 
 
-def _constant_ratio(t: int) -> float:
-    return 1.0
+def one_cycle_scale(
+    t: int, *, cycle_first_step_size: int, cycle_second_step_size: int | None = None,
+    cycle_first_stair_count: int = 0, cycle_second_stair_count: int | None = None,
+) -> float:
+    """Position on OneCycle's triangle at step t, in [0, 1]: 0 = the min lr / max momentum end.
+
+    As in DeepSpeed, the triangle is evaluated at b = t + 1 (so t = 0 is already one step up the
+    ramp): with c = b mod (S1 + S2), the scale is c / S1 on the way up (c <= S1) and
+    (S1 + S2 - c) / S2 on the way down. So it peaks at t = S1 - 1 and is back at 0 at
+    t = S1 + S2 - 1, the cycle's last step. A stair count K > 0 for a half holds the value flat:
+    floor(position * K) / K, computed from the integer step so that exact stairs (and the peak)
+    are never lost to rounding. cycle_second_* default to cycle_first_*.
+    """
+    first = cycle_first_step_size
+    second = first if cycle_second_step_size is None else cycle_second_step_size
+    second_stairs = cycle_first_stair_count if cycle_second_stair_count is None else cycle_second_stair_count
+    total = first + second
+    c = (t + 1) % total
+    if c <= first:
+        steps, size, stairs = c, first, cycle_first_stair_count
+    else:
+        steps, size, stairs = total - c, second, second_stairs
+    if stairs > 0:
+        return ((steps * stairs) // size) / stairs
+    return steps / size
 
 
-def build_lr_scheduler(
-    cfg: LRSchedulerConfig, optimizer: torch.optim.Optimizer, max_steps: int
-) -> torch.optim.lr_scheduler.LRScheduler:
-    """The configured schedule for `optimizer`; total_num_steps defaults to the run's max_steps."""
-    if cfg.name == "constant":
-        return torch.optim.lr_scheduler.LambdaLR(optimizer, _constant_ratio)
-    if cfg.name == "warmup_cosine":
-        ratio = partial(
-            warmup_cosine_ratio,
-            total_num_steps=cfg.total_num_steps or max_steps,
-            warmup_num_steps=cfg.warmup_num_steps,
-            warmup_min_ratio=cfg.warmup_min_ratio,
-            cos_min_ratio=cfg.cos_min_ratio,
-            warmup_type=cfg.warmup_type,
+def _after_cycle(t: int, cycle_first_step_size: int, cycle_second_step_size: int | None) -> int | None:
+    """Steps since the cycle ended, counting t = S1 + S2 as 1 (DeepSpeed's decay index); None inside it."""
+    second = cycle_first_step_size if cycle_second_step_size is None else cycle_second_step_size
+    total = cycle_first_step_size + second
+    return None if t < total else t - total + 1
+
+
+def one_cycle_lr(
+    t: int, *, cycle_min_lr: float, cycle_max_lr: float, decay_lr_rate: float = 0.0,
+    cycle_first_step_size: int = 2000, cycle_second_step_size: int | None = None,
+    cycle_first_stair_count: int = 0, cycle_second_stair_count: int | None = None, decay_step_size: int = 0,
+) -> float:
+    """DeepSpeed OneCycle lr at step t: min -> max -> min over the cycle, then decay.
+
+    In the cycle: min + (max - min) * one_cycle_scale(t). After it, with
+    t_after = t - (S1 + S2) + 1: cycle_min_lr / (1 + decay_lr_rate * t_after / decay_step_size)
+    (continuous, not floored); decay_lr_rate == 0 or decay_step_size == 0 keeps cycle_min_lr.
+    """
+    t_after = _after_cycle(t, cycle_first_step_size, cycle_second_step_size)
+    if t_after is None:
+        scale = one_cycle_scale(
+            t, cycle_first_step_size=cycle_first_step_size, cycle_second_step_size=cycle_second_step_size,
+            cycle_first_stair_count=cycle_first_stair_count, cycle_second_stair_count=cycle_second_stair_count,
         )
-        return torch.optim.lr_scheduler.LambdaLR(optimizer, ratio)
+        return cycle_min_lr + (cycle_max_lr - cycle_min_lr) * scale
+    if decay_lr_rate == 0 or decay_step_size == 0:
+        return cycle_min_lr
+    return cycle_min_lr / (1.0 + decay_lr_rate * (t_after / decay_step_size))
+
+
+def one_cycle_momentum(
+    t: int, *, cycle_min_mom: float, cycle_max_mom: float, decay_mom_rate: float = 0.0,
+    cycle_first_step_size: int = 2000, cycle_second_step_size: int | None = None,
+    cycle_first_stair_count: int = 0, cycle_second_stair_count: int | None = None, decay_step_size: int = 0,
+) -> float:
+    """DeepSpeed OneCycle momentum at step t: max -> min -> max over the cycle (mirror of the lr).
+
+    In the cycle: max - (max - min) * one_cycle_scale(t). After it, DeepSpeed's formula is
+    cycle_max_mom * (1 + decay_mom_rate * t_after / decay_step_size): note it MULTIPLIES, so a
+    positive decay_mom_rate raises the momentum (validate_lr_scheduler_config rejects rates that
+    push it to >= 1 or below 0 within the run). decay_mom_rate == 0 or decay_step_size == 0 keeps
+    cycle_max_mom.
+    """
+    t_after = _after_cycle(t, cycle_first_step_size, cycle_second_step_size)
+    if t_after is None:
+        scale = one_cycle_scale(
+            t, cycle_first_step_size=cycle_first_step_size, cycle_second_step_size=cycle_second_step_size,
+            cycle_first_stair_count=cycle_first_stair_count, cycle_second_stair_count=cycle_second_stair_count,
+        )
+        return cycle_max_mom - (cycle_max_mom - cycle_min_mom) * scale
+    if decay_mom_rate == 0 or decay_step_size == 0:
+        return cycle_max_mom
+    return cycle_max_mom * (1.0 + decay_mom_rate * (t_after / decay_step_size))
+
+
+def lr_range_test_lr(
+    t: int, *, lr_range_test_min_lr: float, lr_range_test_step_size: int, lr_range_test_step_rate: float,
+    lr_range_test_staircase: bool,
+) -> float:
+    """DeepSpeed LRRangeTest: min_lr * (1 + rate * interval), interval = (t+1)/step_size (floored if staircase)."""
+    if lr_range_test_staircase:
+        interval = float((t + 1) // lr_range_test_step_size)
+    else:
+        interval = (t + 1) / lr_range_test_step_size
+    return lr_range_test_min_lr * (1.0 + lr_range_test_step_rate * interval)
+
+
+# --------------------------------------------------------------------------------------------
+# torch LRScheduler classes
+# --------------------------------------------------------------------------------------------
+
+
+def _momentum_key(optimizer: torch.optim.Optimizer) -> str | None:
+    """The param-group key holding momentum: 'betas' (Adam family, Lion), 'momentum' (SGD, RMSprop) or None."""
+    if "betas" in optimizer.defaults:
+        return "betas"
+    if "momentum" in optimizer.defaults:
+        return "momentum"
+    return None
+
+
+def _set_group_value(group: dict, key: str, value: float) -> None:
+    """group[key] = value, filling in place when the group holds a tensor (tensor lr / capturable betas)."""
+    if isinstance(group[key], torch.Tensor):
+        group[key].fill_(value)
+    else:
+        group[key] = value
+
+
+class ClosedFormLR(LRScheduler):
+    """Base of this module's schedules: lr (and optionally momentum) is a pure function of the step.
+
+    Subclasses set `self.hparams` (the schedule's settings, not saved in state_dict) before calling
+    `super().__init__(optimizer)` and implement `lrs_at(t)`; `momenta_at(t)` returns None unless
+    the schedule drives momentum.
+    """
+
+    _NOT_SAVED = ("optimizer", "hparams", "_momentum_key")
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        """Install f(0) into the optimizer (torch's LRScheduler init performs the first step)."""
+        if not hasattr(self, "hparams"):
+            self.hparams: dict[str, Any] = {}
+        if not hasattr(self, "_momentum_key"):
+            self._momentum_key: str | None = None
+        self._last_momentum: list[float] | None = None
+        super().__init__(optimizer)
+
+    def lrs_at(self, t: int) -> list[float]:
+        """The lr of every param group at step t."""
+        raise NotImplementedError
+
+    def momenta_at(self, t: int) -> list[float] | None:
+        """The momentum (beta1 / SGD momentum) of every param group at step t, or None to leave it alone."""
+        return None
+
+    def get_lr(self) -> list[float]:
+        """torch hook: the lrs for the current `last_epoch`."""
+        return self.lrs_at(self.last_epoch)
+
+    def _get_closed_form_lr(self) -> list[float]:
+        """torch hook used by the deprecated step(epoch): the same closed form."""
+        return self.lrs_at(self.last_epoch)
+
+    def step(self, epoch: int | None = None) -> None:
+        """Advance one optimizer step: set the lr (torch) and, where scheduled, the momentum."""
+        super().step(epoch)
+        self._apply_momentum()
+
+    def _apply_momentum(self) -> None:
+        """Write momenta_at(last_epoch) into the optimizer's groups (beta1 keeps beta2)."""
+        momenta = self.momenta_at(self.last_epoch)
+        if momenta is None or self._momentum_key is None:
+            return
+        for group, mom in zip(self.optimizer.param_groups, momenta):
+            if self._momentum_key == "betas":
+                beta1, beta2 = group["betas"]
+                if isinstance(beta1, torch.Tensor):
+                    beta1.fill_(mom)
+                else:
+                    group["betas"] = (mom, beta2)
+            else:
+                _set_group_value(group, "momentum", mom)
+        self._last_momentum = [float(m) for m in momenta]
+
+    def get_last_momentum(self) -> list[float] | None:
+        """The momentum last written per param group (None if this schedule does not drive momentum)."""
+        return self._last_momentum
+
+    def state_dict(self) -> dict[str, Any]:
+        """Progress only (last_epoch, _step_count, base_lrs, last lrs/momenta); hyperparameters come from the config."""
+        return {k: v for k, v in self.__dict__.items() if k not in self._NOT_SAVED}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore the progress and write the loaded step's lr and momentum into the optimizer."""
+        self.__dict__.update({k: v for k, v in state_dict.items() if k not in self._NOT_SAVED})
+        for group, lr in zip(self.optimizer.param_groups, self.lrs_at(self.last_epoch)):
+            _set_group_value(group, "lr", lr)
+        self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
+        self._apply_momentum()
+
+    def _base(self) -> list[float]:
+        """The optimizer's initial lr per param group, as floats."""
+        return [float(b) for b in self.base_lrs]
+
+
+class ConstantSchedule(ClosedFormLR):
+    """name=constant: the optimizer's initial lr at every step."""
+
+    def lrs_at(self, t: int) -> list[float]:
+        """The initial lrs, unchanged."""
+        return self._base()
+
+
+class WarmupLR(ClosedFormLR):
+    """DeepSpeed WarmupLR: warmup_min_lr -> warmup_max_lr over warmup_num_steps (log or linear), then constant.
+
+    warmup_max_lr=None means each param group's own initial lr (DeepSpeed takes the first group's
+    lr for all groups; per group is the natural reading for groups with different lrs).
+    """
+
+    def __init__(
+        self, optimizer: torch.optim.Optimizer, warmup_min_lr: float = 0.0, warmup_max_lr: float | None = None,
+        warmup_num_steps: int = 1000, warmup_type: str = "log",
+    ) -> None:
+        """Settings as DeepSpeed's WarmupLR params; see warmup_lr()."""
+        self.hparams = dict(
+            warmup_min_lr=warmup_min_lr, warmup_max_lr=warmup_max_lr, warmup_num_steps=warmup_num_steps,
+            warmup_type=warmup_type,
+        )
+        super().__init__(optimizer)
+
+    def _max_lrs(self) -> list[float]:
+        """warmup_max_lr per group (the group's initial lr when it is None)."""
+        peak = self.hparams["warmup_max_lr"]
+        return self._base() if peak is None else [peak] * len(self.base_lrs)
+
+    def lrs_at(self, t: int) -> list[float]:
+        """warmup_lr(t) per group."""
+        h = self.hparams
+        return [
+            warmup_lr(t, warmup_min_lr=h["warmup_min_lr"], warmup_max_lr=peak, warmup_num_steps=h["warmup_num_steps"],
+                      warmup_type=h["warmup_type"])
+            for peak in self._max_lrs()
+        ]
+
+
+class WarmupDecayLR(WarmupLR):
+    """DeepSpeed WarmupDecayLR: WarmupLR's warmup, then linear decay to warmup_min_lr at total_num_steps."""
+
+    def __init__(
+        self, optimizer: torch.optim.Optimizer, total_num_steps: int, warmup_min_lr: float = 0.0,
+        warmup_max_lr: float | None = None, warmup_num_steps: int = 1000, warmup_type: str = "log",
+    ) -> None:
+        """Settings as DeepSpeed's WarmupDecayLR params; see warmup_decay_lr()."""
+        self.hparams = dict(
+            total_num_steps=total_num_steps, warmup_min_lr=warmup_min_lr, warmup_max_lr=warmup_max_lr,
+            warmup_num_steps=warmup_num_steps, warmup_type=warmup_type,
+        )
+        ClosedFormLR.__init__(self, optimizer)  # skip WarmupLR.__init__: hparams already include total_num_steps
+
+    def lrs_at(self, t: int) -> list[float]:
+        """warmup_decay_lr(t) per group."""
+        h = self.hparams
+        return [
+            warmup_decay_lr(t, total_num_steps=h["total_num_steps"], warmup_min_lr=h["warmup_min_lr"],
+                            warmup_max_lr=peak, warmup_num_steps=h["warmup_num_steps"], warmup_type=h["warmup_type"])
+            for peak in self._max_lrs()
+        ]
+
+
+class WarmupCosineLR(ClosedFormLR):
+    """DeepSpeed WarmupCosineLR: each group's initial lr times warmup_cosine_ratio(t)."""
+
+    def __init__(
+        self, optimizer: torch.optim.Optimizer, total_num_steps: int, warmup_min_ratio: float = 0.0,
+        warmup_num_steps: int = 1000, cos_min_ratio: float = 0.0001, warmup_type: str = "log",
+    ) -> None:
+        """Settings as DeepSpeed's WarmupCosineLR params; see warmup_cosine_ratio()."""
+        self.hparams = dict(
+            total_num_steps=total_num_steps, warmup_min_ratio=warmup_min_ratio, warmup_num_steps=warmup_num_steps,
+            cos_min_ratio=cos_min_ratio, warmup_type=warmup_type,
+        )
+        super().__init__(optimizer)
+
+    def lrs_at(self, t: int) -> list[float]:
+        """Initial lr x ratio per group."""
+        ratio = warmup_cosine_ratio(t, **self.hparams)
+        return [base * ratio for base in self._base()]
+
+
+class OneCycle(ClosedFormLR):
+    """DeepSpeed OneCycle: one triangular lr cycle (with optional stairs) and inverse momentum cycle, then decay.
+
+    The lr is absolute (cycle_min_lr / cycle_max_lr, the optimizer's lr is not used). With
+    cycle_momentum the momentum follows one_cycle_momentum(): it is written to betas[0] of
+    optimizers with `betas` (Adam family, Lion; betas[1] is kept - DeepSpeed overwrites it with
+    0.99) and to `momentum` of optimizers that have that key instead (SGD, RMSprop - DeepSpeed only
+    cycles `betas` and silently skips these). Optimizers with neither key keep their settings and a
+    warning is logged.
+    """
+
+    def __init__(
+        self, optimizer: torch.optim.Optimizer, cycle_min_lr: float, cycle_max_lr: float, decay_lr_rate: float = 0.0,
+        cycle_first_step_size: int = 2000, cycle_second_step_size: int | None = None,
+        cycle_first_stair_count: int = 0, cycle_second_stair_count: int | None = None, decay_step_size: int = 0,
+        cycle_momentum: bool = True, cycle_min_mom: float = 0.8, cycle_max_mom: float = 0.9,
+        decay_mom_rate: float = 0.0,
+    ) -> None:
+        """Settings as DeepSpeed's OneCycle params; see one_cycle_lr() and one_cycle_momentum()."""
+        shape = dict(
+            cycle_first_step_size=cycle_first_step_size, cycle_second_step_size=cycle_second_step_size,
+            cycle_first_stair_count=cycle_first_stair_count, cycle_second_stair_count=cycle_second_stair_count,
+            decay_step_size=decay_step_size,
+        )
+        self.hparams = dict(
+            lr=dict(shape, cycle_min_lr=cycle_min_lr, cycle_max_lr=cycle_max_lr, decay_lr_rate=decay_lr_rate),
+            momentum=(
+                dict(shape, cycle_min_mom=cycle_min_mom, cycle_max_mom=cycle_max_mom, decay_mom_rate=decay_mom_rate)
+                if cycle_momentum else None
+            ),
+        )
+        self._momentum_key = _momentum_key(optimizer) if cycle_momentum else None
+        if cycle_momentum and self._momentum_key is None:
+            _log.warning(
+                "lr_scheduler one_cycle: cycle_momentum is ignored, %s has neither `betas` nor `momentum`",
+                type(optimizer).__name__,
+            )
+        super().__init__(optimizer)
+
+    def lrs_at(self, t: int) -> list[float]:
+        """one_cycle_lr(t), the same for every group."""
+        return [one_cycle_lr(t, **self.hparams["lr"])] * len(self.optimizer.param_groups)
+
+    def momenta_at(self, t: int) -> list[float] | None:
+        """one_cycle_momentum(t) per group, or None when momentum is not cycled."""
+        if self.hparams["momentum"] is None or self._momentum_key is None:
+            return None
+        return [one_cycle_momentum(t, **self.hparams["momentum"])] * len(self.optimizer.param_groups)
+
+
+class LRRangeTest(ClosedFormLR):
+    """DeepSpeed LRRangeTest: lr grows linearly (or in stairs) from lr_range_test_min_lr; absolute lr."""
+
+    def __init__(
+        self, optimizer: torch.optim.Optimizer, lr_range_test_min_lr: float = 1e-3, lr_range_test_step_size: int = 2000,
+        lr_range_test_step_rate: float = 1.0, lr_range_test_staircase: bool = False,
+    ) -> None:
+        """Settings as DeepSpeed's LRRangeTest params; see lr_range_test_lr()."""
+        self.hparams = dict(
+            lr_range_test_min_lr=lr_range_test_min_lr, lr_range_test_step_size=lr_range_test_step_size,
+            lr_range_test_step_rate=lr_range_test_step_rate, lr_range_test_staircase=lr_range_test_staircase,
+        )
+        super().__init__(optimizer)
+
+    def lrs_at(self, t: int) -> list[float]:
+        """lr_range_test_lr(t), the same for every group."""
+        return [lr_range_test_lr(t, **self.hparams)] * len(self.optimizer.param_groups)
+
+
+# --------------------------------------------------------------------------------------------
+# Config: validation, _target_ resolution, construction
+# --------------------------------------------------------------------------------------------
+
+
+def _import_target(path: str, key: str) -> type:
+    """The LRScheduler class named by the dotted `path`; ValueError naming `key` and the path otherwise."""
+    module_name, _, attr = path.rpartition(".")
+    example = "e.g. torch.optim.lr_scheduler.StepLR"
+    if not module_name or not attr:
+        raise ValueError(f"{key}={path!r} is not a dotted path to a class ({example})")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ValueError(f"{key}={path!r} cannot be imported: {err} ({example})") from err
+    cls = getattr(module, attr, None)
+    if cls is None:
+        raise ValueError(f"{key}={path!r}: module {module_name!r} has no attribute {attr!r} ({example})")
+    if not (isinstance(cls, type) and issubclass(cls, LRScheduler)):
+        raise ValueError(f"{key}={path!r} is not a torch.optim.lr_scheduler.LRScheduler subclass ({example})")
+    return cls
+
+
+def _check_target_kwargs(cls: type, kwargs: dict, prefix: str) -> None:
+    """Raise ValueError if cls(optimizer, **kwargs) cannot bind (missing or unknown arguments)."""
+    try:
+        signature = inspect.signature(cls)
+    except (TypeError, ValueError):  # no introspectable signature: construction will tell
+        return
+    try:
+        signature.bind(None, **kwargs)
+    except TypeError as err:
+        raise ValueError(
+            f"{prefix}.kwargs={kwargs} do not fit {prefix}._target_={cls.__module__}.{cls.__qualname__}: {err}"
+        ) from err
+
+
+def _fail(key: str, value: Any, requirement: str) -> None:
+    """Raise the module's standard ValueError: `key=value requirement`."""
+    raise ValueError(f"{key}={value!r} {requirement}")
+
+
+def _choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
+    """ValueError unless value is one of choices (the message lists them)."""
+    if value not in choices:
+        _fail(key, value, f"is not valid; choose one of: {', '.join(choices)}")
+
+
+def _at_least(key: str, value: Any, low: float, strict: bool = False) -> None:
+    """ValueError unless value >= low (> low when strict)."""
+    if value < low or (strict and value == low):
+        _fail(key, value, f"must be {'>' if strict else '>='} {low}")
+
+
+def _in_unit(key: str, value: float, include_one: bool = True) -> None:
+    """ValueError unless 0 <= value <= 1 (< 1 when not include_one)."""
+    if not (0.0 <= value <= 1.0) or (not include_one and value == 1.0):
+        _fail(key, value, f"must be in [0, 1{']' if include_one else ')'}")
+
+
+def _one_cycle_kwargs(cfg: LRSchedulerConfig) -> dict[str, Any]:
+    """OneCycle's constructor arguments from the config."""
+    return dict(
+        cycle_min_lr=cfg.cycle_min_lr, cycle_max_lr=cfg.cycle_max_lr, decay_lr_rate=cfg.decay_lr_rate,
+        cycle_first_step_size=cfg.cycle_first_step_size, cycle_second_step_size=cfg.cycle_second_step_size,
+        cycle_first_stair_count=cfg.cycle_first_stair_count, cycle_second_stair_count=cfg.cycle_second_stair_count,
+        decay_step_size=cfg.decay_step_size, cycle_momentum=cfg.cycle_momentum, cycle_min_mom=cfg.cycle_min_mom,
+        cycle_max_mom=cfg.cycle_max_mom, decay_mom_rate=cfg.decay_mom_rate,
+    )
+
+
+def validate_lr_scheduler_config(cfg: LRSchedulerConfig, max_steps: int, prefix: str = "lr_scheduler") -> None:
+    """Check the keys the selected schedule uses; raise ValueError naming the key, its value and what is valid.
+
+    With `_target_` set, only the class path and kwargs are checked (the built-in keys, `name`
+    included, are not used). Otherwise: name, warmup_type, step counts, ratios and the OneCycle
+    bounds and decay settings. A null total_num_steps stands for max_steps.
+    """
+
+    def k(field: str) -> str:
+        return f"{prefix}.{field}"
+
+    if cfg._target_:
+        cls = _import_target(cfg._target_, k("_target_"))
+        _check_target_kwargs(cls, dict(cfg.kwargs or {}), prefix)
+        return
+    _choice(k("name"), cfg.name, LR_SCHEDULERS)
+    if cfg.kwargs:
+        _fail(k("kwargs"), dict(cfg.kwargs), f"is only used with {k('_target_')} (a torch scheduler class)")
+    name = cfg.name
+
+    if name in ("warmup_lr", "warmup_decay_lr", "warmup_cosine"):
+        _choice(k("warmup_type"), cfg.warmup_type, WARMUP_TYPES)
+        _at_least(k("warmup_num_steps"), cfg.warmup_num_steps, 0)
+    if name in ("warmup_decay_lr", "warmup_cosine") and cfg.total_num_steps is not None:
+        _at_least(k("total_num_steps"), cfg.total_num_steps, 0, strict=True)
+    if name in ("warmup_lr", "warmup_decay_lr"):
+        _at_least(k("warmup_min_lr"), cfg.warmup_min_lr, 0)
+        if cfg.warmup_max_lr is not None:
+            _at_least(k("warmup_max_lr"), cfg.warmup_max_lr, 0, strict=True)
+    if name == "warmup_decay_lr":
+        total = cfg.total_num_steps if cfg.total_num_steps is not None else max_steps
+        if total <= cfg.warmup_num_steps:
+            source = "" if cfg.total_num_steps is not None else f" (null = max_steps={max_steps})"
+            raise ValueError(
+                f"{k('total_num_steps')}={cfg.total_num_steps!r}{source} must be > "
+                f"{k('warmup_num_steps')}={cfg.warmup_num_steps}: warmup_decay_lr decays over the steps after "
+                "the warmup"
+            )
+    if name == "warmup_cosine":
+        _in_unit(k("warmup_min_ratio"), cfg.warmup_min_ratio)
+        _in_unit(k("cos_min_ratio"), cfg.cos_min_ratio)
+
+    if name == "one_cycle":
+        for field in ("cycle_min_lr", "cycle_max_lr"):
+            value = getattr(cfg, field)
+            if value is None:
+                _fail(k(field), value, "must be set for one_cycle (the cycle's lr bounds: cycle_min_lr, cycle_max_lr)")
+            _at_least(k(field), value, 0)
+        _at_least(k("cycle_first_step_size"), cfg.cycle_first_step_size, 0, strict=True)
+        if cfg.cycle_second_step_size is not None:
+            _at_least(k("cycle_second_step_size"), cfg.cycle_second_step_size, 0, strict=True)
+        _at_least(k("cycle_first_stair_count"), cfg.cycle_first_stair_count, 0)
+        if cfg.cycle_second_stair_count is not None:
+            _at_least(k("cycle_second_stair_count"), cfg.cycle_second_stair_count, 0)
+        _at_least(k("decay_step_size"), cfg.decay_step_size, 0)
+        _at_least(k("decay_lr_rate"), cfg.decay_lr_rate, 0)
+        if cfg.decay_lr_rate > 0 and cfg.decay_step_size == 0:
+            _fail(k("decay_lr_rate"), cfg.decay_lr_rate,
+                  f"has no effect with {k('decay_step_size')}=0; set decay_step_size > 0")
+        if cfg.cycle_momentum:
+            _in_unit(k("cycle_min_mom"), cfg.cycle_min_mom, include_one=False)
+            _in_unit(k("cycle_max_mom"), cfg.cycle_max_mom, include_one=False)
+            if cfg.decay_mom_rate != 0 and cfg.decay_step_size == 0:
+                _fail(k("decay_mom_rate"), cfg.decay_mom_rate,
+                      f"has no effect with {k('decay_step_size')}=0; set decay_step_size > 0")
+            last = one_cycle_momentum(
+                max(0, max_steps - 1), cycle_min_mom=cfg.cycle_min_mom, cycle_max_mom=cfg.cycle_max_mom,
+                decay_mom_rate=cfg.decay_mom_rate, cycle_first_step_size=cfg.cycle_first_step_size,
+                cycle_second_step_size=cfg.cycle_second_step_size, decay_step_size=cfg.decay_step_size,
+            )
+            if not 0.0 <= last < 1.0:
+                _fail(
+                    k("decay_mom_rate"), cfg.decay_mom_rate,
+                    f"takes the momentum to {last:.4g} by step {max_steps - 1}; it must stay in [0, 1) "
+                    "(DeepSpeed's post-cycle momentum is "
+                    "cycle_max_mom * (1 + decay_mom_rate * t_after / decay_step_size))",
+                )
+
+    if name == "lr_range_test":
+        _at_least(k("lr_range_test_min_lr"), cfg.lr_range_test_min_lr, 0, strict=True)
+        _at_least(k("lr_range_test_step_size"), cfg.lr_range_test_step_size, 0, strict=True)
+        _at_least(k("lr_range_test_step_rate"), cfg.lr_range_test_step_rate, 0)
+
+
+def build_lr_scheduler(cfg: LRSchedulerConfig, optimizer: torch.optim.Optimizer, max_steps: int) -> LRScheduler:
+    """The configured schedule for `optimizer`, validated first; total_num_steps defaults to the run's max_steps.
+
+    `_target_` (a dotted class path) takes precedence over `name` and is built as cls(optimizer, **kwargs).
+    """
+    validate_lr_scheduler_config(cfg, max_steps)
+    if cfg._target_:
+        cls = _import_target(cfg._target_, "lr_scheduler._target_")
+        kwargs = dict(cfg.kwargs or {})
+        try:
+            return cls(optimizer, **kwargs)
+        except (TypeError, ValueError) as err:
+            raise ValueError(
+                f"lr_scheduler._target_={cfg._target_!r} with lr_scheduler.kwargs={kwargs} failed: {err}"
+            ) from err
+    total = cfg.total_num_steps if cfg.total_num_steps is not None else max_steps
+    warmup = dict(warmup_num_steps=cfg.warmup_num_steps, warmup_type=cfg.warmup_type)
+    if cfg.name == "constant":
+        return ConstantSchedule(optimizer)
+    if cfg.name == "warmup_lr":
+        return WarmupLR(optimizer, warmup_min_lr=cfg.warmup_min_lr, warmup_max_lr=cfg.warmup_max_lr, **warmup)
+    if cfg.name == "warmup_decay_lr":
+        return WarmupDecayLR(
+            optimizer, total_num_steps=total, warmup_min_lr=cfg.warmup_min_lr, warmup_max_lr=cfg.warmup_max_lr, **warmup
+        )
+    if cfg.name == "warmup_cosine":
+        return WarmupCosineLR(
+            optimizer, total_num_steps=total, warmup_min_ratio=cfg.warmup_min_ratio, cos_min_ratio=cfg.cos_min_ratio,
+            **warmup,
+        )
+    if cfg.name == "one_cycle":
+        return OneCycle(optimizer, **_one_cycle_kwargs(cfg))
+    if cfg.name == "lr_range_test":
+        return LRRangeTest(
+            optimizer, lr_range_test_min_lr=cfg.lr_range_test_min_lr,
+            lr_range_test_step_size=cfg.lr_range_test_step_size, lr_range_test_step_rate=cfg.lr_range_test_step_rate,
+            lr_range_test_staircase=cfg.lr_range_test_staircase,
+        )
     raise ValueError(f"lr_scheduler.name={cfg.name!r} is not valid; choose one of: {', '.join(LR_SCHEDULERS)}")

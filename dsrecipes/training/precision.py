@@ -1,8 +1,8 @@
-"""Forward/backward precision: fp32, or bf16 autocast over fp32 weights and optimizer state.
+"""Forward/backward precision: fp32, bf16 or fp16, by autocast or with fp32 master weights.
 
-The engine enters `autocast()` around every forward; backward then runs in the dtypes autocast
-chose. fp16 with DeepSpeed's dynamic loss scaler belongs to the training-engine work and plugs in
-here (a scaler object the engine consults in backward/step).
+`Precision` owns what the engine needs to know: the compute dtype, whether to autocast the forward,
+the fp16 loss scaler (None for fp32/bf16), and the fp32 master weights when the model itself is
+kept in bf16/fp16 (see master_weights.py).
 """
 
 from __future__ import annotations
@@ -10,22 +10,58 @@ from __future__ import annotations
 import contextlib
 
 import torch
+from torch import nn
 
 from dsrecipes.training.config import PrecisionConfig
+from dsrecipes.training.loss_scaler import build_loss_scaler
+from dsrecipes.training.master_weights import MasterWeights
 
-PRECISIONS = ("fp32", "bf16")
+PRECISIONS = ("fp32", "bf16", "fp16")
+NONFINITE_POLICIES = ("error", "skip")
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def validate_precision_config(cfg: PrecisionConfig, prefix: str = "precision") -> None:
+    """ValueError naming the key, value and valid choices (DeepSpeed's fp16 validators included)."""
+    if cfg.dtype not in PRECISIONS:
+        raise ValueError(f"{prefix}.dtype={cfg.dtype!r} is not valid; choose one of: {', '.join(PRECISIONS)}")
+    if cfg.nonfinite_grads not in NONFINITE_POLICIES:
+        raise ValueError(
+            f"{prefix}.nonfinite_grads={cfg.nonfinite_grads!r} is not valid; choose one of: {', '.join(NONFINITE_POLICIES)}"
+        )
+    if cfg.master_weights and cfg.dtype == "fp32":
+        raise ValueError(f"{prefix}.master_weights=true needs dtype bf16 or fp16 (got dtype=fp32)")
+    if cfg.loss_scale < 0:
+        raise ValueError(f"{prefix}.loss_scale={cfg.loss_scale} must be >= 0 (0 = dynamic)")
+    if cfg.dtype == "fp16" and cfg.loss_scale == 0:
+        for key in ("loss_scale_window", "min_loss_scale", "hysteresis"):
+            if getattr(cfg, key) <= 0:
+                raise ValueError(f"{prefix}.{key}={getattr(cfg, key)} must be > 0 with dynamic loss scaling")
 
 
 class Precision:
     def __init__(self, cfg: PrecisionConfig, device: torch.device):
-        if cfg.dtype not in PRECISIONS:
-            raise ValueError(f"precision.dtype={cfg.dtype!r} is not valid; choose one of: {', '.join(PRECISIONS)}")
+        validate_precision_config(cfg)
+        self.cfg = cfg
         self.name = cfg.dtype
         self.device = device
-        self.compute_dtype = torch.bfloat16 if cfg.dtype == "bf16" else torch.float32
+        self.compute_dtype = _DTYPES[cfg.dtype]
+        # autocast also with master weights: it casts fp32 inputs and keeps norms and losses in fp32
+        self.use_autocast = cfg.dtype != "fp32"
+        self.loss_scaler = build_loss_scaler(cfg)
+        self.master: MasterWeights | None = None
+
+    def attach(self, module: nn.Module) -> None:
+        """With master weights, switch the module to low precision (after the optimizer was built)."""
+        if self.cfg.master_weights:
+            self.master = MasterWeights(module, self.compute_dtype)
+
+    @property
+    def loss_scale(self) -> float:
+        return self.loss_scaler.loss_scale if self.loss_scaler is not None else 1.0
 
     def autocast(self):
         """Context manager for the forward pass."""
-        if self.compute_dtype == torch.float32:
+        if not self.use_autocast:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.compute_dtype)

@@ -23,8 +23,9 @@ from rich.table import Table
 from dsrecipes.config.schema import RootConfig
 from dsrecipes.data import BatchIterator, eval_batches, prepare_data
 from dsrecipes.inference.sampling import sample_tokens
-from dsrecipes.models import GPT
+from dsrecipes.models import GPT, export_safetensors
 from dsrecipes.training.batch import BatchSizes
+from dsrecipes.training.checkpoint import find_resume_checkpoint
 from dsrecipes.training.extensions import Extensions, build_extensions
 from dsrecipes.training.initialize import build_engine
 from dsrecipes.training.loggers import MetricLoggers
@@ -51,6 +52,7 @@ class Trainer:
         extensions: Extensions | None = None,
         console: Console | None = None,
         rank: int = 0,
+        sweep_name: str | None = None,
     ):
         self.cfg = cfg
         self.run_dir = Path(run_dir)
@@ -59,6 +61,7 @@ class Trainer:
         self.extensions = extensions if extensions is not None else build_extensions(cfg)
         self.console = console or Console()
         self.rank = rank
+        self.sweep_name = sweep_name
         self.is_logging_rank = rank == 0
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = setup_logging(self.run_dir, rank, self.console, cfg.logger.level)
@@ -106,7 +109,12 @@ class Trainer:
         )
 
         self.loggers = MetricLoggers(
-            cfg.logger, self.run_dir, cfg.name, OmegaConf.to_container(OmegaConf.structured(cfg)), self.is_logging_rank
+            cfg.logger,
+            self.run_dir,
+            cfg.name,
+            OmegaConf.to_container(OmegaConf.structured(cfg)),
+            self.is_logging_rank,
+            group=self.sweep_name,
         )
         self.tokens_per_step = self.batch.train_batch_size * cfg.data.block_size
         self.flops_per_token = self.gpt.flops_per_token(cfg.data.block_size)
@@ -144,6 +152,8 @@ class Trainer:
         metrics = {f"train/{name}": float(total) / gas for name, total in totals.items()}
         metrics["train/lr"] = lr
         metrics["train/grad_norm"] = engine.last_grad_norm
+        metrics["train/loss_scale"] = engine.precision.loss_scale
+        metrics["train/skipped_steps"] = engine.skipped_steps
         return metrics
 
     @torch.no_grad()
@@ -175,9 +185,35 @@ class Trainer:
         return path
 
     # ------------------------------------------------------------------ run
+    def maybe_resume(self) -> None:
+        """Apply trainer.resume: restore engine, schedule, scaler, RNG and data position."""
+        spec = self.cfg.trainer.resume
+        if not spec:
+            return
+        path = find_resume_checkpoint(spec, self.run_dir, self.cfg.checkpoint.dirname, self.cfg.name)
+        if path is None:
+            self.log.info("resume: no checkpoint found, starting fresh")
+            return
+        _, client_state = self.engine.load_checkpoint(path.parent, tag=path.name)
+        if "data" in client_state:
+            self.train_batches.load_state_dict(client_state["data"])
+        self.log.info("resumed from %s at step %d", path, self.engine.global_steps)
+
     def fit(self) -> dict:
-        """Train to trainer.max_steps; returns the summary (also written to summary.json)."""
-        self.setup()
+        """Train to trainer.max_steps; returns the summary (also written to summary.json).
+
+        Loggers are closed on every exit path, errors included.
+        """
+        try:
+            self.setup()
+            self.maybe_resume()
+            return self._train()
+        finally:
+            loggers = getattr(self, "loggers", None)
+            if loggers is not None:
+                loggers.close()
+
+    def _train(self) -> dict:
         cfg, t = self.cfg, self.cfg.trainer
         for callback in self.extensions.callbacks:
             callback.on_train_start(self)
@@ -190,6 +226,11 @@ class Trainer:
                 step = self.engine.global_steps
                 window_steps += 1
                 first_loss = metrics["train/loss"] if first_loss is None else first_loss
+                if self.engine.last_step_skipped:
+                    self.log.warning(
+                        "step %d skipped: gradient overflow (loss scale now %g, %d skipped so far)",
+                        step, self.engine.precision.loss_scale, self.engine.skipped_steps,
+                    )
                 if step % t.log_interval == 0 or step == t.max_steps:
                     if self.device.type == "cuda":
                         torch.cuda.synchronize(self.device)
@@ -211,17 +252,27 @@ class Trainer:
         last_eval = self._evaluate_and_log(self.engine.global_steps)
         if cfg.checkpoint.save_final:
             last_checkpoint = self.save_checkpoint()
+        export_dir = self.export() if cfg.checkpoint.export_safetensors else None
         total_s = time.perf_counter() - started
         summary = self._summary(first_loss, last_train, last_eval, total_s, last_checkpoint)
+        summary["export"] = str(export_dir) if export_dir else None
         sample = self.sample_text()
         if sample is not None:
             summary["sample"] = sample
         self._report(summary)
         for callback in self.extensions.callbacks:
             callback.on_train_end(self, summary)
-        self.loggers.close()
         (self.run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
         return summary
+
+    def export(self) -> Path:
+        """The final model as safetensors + config in <run dir>/export/ (full-precision weights)."""
+        out = self.run_dir / "export"
+        export_safetensors(
+            self.engine.module_state_dict(), self.cfg.model, out, extra={"tokenizer": self.cfg.data.tokenizer}
+        )
+        self.log.info("export: %s", out)
+        return out
 
     def _evaluate_and_log(self, step: int) -> dict:
         metrics = self.evaluate()
@@ -284,6 +335,7 @@ class Trainer:
             table.add_row(key, _fmt_value(value))
         table.add_row("run directory", summary["run_dir"])
         table.add_row("checkpoint", summary["checkpoint"] or "-")
+        table.add_row("export", summary.get("export") or "-")
         self.console.print(table)
         if "sample" in summary:
             self.console.print(Panel(summary["sample"], title="sample from the trained model", expand=False))

@@ -1,0 +1,64 @@
+"""Export a trained GPT as safetensors plus its config, and load it back for inference.
+
+    <dir>/model.safetensors   full-precision weights (a tied weight stored once; aliases in metadata)
+    <dir>/config.json         {"model": ModelConfig fields, "tokenizer": "byte" | path, ...}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from dsrecipes.models.config import ModelConfig
+from dsrecipes.models.gpt import GPT
+
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+
+
+def export_safetensors(state_dict: dict, model_cfg: ModelConfig, out_dir: str | Path, extra: dict | None = None) -> Path:
+    """Write the weights (fp32 as given) and config; returns the weights file. Shared tensors stored once."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tensors, aliases, owner_of = {}, {}, {}
+    for name, tensor in state_dict.items():
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
+        if key in owner_of:
+            aliases[name] = owner_of[key]
+        else:
+            owner_of[key] = name
+            tensors[name] = tensor.detach().to("cpu").contiguous()
+    weights = out_dir / WEIGHTS_FILE
+    save_file(tensors, str(weights), metadata={"aliases": json.dumps(aliases), "format": "pt"})
+    config = {"model": dataclasses.asdict(model_cfg), **(extra or {})}
+    (out_dir / CONFIG_FILE).write_text(json.dumps(config, indent=2))
+    return weights
+
+
+def load_exported(path: str | Path, device: str | torch.device = "cpu") -> tuple[GPT, dict]:
+    """(model, config dict) from an export directory; errors name the missing file."""
+    path = Path(path)
+    for required in (WEIGHTS_FILE, CONFIG_FILE):
+        if not (path / required).exists():
+            raise FileNotFoundError(f"{path} is not a dsrecipes export: {required} is missing")
+    config = json.loads((path / CONFIG_FILE).read_text())
+    with torch.device("meta"):
+        model = GPT(ModelConfig(**config["model"]))
+    with safe_open(str(path / WEIGHTS_FILE), framework="pt", device=str(device)) as f:
+        aliases = json.loads((f.metadata() or {}).get("aliases", "{}"))
+        state = {name: f.get_tensor(name) for name in f.keys()}
+    for alias, owner in aliases.items():
+        state[alias] = state[owner]
+    model.load_state_dict(state, assign=True)
+    if model.cfg.tie_embeddings:
+        model.lm_head.weight = model.tok_emb.weight
+    if model.cfg.style == "llama":
+        model.rope_cos = torch.empty_like(model.rope_cos, device=device)
+        model.rope_sin = torch.empty_like(model.rope_sin, device=device)
+        model.init_rope()
+    return model.to(device), config

@@ -1,0 +1,480 @@
+"""DeepSpeed's lr schedules: formulas against hand-computed values, torch scheduler behaviour, config checks.
+
+Expected numbers are worked out by hand from DeepSpeed's formulas (deepspeed/runtime/lr_schedules.py),
+with t = the 0-based optimizer step the lr is used for: the value right after construction is t = 0,
+after k scheduler.step() calls it is t = k.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from dsrecipes.training.config import LRSchedulerConfig
+from dsrecipes.training.lr_schedules import (
+    LR_SCHEDULERS,
+    WARMUP_TYPES,
+    LRRangeTest,
+    OneCycle,
+    build_lr_scheduler,
+    lr_range_test_lr,
+    one_cycle_lr,
+    one_cycle_momentum,
+    one_cycle_scale,
+    validate_lr_scheduler_config,
+    warmup_cosine_ratio,
+    warmup_decay_lr,
+    warmup_gamma,
+    warmup_lr,
+)
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf" / "lr_scheduler"
+
+
+def make_optimizer(kind: str = "adamw", lrs=(1.0,)) -> torch.optim.Optimizer:
+    """A tiny optimizer with one param group per lr in `lrs`."""
+    groups = [{"params": [torch.nn.Parameter(torch.zeros(2))], "lr": lr} for lr in lrs]
+    if kind == "adamw":
+        return torch.optim.AdamW(groups, lr=lrs[0], betas=(0.9, 0.95))
+    if kind == "sgd":
+        return torch.optim.SGD(groups, lr=lrs[0], momentum=0.5)
+    if kind == "adagrad":
+        return torch.optim.Adagrad(groups, lr=lrs[0])
+    raise ValueError(kind)
+
+
+def momentum_of(optimizer: torch.optim.Optimizer, group: int = 0) -> float:
+    """beta1 for Adam-family optimizers, `momentum` for SGD."""
+    g = optimizer.param_groups[group]
+    return float(g["betas"][0]) if "betas" in g else float(g["momentum"])
+
+
+def trace(scheduler, optimizer, steps: int, group: int = 0) -> tuple[list[float], list[float | None]]:
+    """(lr, momentum) in the optimizer for t = 0 .. steps-1, stepping as a training loop does."""
+    lrs, moms = [], []
+    for _ in range(steps):
+        assert scheduler.get_last_lr()[group] == optimizer.param_groups[group]["lr"]
+        lrs.append(float(optimizer.param_groups[group]["lr"]))
+        moms.append(momentum_of(optimizer, group) if ("betas" in optimizer.defaults or "momentum" in optimizer.defaults)
+                    else None)
+        optimizer.step()  # no grads: a no-op that keeps torch's "scheduler before optimizer" check quiet
+        scheduler.step()
+    return lrs, moms
+
+
+def cfg(**overrides) -> LRSchedulerConfig:
+    return replace(LRSchedulerConfig(), **overrides)
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure formulas
+# ---------------------------------------------------------------------------------------------
+
+
+def test_exported_names():
+    assert LR_SCHEDULERS == ("warmup_lr", "warmup_decay_lr", "warmup_cosine", "one_cycle", "lr_range_test", "constant")
+    assert WARMUP_TYPES == ("linear", "log")
+
+
+def test_warmup_gamma_linear_log_and_the_two_step_floor():
+    assert [warmup_gamma(t, 4, "linear") for t in range(6)] == pytest.approx([0, 0.25, 0.5, 0.75, 1, 1])
+    # log: log(t+1)/log(4): log2/log4 = 0.5, log3/log4 = 0.792481, log4/log4 = 1
+    assert [warmup_gamma(t, 4, "log") for t in range(5)] == pytest.approx([0, 0.5, 0.7924812504, 1, 1])
+    # N = max(2, warmup_num_steps): 0 and 1 warm up over two steps like DeepSpeed
+    for n in (0, 1, 2):
+        assert [warmup_gamma(t, n, "linear") for t in range(3)] == pytest.approx([0, 0.5, 1])
+    with pytest.raises(ValueError, match="warmup_type='cubic'"):
+        warmup_gamma(0, 4, "cubic")
+
+
+def test_warmup_lr_formula():
+    kw = dict(warmup_min_lr=0.1, warmup_max_lr=1.1, warmup_num_steps=4)
+    assert [warmup_lr(t, warmup_type="linear", **kw) for t in (0, 1, 2, 3, 4, 50)] == pytest.approx(
+        [0.1, 0.35, 0.6, 0.85, 1.1, 1.1]
+    )
+    assert [warmup_lr(t, warmup_type="log", **kw) for t in (0, 1, 2, 3, 9)] == pytest.approx(
+        [0.1, 0.6, 0.8924812504, 1.1, 1.1]
+    )
+
+
+def test_warmup_decay_lr_formula():
+    kw = dict(total_num_steps=12, warmup_min_lr=0.0, warmup_max_lr=1.0, warmup_num_steps=4, warmup_type="linear")
+    # warmup t/4, then (12 - t) / (12 - 4), floored at 0
+    assert [warmup_decay_lr(t, **kw) for t in (0, 2, 4, 6, 8, 10, 12, 15)] == pytest.approx(
+        [0, 0.5, 1, 0.75, 0.5, 0.25, 0, 0]
+    )
+    # the decay ends at warmup_min_lr: 0.2 + 0.8 * 0.5 at t = 8
+    assert warmup_decay_lr(8, **(kw | {"warmup_min_lr": 0.2})) == pytest.approx(0.6)
+    assert warmup_decay_lr(12, **(kw | {"warmup_min_lr": 0.2})) == pytest.approx(0.2)
+    assert warmup_decay_lr(1, **(kw | {"warmup_type": "log"})) == pytest.approx(0.5)
+
+
+def test_warmup_cosine_ratio_formula():
+    kw = dict(total_num_steps=100, warmup_num_steps=10, warmup_min_ratio=0.1, cos_min_ratio=0.01, warmup_type="linear")
+    assert warmup_cosine_ratio(0, **kw) == pytest.approx(0.1)
+    assert warmup_cosine_ratio(5, **kw) == pytest.approx(0.55)
+    # first cosine step: p = 1/90, cos(pi/90) = 0.9993908270
+    assert warmup_cosine_ratio(10, **kw) == pytest.approx(0.01 + 0.99 * 0.5 * (1 + 0.9993908270))
+    # p = (54 - 10 + 1) / 90 = 0.5: halfway, cos = 0
+    assert warmup_cosine_ratio(54, **kw) == pytest.approx(0.505)
+    # p reaches 1 at t = T - 1 and is clamped after
+    assert warmup_cosine_ratio(99, **kw) == pytest.approx(0.01)
+    assert warmup_cosine_ratio(100, **kw) == pytest.approx(0.01)
+    assert warmup_cosine_ratio(500, **kw) == pytest.approx(0.01)
+    # log warmup: 0.1 + 0.9 * log(5)/log(10) = 0.1 + 0.9 * 0.6989700043
+    assert warmup_cosine_ratio(4, **(kw | {"warmup_type": "log"})) == pytest.approx(0.7290730039)
+
+
+def test_one_cycle_lr_and_momentum_up_down_and_decay():
+    kw = dict(cycle_first_step_size=4, decay_step_size=2)
+    lr_kw = dict(kw, cycle_min_lr=0.1, cycle_max_lr=1.1, decay_lr_rate=0.5)
+    # up: b = t+1 over 4 steps; down: (8 - b)/4; t = 7 ends the cycle at the min; then 0.1 / (1 + 0.5 * t_after / 2)
+    expected_lr = [0.35, 0.6, 0.85, 1.1, 0.85, 0.6, 0.35, 0.1, 0.08, 0.1 / 1.5, 0.1 / 1.75, 0.05]
+    assert [one_cycle_lr(t, **lr_kw) for t in range(12)] == pytest.approx(expected_lr)
+    mom_kw = dict(kw, cycle_min_mom=0.8, cycle_max_mom=0.9)
+    expected_mom = [0.875, 0.85, 0.825, 0.8, 0.825, 0.85, 0.875, 0.9, 0.9, 0.9]
+    assert [one_cycle_momentum(t, **mom_kw) for t in range(10)] == pytest.approx(expected_mom)
+    # DeepSpeed's post-cycle momentum multiplies cycle_max_mom by (1 + rate * t_after / decay_step_size)
+    assert one_cycle_momentum(9, **mom_kw, decay_mom_rate=0.05) == pytest.approx(0.9 * 1.05)
+    assert one_cycle_momentum(11, **mom_kw, decay_mom_rate=-0.05) == pytest.approx(0.9 * 0.9)
+    # no decay without a rate or without a decay_step_size
+    assert one_cycle_lr(20, **(lr_kw | {"decay_lr_rate": 0.0})) == pytest.approx(0.1)
+    assert one_cycle_lr(20, **(lr_kw | {"decay_step_size": 0})) == pytest.approx(0.1)
+
+
+def test_one_cycle_asymmetric_halves():
+    kw = dict(cycle_first_step_size=2, cycle_second_step_size=6)
+    # up 1/2, 2/2; down (8 - b)/6 for b = 3..7; b = 8 closes the cycle
+    assert [one_cycle_scale(t, **kw) for t in range(8)] == pytest.approx([0.5, 1, 5 / 6, 4 / 6, 3 / 6, 2 / 6, 1 / 6, 0])
+
+
+def test_one_cycle_stairs():
+    kw = dict(cycle_first_step_size=4, cycle_first_stair_count=2)
+    # 2 stairs per 4-step half: floor(steps_into_half * 2 / 4) / 2
+    assert [one_cycle_scale(t, **kw) for t in range(8)] == [0, 0.5, 0.5, 1, 0.5, 0.5, 0, 0]
+    lr_kw = dict(kw, cycle_min_lr=0.1, cycle_max_lr=1.1)
+    assert [one_cycle_lr(t, **lr_kw) for t in range(8)] == pytest.approx([0.1, 0.6, 0.6, 1.1, 0.6, 0.6, 0.1, 0.1])
+    mom_kw = dict(kw, cycle_min_mom=0.8, cycle_max_mom=0.9)
+    assert [one_cycle_momentum(t, **mom_kw) for t in range(8)] == pytest.approx(
+        [0.9, 0.85, 0.85, 0.8, 0.85, 0.85, 0.9, 0.9]
+    )
+    # a different stair count for the second half: one stair drops straight back to the min after the peak
+    split = dict(cycle_first_step_size=4, cycle_first_stair_count=4, cycle_second_stair_count=1)
+    assert [one_cycle_scale(t, **split) for t in range(8)] == [0.25, 0.5, 0.75, 1, 0, 0, 0, 0]
+
+
+def test_lr_range_test_formula():
+    kw = dict(lr_range_test_min_lr=0.01, lr_range_test_step_size=4, lr_range_test_step_rate=2.0)
+    # continuous: 0.01 * (1 + 2 * (t+1)/4)
+    assert [lr_range_test_lr(t, lr_range_test_staircase=False, **kw) for t in (0, 1, 3, 5)] == pytest.approx(
+        [0.015, 0.02, 0.03, 0.04]
+    )
+    # staircase: 0.01 * (1 + 2 * floor((t+1)/4))
+    assert [lr_range_test_lr(t, lr_range_test_staircase=True, **kw) for t in (0, 2, 3, 6, 7)] == pytest.approx(
+        [0.01, 0.01, 0.03, 0.03, 0.05]
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Schedulers driving an optimizer (built from the config, as the engine does)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_every_scheduler_is_a_torch_lr_scheduler():
+    configs = [
+        cfg(name=name, cycle_min_lr=0.1, cycle_max_lr=1.0) for name in LR_SCHEDULERS
+    ] + [cfg(_target_="torch.optim.lr_scheduler.StepLR", kwargs={"step_size": 2})]
+    for c in configs:
+        assert isinstance(build_lr_scheduler(c, make_optimizer(), 2000), torch.optim.lr_scheduler.LRScheduler)
+
+
+def test_constant_keeps_each_groups_lr():
+    opt = make_optimizer(lrs=(1.0, 0.5))
+    sched = build_lr_scheduler(cfg(name="constant"), opt, 10)
+    assert trace(sched, opt, 4)[0] == [1.0] * 4
+    assert sched.get_last_lr() == [1.0, 0.5]
+
+
+def test_warmup_lr_scheduler_linear_with_per_group_max():
+    opt = make_optimizer(lrs=(1.0, 2.0))
+    sched = build_lr_scheduler(cfg(name="warmup_lr", warmup_num_steps=4, warmup_type="linear", warmup_min_lr=0.0), opt, 10)
+    lrs0, _ = trace(sched, opt, 6)
+    assert lrs0 == pytest.approx([0, 0.25, 0.5, 0.75, 1, 1])
+    assert sched.get_last_lr() == pytest.approx([1.0, 2.0])  # warmup_max_lr null = each group's own lr
+
+
+def test_warmup_lr_scheduler_log_with_explicit_bounds():
+    opt = make_optimizer()
+    c = cfg(name="warmup_lr", warmup_num_steps=4, warmup_type="log", warmup_min_lr=0.1, warmup_max_lr=1.1)
+    assert trace(build_lr_scheduler(c, opt, 10), opt, 5)[0] == pytest.approx([0.1, 0.6, 0.8924812504, 1.1, 1.1])
+
+
+def test_warmup_decay_lr_scheduler_total_defaults_to_max_steps():
+    opt = make_optimizer(lrs=(2.0,))
+    c = cfg(name="warmup_decay_lr", warmup_num_steps=4, warmup_type="linear", total_num_steps=None)
+    lrs, _ = trace(build_lr_scheduler(c, opt, 12), opt, 16)
+    assert lrs[::2] == pytest.approx([0, 1.0, 2.0, 1.5, 1.0, 0.5, 0, 0])
+    opt = make_optimizer()
+    c = replace(c, total_num_steps=8, warmup_max_lr=0.5)
+    assert trace(build_lr_scheduler(c, opt, 1000), opt, 9)[0][4:] == pytest.approx([0.5, 0.375, 0.25, 0.125, 0])
+
+
+def test_warmup_cosine_scheduler_scales_each_groups_lr():
+    opt = make_optimizer(lrs=(1.0, 0.1))
+    c = cfg(name="warmup_cosine", warmup_num_steps=10, warmup_min_ratio=0.1, cos_min_ratio=0.01, warmup_type="linear",
+            total_num_steps=100)
+    sched = build_lr_scheduler(c, opt, 600)
+    lrs, _ = trace(sched, opt, 101)
+    assert [lrs[0], lrs[5], lrs[54], lrs[99], lrs[100]] == pytest.approx([0.1, 0.55, 0.505, 0.01, 0.01])
+    assert sched.get_last_lr()[1] == pytest.approx(0.001)
+
+
+@pytest.mark.parametrize("kind", ["adamw", "sgd"])
+def test_one_cycle_scheduler_cycles_lr_and_momentum(kind):
+    opt = make_optimizer(kind)
+    c = cfg(name="one_cycle", cycle_min_lr=0.1, cycle_max_lr=1.1, cycle_first_step_size=4, decay_step_size=2,
+            decay_lr_rate=0.5, cycle_min_mom=0.8, cycle_max_mom=0.9)
+    sched = build_lr_scheduler(c, opt, 12)
+    lrs, moms = trace(sched, opt, 12)
+    assert lrs == pytest.approx([0.35, 0.6, 0.85, 1.1, 0.85, 0.6, 0.35, 0.1, 0.08, 0.1 / 1.5, 0.1 / 1.75, 0.05])
+    assert moms == pytest.approx([0.875, 0.85, 0.825, 0.8, 0.825, 0.85, 0.875, 0.9, 0.9, 0.9, 0.9, 0.9])
+    assert sched.get_last_momentum() == pytest.approx([0.9])
+    if kind == "adamw":
+        assert opt.param_groups[0]["betas"][1] == 0.95  # beta2 is the optimizer's own
+
+
+def test_one_cycle_scheduler_with_stairs_and_momentum_decay():
+    opt = make_optimizer("adamw")
+    c = cfg(name="one_cycle", cycle_min_lr=0.1, cycle_max_lr=1.1, cycle_first_step_size=4, cycle_first_stair_count=2,
+            decay_step_size=2, decay_mom_rate=0.05, cycle_min_mom=0.8, cycle_max_mom=0.9)
+    lrs, moms = trace(build_lr_scheduler(c, opt, 10), opt, 10)
+    assert lrs == pytest.approx([0.1, 0.6, 0.6, 1.1, 0.6, 0.6, 0.1, 0.1, 0.1, 0.1])
+    assert moms == pytest.approx([0.9, 0.85, 0.85, 0.8, 0.85, 0.85, 0.9, 0.9, 0.9 * 1.025, 0.9 * 1.05])
+
+
+def test_one_cycle_without_momentum_cycling_leaves_momentum_alone():
+    opt = make_optimizer("sgd")
+    c = cfg(name="one_cycle", cycle_min_lr=0.1, cycle_max_lr=1.1, cycle_first_step_size=4, cycle_momentum=False)
+    sched = build_lr_scheduler(c, opt, 10)
+    lrs, moms = trace(sched, opt, 4)
+    assert lrs == pytest.approx([0.35, 0.6, 0.85, 1.1]) and moms == [0.5] * 4
+    assert sched.get_last_momentum() is None
+    # an optimizer with neither betas nor momentum: lr still cycles, nothing else is touched
+    opt = make_optimizer("adagrad")
+    sched = OneCycle(opt, 0.1, 1.1, cycle_first_step_size=4)
+    assert trace(sched, opt, 2)[0] == pytest.approx([0.35, 0.6])
+    assert "betas" not in opt.param_groups[0] and "momentum" not in opt.param_groups[0]
+
+
+@pytest.mark.parametrize("staircase, expected", [(False, [0.015, 0.02, 0.025, 0.03]), (True, [0.01, 0.01, 0.01, 0.03])])
+def test_lr_range_test_scheduler(staircase, expected):
+    opt = make_optimizer()
+    c = cfg(name="lr_range_test", lr_range_test_min_lr=0.01, lr_range_test_step_size=4, lr_range_test_step_rate=2.0,
+            lr_range_test_staircase=staircase)
+    assert trace(build_lr_scheduler(c, opt, 10), opt, 4)[0] == pytest.approx(expected)
+
+
+def test_target_builds_any_torch_scheduler():
+    opt = make_optimizer()
+    c = cfg(_target_="torch.optim.lr_scheduler.StepLR", kwargs={"step_size": 2, "gamma": 0.5})
+    sched = build_lr_scheduler(c, opt, 10)
+    assert isinstance(sched, torch.optim.lr_scheduler.StepLR)
+    assert trace(sched, opt, 5)[0] == pytest.approx([1.0, 1.0, 0.5, 0.5, 0.25])
+
+
+@pytest.mark.parametrize(
+    "target, kwargs, message",
+    [
+        ("torch.optim.lr_scheduler.NoSuchLR", {}, "lr_scheduler._target_='torch.optim.lr_scheduler.NoSuchLR'"),
+        ("no_such_package.schedules.MyLR", {}, "lr_scheduler._target_='no_such_package.schedules.MyLR' cannot be imported"),
+        ("StepLR", {}, "lr_scheduler._target_='StepLR' is not a dotted path"),
+        ("torch.optim.AdamW", {}, "lr_scheduler._target_='torch.optim.AdamW' is not a torch.optim.lr_scheduler"),
+        ("torch.optim.lr_scheduler.StepLR", {"stepsize": 2}, "lr_scheduler.kwargs={'stepsize': 2} do not fit"),
+    ],
+)
+def test_bad_target_is_a_clear_error(target, kwargs, message):
+    c = cfg(_target_=target, kwargs=kwargs)
+    with pytest.raises(ValueError) as err:
+        build_lr_scheduler(c, make_optimizer(), 10)
+    assert message in str(err.value)
+    with pytest.raises(ValueError, match="lr_scheduler"):
+        validate_lr_scheduler_config(c, 10)
+
+
+# ---------------------------------------------------------------------------------------------
+# state_dict round trips
+# ---------------------------------------------------------------------------------------------
+
+ROUND_TRIP_CONFIGS = {
+    "constant": cfg(name="constant"),
+    "warmup_lr": cfg(name="warmup_lr", warmup_num_steps=8, warmup_type="log"),
+    "warmup_decay_lr": cfg(name="warmup_decay_lr", warmup_num_steps=4, warmup_type="linear", total_num_steps=16),
+    "warmup_cosine": cfg(name="warmup_cosine", warmup_num_steps=4, warmup_type="linear", warmup_min_ratio=0.1,
+                         total_num_steps=16),
+    "one_cycle": cfg(name="one_cycle", cycle_min_lr=0.1, cycle_max_lr=1.0, cycle_first_step_size=4,
+                     cycle_second_step_size=6, cycle_first_stair_count=2, decay_step_size=2, decay_lr_rate=0.5,
+                     decay_mom_rate=0.01),
+    "lr_range_test": cfg(name="lr_range_test", lr_range_test_step_size=3, lr_range_test_staircase=True),
+    "torch_step": cfg(_target_="torch.optim.lr_scheduler.StepLR", kwargs={"step_size": 3, "gamma": 0.5}),
+}
+
+
+def _checkpoint(obj):
+    """torch.save + torch.load(weights_only=True), as a checkpoint would store it."""
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=True)
+
+
+@pytest.mark.parametrize("kind", ["adamw", "sgd"])
+@pytest.mark.parametrize("name", list(ROUND_TRIP_CONFIGS))
+def test_state_dict_round_trip_continues_identically(name, kind):
+    c = ROUND_TRIP_CONFIGS[name]
+    opt_a = make_optimizer(kind, lrs=(1.0, 0.5))
+    sched_a = build_lr_scheduler(c, opt_a, 20)
+    trace(sched_a, opt_a, 7)
+    opt_state, sched_state = _checkpoint(opt_a.state_dict()), _checkpoint(sched_a.state_dict())
+
+    opt_b = make_optimizer(kind, lrs=(1.0, 0.5))
+    sched_b = build_lr_scheduler(c, opt_b, 20)
+    opt_b.load_state_dict(opt_state)
+    sched_b.load_state_dict(sched_state)
+    for group in (0, 1):
+        a = trace(sched_a, opt_a, 10, group=group)
+        b = trace(sched_b, opt_b, 10, group=group)
+        assert a == b
+
+
+@pytest.mark.parametrize("name", [n for n in ROUND_TRIP_CONFIGS if n != "torch_step"])
+def test_scheduler_state_alone_restores_lr_and_momentum(name):
+    """This module's schedules are closed-form: scheduler state alone puts step t's lr and momentum back."""
+    c = ROUND_TRIP_CONFIGS[name]
+    opt_a = make_optimizer("adamw")
+    sched_a = build_lr_scheduler(c, opt_a, 20)
+    trace(sched_a, opt_a, 9)
+    opt_b = make_optimizer("adamw")
+    sched_b = build_lr_scheduler(c, opt_b, 20)
+    sched_b.load_state_dict(_checkpoint(sched_a.state_dict()))
+    assert opt_b.param_groups[0]["lr"] == opt_a.param_groups[0]["lr"]
+    assert opt_b.param_groups[0]["betas"] == opt_a.param_groups[0]["betas"]
+    assert trace(sched_a, opt_a, 8) == trace(sched_b, opt_b, 8)
+
+
+def test_resume_takes_the_schedule_shape_from_the_config():
+    """Like DeepSpeed, the saved state is the progress; a longer total_num_steps applies on resume."""
+    short = cfg(name="warmup_decay_lr", warmup_num_steps=4, warmup_type="linear", total_num_steps=8)
+    opt = make_optimizer()
+    sched = build_lr_scheduler(short, opt, 100)
+    trace(sched, opt, 6)
+    state = sched.state_dict()
+    assert "hparams" not in state and state["last_epoch"] == 6
+    resumed = build_lr_scheduler(replace(short, total_num_steps=12), make_optimizer(), 100)
+    resumed.load_state_dict(state)
+    assert resumed.get_last_lr() == pytest.approx([0.75])  # (12 - 6) / (12 - 4), not (8 - 6) / 4
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation
+# ---------------------------------------------------------------------------------------------
+
+ONE_CYCLE = dict(name="one_cycle", cycle_min_lr=1e-4, cycle_max_lr=1e-3, cycle_first_step_size=100)
+
+
+@pytest.mark.parametrize(
+    "overrides, max_steps, message",
+    [
+        (dict(name="foo"), 600,
+         "lr_scheduler.name='foo' is not valid; choose one of: warmup_lr, warmup_decay_lr, warmup_cosine, one_cycle, "
+         "lr_range_test, constant"),
+        (dict(name="warmup_lr", warmup_type="cubic"), 600,
+         "lr_scheduler.warmup_type='cubic' is not valid; choose one of: linear, log"),
+        (dict(name="warmup_cosine", warmup_num_steps=-1), 600, "lr_scheduler.warmup_num_steps=-1 must be >= 0"),
+        (dict(name="warmup_decay_lr", warmup_num_steps=50), 40,
+         "lr_scheduler.total_num_steps=None (null = max_steps=40) must be > lr_scheduler.warmup_num_steps=50"),
+        (dict(name="warmup_decay_lr", warmup_num_steps=50, total_num_steps=50), 600,
+         "lr_scheduler.total_num_steps=50 must be > lr_scheduler.warmup_num_steps=50"),
+        (dict(name="warmup_cosine", total_num_steps=0), 600, "lr_scheduler.total_num_steps=0 must be > 0"),
+        (dict(name="warmup_cosine", cos_min_ratio=1.5), 600, "lr_scheduler.cos_min_ratio=1.5 must be in [0, 1]"),
+        (dict(name="warmup_lr", warmup_min_lr=-0.1), 600, "lr_scheduler.warmup_min_lr=-0.1 must be >= 0"),
+        (dict(name="one_cycle"), 600, "lr_scheduler.cycle_min_lr=None must be set for one_cycle"),
+        (dict(name="one_cycle", cycle_min_lr=1e-4), 600, "lr_scheduler.cycle_max_lr=None must be set for one_cycle"),
+        (ONE_CYCLE | dict(cycle_first_step_size=0), 600, "lr_scheduler.cycle_first_step_size=0 must be > 0"),
+        (ONE_CYCLE | dict(cycle_second_stair_count=-2), 600, "lr_scheduler.cycle_second_stair_count=-2 must be >= 0"),
+        (ONE_CYCLE | dict(decay_lr_rate=0.1), 600,
+         "lr_scheduler.decay_lr_rate=0.1 has no effect with lr_scheduler.decay_step_size=0"),
+        (ONE_CYCLE | dict(decay_mom_rate=0.1), 600,
+         "lr_scheduler.decay_mom_rate=0.1 has no effect with lr_scheduler.decay_step_size=0"),
+        (ONE_CYCLE | dict(decay_mom_rate=0.1, decay_step_size=10), 600,
+         "lr_scheduler.decay_mom_rate=0.1 takes the momentum to"),
+        (ONE_CYCLE | dict(cycle_max_mom=1.0), 600, "lr_scheduler.cycle_max_mom=1.0 must be in [0, 1)"),
+        (dict(name="lr_range_test", lr_range_test_step_size=0), 600, "lr_scheduler.lr_range_test_step_size=0 must be > 0"),
+        (dict(name="constant", kwargs={"step_size": 2}), 600,
+         "lr_scheduler.kwargs={'step_size': 2} is only used with lr_scheduler._target_"),
+    ],
+)
+def test_validation_errors_name_key_value_and_choices(overrides, max_steps, message):
+    c = cfg(**overrides)
+    with pytest.raises(ValueError) as err:
+        validate_lr_scheduler_config(c, max_steps)
+    assert message in str(err.value)
+    with pytest.raises(ValueError) as err:
+        build_lr_scheduler(c, make_optimizer(), max_steps)
+    assert message in str(err.value)
+
+
+def test_validation_prefix_and_valid_configs():
+    with pytest.raises(ValueError, match=r"engine\.lr_scheduler\.name='foo'"):
+        validate_lr_scheduler_config(cfg(name="foo"), 600, prefix="engine.lr_scheduler")
+    validate_lr_scheduler_config(LRSchedulerConfig(), 600)  # the schema's defaults are valid
+    validate_lr_scheduler_config(cfg(**ONE_CYCLE, decay_mom_rate=-0.01, decay_step_size=100), 600)  # shrinks, stays >= 0
+    # with _target_, the built-in keys (name included) are not used
+    validate_lr_scheduler_config(cfg(name="whatever", _target_="torch.optim.lr_scheduler.StepLR",
+                                     kwargs={"step_size": 5}), 600)
+
+
+# ---------------------------------------------------------------------------------------------
+# conf/lr_scheduler/*.yaml
+# ---------------------------------------------------------------------------------------------
+
+
+def test_option_files_exist():
+    names = {p.stem for p in CONF_DIR.glob("*.yaml")}
+    assert {"warmup_lr", "warmup_decay_lr", "warmup_cosine", "one_cycle", "lr_range_test", "constant",
+            "torch_step"} <= names
+    for path in CONF_DIR.glob("*.yaml"):
+        assert path.read_text().startswith("# "), f"{path.name} should open with a comment saying what it is"
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in CONF_DIR.glob("*.yaml")))
+def test_every_option_file_composes_and_builds(name):
+    from dsrecipes.config.store import compose
+
+    lr_cfg = OmegaConf.to_object(compose([f"lr_scheduler={name}"])).lr_scheduler
+    validate_lr_scheduler_config(lr_cfg, 600)
+    opt = make_optimizer()
+    sched = build_lr_scheduler(lr_cfg, opt, 600)
+    lrs, moms = trace(sched, opt, 600)
+    assert all(math.isfinite(lr) and lr >= 0 for lr in lrs)
+    assert all(0 <= m < 1 for m in moms)
+
+
+def test_default_recipe_keeps_warmup_cosine():
+    from dsrecipes.config.store import compose
+
+    lr_cfg = OmegaConf.to_object(compose([])).lr_scheduler
+    assert (lr_cfg.name, lr_cfg.warmup_num_steps, lr_cfg.warmup_type, lr_cfg.cos_min_ratio) == (
+        "warmup_cosine", 50, "linear", 0.1
+    )
+
+
+def test_lr_range_test_class_directly():
+    opt = make_optimizer()
+    sched = LRRangeTest(opt, lr_range_test_min_lr=0.01, lr_range_test_step_size=4, lr_range_test_step_rate=2.0)
+    assert sched.get_last_lr() == pytest.approx([0.015])

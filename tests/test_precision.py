@@ -1,0 +1,142 @@
+"""fp16 loss scaling, master weights, overflow skipping and non-finite handling in the Engine."""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import dsrecipes
+
+
+def make_engine(precision: dict, optimizer: dict | None = None, clipping: float = 0.0, scheduler: dict | None = None):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+    config = {
+        "trainer": {"train_micro_batch_size_per_gpu": 8, "device": "cpu", "gradient_clipping": clipping},
+        "optimizer": optimizer or {"lr": 1e-2, "weight_decay": 0.0},
+        "lr_scheduler": scheduler or {"name": "constant"},
+        "precision": precision,
+    }
+    return dsrecipes.initialize(model=model, config=config)[0]
+
+
+def train_step(engine, x, y, poison=False):
+    loss = nn.functional.mse_loss(engine(x).float(), y)
+    if poison:
+        loss = loss * float("inf")
+    engine.backward(loss)
+    engine.step()
+    return loss
+
+
+def test_fp16_injected_overflow_skips_exactly_that_step_and_the_schedule_waits():
+    engine = make_engine(
+        {"dtype": "fp16", "master_weights": True, "initial_scale_power": 10, "hysteresis": 1},
+        scheduler={"name": "warmup_lr", "warmup_num_steps": 10, "warmup_type": "linear", "warmup_min_lr": 0.001, "warmup_max_lr": 0.01},
+    )
+    x, y = torch.randn(8, 8), torch.randn(8, 1)
+    lrs, scales = [], []
+    for step in range(5):
+        before = [p.detach().clone() for p in engine.optimizer.param_groups[0]["params"]]
+        lr_before = engine.get_lr()[0]
+        train_step(engine, x, y, poison=(step == 2))
+        after = engine.optimizer.param_groups[0]["params"]
+        changed = any(not torch.equal(a, b) for a, b in zip(before, after))
+        assert changed == (step != 2), step
+        assert engine.last_step_skipped == (step == 2)
+        lrs.append(lr_before)
+        scales.append(engine.precision.loss_scale)
+    assert engine.skipped_steps == 1 and engine.global_steps == 5
+    # the schedule did not advance on the skipped step: the lr used at step 3 equals the one at step 2
+    assert lrs == pytest.approx([0.001, 0.0019, 0.0028, 0.0028, 0.0037])
+    assert scales == [1024, 1024, 512, 512, 512]
+    assert math.isnan(engine.last_grad_norm) is False
+
+
+def test_fp16_unscale_and_clip_in_one_pass_on_the_true_norm():
+    """SGD lr=1: the update equals the clipped, unscaled gradient of an fp32 reference."""
+    engine = make_engine({"dtype": "fp16", "master_weights": True, "loss_scale": 1024.0},
+                         optimizer={"name": "sgd", "lr": 1.0, "weight_decay": 0.0}, clipping=0.05)
+    reference = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+    masters = engine.optimizer.param_groups[0]["params"] + engine.optimizer.param_groups[1]["params"]
+    with torch.no_grad():  # the reference starts from the fp16-rounded weights the engine computes with
+        for ref, low in zip(reference.parameters(), engine.module.parameters()):
+            ref.copy_(low.float())
+    x, y = torch.randn(8, 8), torch.randn(8, 1)
+    nn.functional.mse_loss(reference(x), y).backward()
+    true_norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in reference.parameters()]))
+    before = {id(p): p.detach().clone() for p in masters}
+    train_step(engine, x, y)
+    assert engine.last_grad_norm == pytest.approx(true_norm.item(), rel=2e-2)  # unscaled, not x1024
+    assert true_norm > 0.05
+    expected_scale = 0.05 / (true_norm.item() + 1e-6)
+    by_name = dict(zip([id(p) for p in masters], masters))
+    low_to_master = {id(low): master for low, master in engine.precision.master.pairs}
+    for ref, low in zip(reference.parameters(), engine.module.parameters()):
+        master = low_to_master[id(low)]
+        update = before[id(master)] - by_name[id(master)]
+        torch.testing.assert_close(update, ref.grad * expected_scale, rtol=3e-2, atol=1e-4)
+
+
+def test_bf16_master_weights_keep_fp32_optimizer_and_save_fp32(tmp_path):
+    engine = make_engine({"dtype": "bf16", "master_weights": True})
+    assert all(p.dtype == torch.bfloat16 for p in engine.module.parameters())
+    assert all(p.dtype == torch.float32 for g in engine.optimizer.param_groups for p in g["params"])
+    x = torch.randn(64, 8)
+    y = x.sum(dim=1, keepdim=True)
+    losses = [train_step(engine, x[i % 8 * 8:(i % 8 + 1) * 8], y[i % 8 * 8:(i % 8 + 1) * 8]).item() for i in range(60)]
+    assert sum(losses[-8:]) < 0.5 * sum(losses[:8])
+    path = engine.save_checkpoint(tmp_path)
+    saved = torch.load(path / "model.pt")
+    assert all(t.dtype == torch.float32 for t in saved.values())
+    fresh = make_engine({"dtype": "bf16", "master_weights": True})
+    fresh.load_checkpoint(tmp_path)
+    for a, b in zip(engine.module.parameters(), fresh.module.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_fp32_nonfinite_loss_stops_with_the_step():
+    engine = make_engine({"dtype": "fp32"})
+    x, y = torch.randn(8, 8), torch.randn(8, 1)
+    train_step(engine, x, y)
+    with pytest.raises(FloatingPointError, match="non-finite gradients .* at step 2.*nonfinite_grads=skip"):
+        train_step(engine, x, y, poison=True)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_nonfinite_skip_policy_counts_skipped_steps(dtype):
+    engine = make_engine({"dtype": dtype, "nonfinite_grads": "skip"})
+    x, y = torch.randn(8, 8), torch.randn(8, 1)
+    before = [p.detach().clone() for p in engine.module.parameters()]
+    train_step(engine, x, y, poison=True)
+    assert engine.skipped_steps == 1 and engine.global_steps == 1 and engine.last_step_skipped
+    assert all(torch.equal(a, b) for a, b in zip(before, engine.module.parameters()))
+    train_step(engine, x, y)
+    assert engine.skipped_steps == 1 and not engine.last_step_skipped
+
+
+def test_min_scale_error_or_warning():
+    engine = make_engine({"dtype": "fp16", "master_weights": True, "initial_scale_power": 0, "hysteresis": 1})
+    x, y = torch.randn(8, 8), torch.randn(8, 1)
+    with pytest.raises(FloatingPointError, match="minimum"):
+        train_step(engine, x, y, poison=True)
+    engine = make_engine({"dtype": "fp16", "master_weights": True, "initial_scale_power": 0, "hysteresis": 1,
+                          "raise_error_at_min_scale": False})
+    with pytest.warns(UserWarning, match="minimum"):
+        train_step(engine, x, y, poison=True)
+    assert engine.skipped_steps == 1
+
+
+@pytest.mark.parametrize(
+    "precision, message",
+    [
+        ({"dtype": "fp8"}, "precision.dtype='fp8' is not valid; choose one of: fp32, bf16, fp16"),
+        ({"dtype": "fp32", "master_weights": True}, "master_weights=true needs dtype bf16 or fp16"),
+        ({"dtype": "fp16", "loss_scale_window": 0}, "precision.loss_scale_window=0 must be > 0"),
+        ({"dtype": "bf16", "nonfinite_grads": "ignore"}, "precision.nonfinite_grads='ignore' is not valid"),
+    ],
+)
+def test_precision_config_errors(precision, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        make_engine(precision)

@@ -1,0 +1,139 @@
+"""Checkpoints in the recipe: exact resume, auto discovery, atomic saves, mismatch errors, export."""
+
+import json
+
+import pytest
+import torch
+
+from dsrecipes.config import validate_recipe
+from dsrecipes.config.store import compose
+from dsrecipes.models import load_exported
+from dsrecipes.training.extensions import Callback, Extensions
+from dsrecipes.training.trainer import Trainer
+
+
+class Preempted(Exception):
+    pass
+
+
+class CrashAt(Callback):
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_end(self, trainer, step, metrics):
+        if step == self.step:
+            raise Preempted(step)
+
+
+def trainer_for(run_dir, overrides, extensions=None):
+    root, batch = validate_recipe(compose(overrides), dp_world_size=1)
+    return Trainer(root, run_dir, batch, overrides=overrides, extensions=extensions or Extensions())
+
+
+def losses(run_dir):
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["train/loss"] for r in records if "train/loss" in r}
+
+
+@pytest.fixture
+def resume_overrides(fast_overrides):
+    return fast_overrides + [
+        "trainer.max_steps=16", "trainer.log_interval=1", "trainer.gradient_accumulation_steps=2",
+        "trainer.eval_interval=4", "checkpoint.interval=8", "model.dropout=0.1", "trainer.sample_tokens=0",
+    ]
+
+
+def test_resume_reproduces_the_uninterrupted_run_bitwise(tmp_path, resume_overrides):
+    straight = trainer_for(tmp_path / "straight", resume_overrides).fit()
+    with pytest.raises(Preempted):
+        trainer_for(tmp_path / "first", resume_overrides, Extensions(callbacks=[CrashAt(11)])).fit()
+    checkpoint = tmp_path / "first" / "checkpoints" / "step_8"
+    assert (tmp_path / "first" / "checkpoints" / "latest").read_text() == "step_8"
+    resumed = trainer_for(tmp_path / "second", resume_overrides + [f"trainer.resume={checkpoint}"]).fit()
+
+    full, tail = losses(tmp_path / "straight"), losses(tmp_path / "second")
+    assert sorted(tail) == list(range(9, 17))
+    assert [tail[s] for s in range(9, 17)] == [full[s] for s in range(9, 17)]  # bitwise, loss for loss
+    assert resumed["metrics"]["val/loss"] == straight["metrics"]["val/loss"]
+
+
+def test_resume_auto_finds_the_previous_run_of_the_same_name(tmp_path, resume_overrides):
+    outputs = tmp_path / "outputs" / "2026-11-30"
+    with pytest.raises(Preempted):
+        trainer_for(outputs / "10-00-00_gpt", resume_overrides, Extensions(callbacks=[CrashAt(9)])).fit()
+    second = trainer_for(outputs / "10-05-00_gpt", resume_overrides + ["trainer.resume=auto"])
+    second.fit()
+    assert sorted(losses(outputs / "10-05-00_gpt")) == list(range(9, 17))
+    # a fresh name finds nothing and starts from step 0
+    fresh = trainer_for(outputs / "10-06-00_other", resume_overrides + ["trainer.resume=auto", "name=other"])
+    fresh.fit()
+    assert min(losses(outputs / "10-06-00_other")) == 1
+
+
+def test_resume_from_a_missing_path_is_a_clear_error(tmp_path, resume_overrides):
+    with pytest.raises(FileNotFoundError, match="no complete checkpoint"):
+        trainer_for(tmp_path / "run", resume_overrides + [f"trainer.resume={tmp_path / 'nowhere'}"]).fit()
+
+
+def test_interrupted_save_leaves_the_previous_checkpoint_loadable(tmp_path, resume_overrides, monkeypatch):
+    trainer = trainer_for(tmp_path / "run", resume_overrides + ["trainer.max_steps=8"])
+    trainer.fit()
+    save_dir = tmp_path / "run" / "checkpoints"
+    real_save = torch.save
+
+    def dying_save(obj, path, *args, **kwargs):
+        if str(path).endswith("optimizer.pt"):
+            real_save({"partial": True}, path)
+            raise KeyboardInterrupt("killed mid-save")
+        return real_save(obj, path, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", dying_save)
+    trainer.engine.global_steps = 9
+    with pytest.raises(KeyboardInterrupt):
+        trainer.engine.save_checkpoint(save_dir)
+    monkeypatch.setattr(torch, "save", real_save)
+    assert (save_dir / "latest").read_text() == "step_8"
+    assert not (save_dir / "step_9").exists()
+    again = trainer_for(tmp_path / "run2", resume_overrides + [f"trainer.resume={save_dir}"])
+    again.setup()
+    again.maybe_resume()
+    assert again.engine.global_steps == 8
+
+
+def test_mismatched_checkpoint_names_the_tensor_and_loads_nothing(tmp_path, resume_overrides):
+    trainer_for(tmp_path / "small", resume_overrides + ["trainer.max_steps=2"]).fit()
+    bigger = trainer_for(tmp_path / "big", resume_overrides + ["model.d_model=192", "model.n_head=4"])
+    bigger.setup()
+    before = {k: v.clone() for k, v in bigger.engine.module.state_dict().items()}
+    with pytest.raises(ValueError, match=r"tensor 'tok_emb.weight' has shape \(320, 128\) in the checkpoint but \(320, 192\)"):
+        bigger.engine.load_checkpoint(tmp_path / "small" / "checkpoints")
+    assert all(torch.equal(before[k], v) for k, v in bigger.engine.module.state_dict().items())
+
+
+def test_truncated_checkpoint_is_a_clear_error(tmp_path, resume_overrides):
+    trainer = trainer_for(tmp_path / "run", resume_overrides + ["trainer.max_steps=2"])
+    trainer.fit()
+    model_file = tmp_path / "run" / "checkpoints" / "step_2" / "model.pt"
+    model_file.write_bytes(model_file.read_bytes()[:1000])
+    with pytest.raises(ValueError, match="model.pt is truncated or corrupt"):
+        trainer.engine.load_checkpoint(tmp_path / "run" / "checkpoints")
+
+
+def test_final_export_loads_back_as_the_same_model(tmp_path, resume_overrides):
+    trainer = trainer_for(tmp_path / "run", resume_overrides + ["trainer.max_steps=4", "model=llama_debug", "model.max_seq_len=64"])
+    summary = trainer.fit()
+    model, config = load_exported(summary["export"])
+    assert config["tokenizer"] == "byte" and config["model"]["style"] == "llama"
+    ids = torch.randint(0, 257, (2, 32))
+    trainer.engine.module.eval()
+    model.eval()
+    torch.testing.assert_close(model(ids).logits, trainer.engine.module(ids).logits)
+
+
+def test_fp16_recipe_logs_scale_and_skipped_steps(tmp_path, fast_overrides):
+    run_dir = tmp_path / "run"
+    trainer_for(run_dir, fast_overrides + ["precision=fp16", "precision.initial_scale_power=8", "trainer.max_steps=10"]).fit()
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if "train/loss" in r]
+    assert all("train/loss_scale" in r and "train/skipped_steps" in r for r in train)
+    assert train[-1]["train/loss"] < train[0]["train/loss"]
