@@ -26,7 +26,7 @@ def test_default_run_writes_the_run_directory(tmp_path, fast_overrides):
     run_dir = only_run_dir(tmp_path)
     assert run_dir.name.endswith("_gpt")
     for expected in (".hydra/config.yaml", ".hydra/overrides.yaml", "logs/rank0.log", "metrics.jsonl", "summary.json",
-                     "checkpoints/latest", "checkpoints/step_20/model.pt", "checkpoints/step_20/config.yaml"):
+                     "checkpoints/latest", "checkpoints/step_20/engine.pt", "checkpoints/step_20/dcp/.metadata", "checkpoints/step_20/config.yaml", "export/model.safetensors"):
         assert (run_dir / expected).exists(), expected
     assert "eval step 20" in (run_dir / "logs" / "rank0.log").read_text()
     # nothing written outside the run directory (besides the datasets cache given in the overrides)

@@ -82,7 +82,7 @@ def test_interrupted_save_leaves_the_previous_checkpoint_loadable(tmp_path, resu
     real_save = torch.save
 
     def dying_save(obj, path, *args, **kwargs):
-        if str(path).endswith("optimizer.pt"):
+        if str(path).endswith("rng_rank0.pt"):  # after the model and optimizer shards are written
             real_save({"partial": True}, path)
             raise KeyboardInterrupt("killed mid-save")
         return real_save(obj, path, *args, **kwargs)
@@ -113,9 +113,13 @@ def test_mismatched_checkpoint_names_the_tensor_and_loads_nothing(tmp_path, resu
 def test_truncated_checkpoint_is_a_clear_error(tmp_path, resume_overrides):
     trainer = trainer_for(tmp_path / "run", resume_overrides + ["trainer.max_steps=2"])
     trainer.fit()
-    model_file = tmp_path / "run" / "checkpoints" / "step_2" / "model.pt"
-    model_file.write_bytes(model_file.read_bytes()[:1000])
-    with pytest.raises(ValueError, match="model.pt is truncated or corrupt"):
+    (data_file,) = list((tmp_path / "run" / "checkpoints" / "step_2" / "dcp").glob("*.distcp"))
+    data_file.write_bytes(data_file.read_bytes()[:1000])
+    with pytest.raises(ValueError, match="dcp could not be read, it may be truncated or corrupt"):
+        trainer.engine.load_checkpoint(tmp_path / "run" / "checkpoints")
+    engine_file = tmp_path / "run" / "checkpoints" / "step_2" / "engine.pt"
+    engine_file.write_bytes(engine_file.read_bytes()[:100])
+    with pytest.raises(ValueError, match="engine.pt is truncated or corrupt"):
         trainer.engine.load_checkpoint(tmp_path / "run" / "checkpoints")
 
 

@@ -1,7 +1,8 @@
-"""Schema of the `zero` config group (DeepSpeed's zero_optimization).
+"""Schemas of the `zero` and `launcher` config groups (DeepSpeed's zero_optimization and launcher).
 
-Single-process runs accept every stage and shard nothing; the distributed work maps each stage onto
-PyTorch-native sharding (see ARCHITECTURE.md section 4).
+Each ZeRO stage maps onto PyTorch-native machinery (README, "ZeRO on PyTorch"): stage 0 = DDP,
+stage 1 = ZeroRedundancyOptimizer over DDP, stage 2 = FSDP2 fully_shard(reshard_after_forward=False),
+stage 3 = FSDP2 fully_shard. Keys DeepSpeed has and dsrecipes does not are rejected by the schema.
 """
 
 from __future__ import annotations
@@ -9,15 +10,73 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 ZERO_STAGES = (0, 1, 2, 3)
+OFFLOAD_DEVICES = ("none", "cpu")
 
 
 @dataclass
 class ZeroConfig:
-    """stage 0: replicate; 1: shard optimizer states; 2: + gradients; 3: + parameters."""
+    """stage 0: replicate; 1: shard optimizer states; 2: + gradients; 3: + parameters.
+
+    offload_optimizer / offload_param = cpu: FSDP2's CPUOffloadPolicy (sharded parameters, their
+    gradients and the optimizer step live on the CPU); stages 2-3 only.
+    hybrid_shard_size: shard within groups of this many ranks and replicate across groups (HSDP,
+    DeepSpeed's hpZ idea); 0 = shard across all data-parallel ranks.
+    """
 
     stage: int = 0
+    offload_optimizer: str = "none"
+    offload_param: str = "none"
+    hybrid_shard_size: int = 0
+
+
+@dataclass
+class LauncherConfig:
+    """How `python -m dsrecipes` starts its workers (torch's elastic agent, as torchrun does).
+
+    nproc_per_node: auto = one worker per GPU; without GPUs, 2 CPU workers for recipes that shard
+    (zero.stage > 0) and 1 otherwise; or a number. Under torchrun / SLURM (RANK and WORLD_SIZE set)
+    the processes join instead of spawning.
+    """
+
+    nproc_per_node: str = "auto"
+    max_restarts: int = 0  # > 0: restart failed workers, which resume from the newest checkpoint
+    collective_timeout_s: int = 600
+    backend: str = "auto"  # auto (nccl on CUDA, gloo on CPU) | nccl | gloo
 
 
 def validate_zero_config(cfg: ZeroConfig, prefix: str = "zero") -> None:
     if cfg.stage not in ZERO_STAGES:
         raise ValueError(f"{prefix}.stage={cfg.stage} is not valid; choose one of: {', '.join(map(str, ZERO_STAGES))}")
+    for key in ("offload_optimizer", "offload_param"):
+        if getattr(cfg, key) not in OFFLOAD_DEVICES:
+            raise ValueError(f"{prefix}.{key}={getattr(cfg, key)!r} is not valid; choose one of: {', '.join(OFFLOAD_DEVICES)}")
+    if cfg.offload_param == "cpu" and cfg.stage < 3:
+        raise ValueError(f"{prefix}.offload_param=cpu needs {prefix}.stage=3 (got stage {cfg.stage})")
+    if cfg.offload_optimizer == "cpu" and cfg.stage < 2:
+        raise ValueError(
+            f"{prefix}.offload_optimizer=cpu needs {prefix}.stage 2 or 3 in dsrecipes (FSDP2's CPU offload); got stage {cfg.stage}"
+        )
+    if cfg.hybrid_shard_size < 0:
+        raise ValueError(f"{prefix}.hybrid_shard_size={cfg.hybrid_shard_size} must be >= 0")
+
+
+def resolve_nproc(cfg: LauncherConfig, zero: ZeroConfig, gpus: int) -> int:
+    """Workers to start on this node; a clear error for nonsense or more GPUs than present."""
+    value = str(cfg.nproc_per_node)
+    if value == "auto":
+        return gpus if gpus > 0 else (2 if zero.stage > 0 else 1)
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"launcher.nproc_per_node={value!r} is not valid; use auto or a positive number")
+    n = int(value)
+    if gpus and n > gpus:
+        raise ValueError(f"launcher.nproc_per_node={n} but only {gpus} GPU(s) are present")
+    return n
+
+
+def validate_launcher_config(cfg: LauncherConfig, prefix: str = "launcher") -> None:
+    if cfg.backend not in ("auto", "nccl", "gloo"):
+        raise ValueError(f"{prefix}.backend={cfg.backend!r} is not valid; choose one of: auto, nccl, gloo")
+    if cfg.max_restarts < 0:
+        raise ValueError(f"{prefix}.max_restarts={cfg.max_restarts} must be >= 0")
+    if cfg.collective_timeout_s <= 0:
+        raise ValueError(f"{prefix}.collective_timeout_s={cfg.collective_timeout_s} must be > 0")

@@ -2,14 +2,18 @@
 
 Layout (DeepSpeed-like tags):
 
-    <save_dir>/step_120/model.pt        module state_dict
+    <save_dir>/step_120/dcp/            model + optimizer via torch.distributed.checkpoint (sharded,
+                                        world-size independent), or, for the setups DCP cannot
+                                        describe (ZeRO-1, fp32 master weights):
+    <save_dir>/step_120/model.pt        full-precision module state_dict
     <save_dir>/step_120/optimizer.pt    optimizer state_dict
-    <save_dir>/step_120/engine.pt       scheduler, counters, RNG states, client_state
+    <save_dir>/step_120/engine.pt       scheduler, loss scaler, counters, client_state
+    <save_dir>/step_120/rng_rank<R>.pt  RNG states of each rank
     <save_dir>/step_120/config.yaml     the resolved config (when known)
     <save_dir>/latest                   name of the newest complete checkpoint
 
-A checkpoint is written into a hidden temporary directory and renamed into place only when
-complete, so a crash mid-save never leaves a half checkpoint under a real tag.
+A checkpoint is written into a hidden temporary directory and renamed into place only when every
+rank has finished, so a crash mid-save never leaves a half checkpoint under a real tag.
 """
 
 from __future__ import annotations
@@ -24,27 +28,43 @@ from pathlib import Path
 import torch
 
 LATEST = "latest"
+COMPLETE_MARKER = "engine.pt"  # written last by the writing rank; renaming makes the whole directory appear at once
 _TAG_PATTERN = re.compile(r"^step_(\d+)$")
 
 
-def write_checkpoint(save_dir: str | os.PathLike, tag: str, files: dict[str, object], config_yaml: str | None) -> Path:
-    """Save each {filename: object} with torch.save into <save_dir>/<tag>/, atomically."""
+def begin_checkpoint(save_dir: str | os.PathLike, tag: str, is_writer: bool) -> Path:
+    """Create (on the writing rank) the hidden temporary directory every rank then writes into."""
     save_dir = Path(save_dir)
-    save_dir.mkdir(parents=True, exist_ok=True)
-    final = save_dir / tag
     tmp = save_dir / f".tmp_{tag}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    for name, obj in files.items():
-        torch.save(obj, tmp / name)
-    if config_yaml is not None:
-        (tmp / "config.yaml").write_text(config_yaml)
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    _write_text_atomic(save_dir / LATEST, tag)
+    if is_writer:
+        save_dir.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+    barrier()
+    return tmp
+
+
+def finish_checkpoint(save_dir: str | os.PathLike, tag: str, is_writer: bool, keep_last: int) -> Path:
+    """After every rank wrote its part: rename into place, point `latest` at it, prune old ones."""
+    save_dir = Path(save_dir)
+    final = save_dir / tag
+    barrier()
+    if is_writer:
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(save_dir / f".tmp_{tag}", final)
+        _write_text_atomic(save_dir / LATEST, tag)
+        prune_checkpoints(save_dir, keep_last)
+    barrier()
     return final
+
+
+def barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
 
 
 def _write_text_atomic(path: Path, text: str) -> None:
@@ -76,15 +96,15 @@ def resolve_checkpoint_dir(load_dir: str | os.PathLike, tag: str | None = None) 
     """The checkpoint directory for `tag`, or the one named by `latest`; a clear error if absent."""
     load_dir = Path(load_dir)
     if tag is None:
-        if (load_dir / "model.pt").exists():
+        if (load_dir / COMPLETE_MARKER).exists():
             return load_dir
         latest = load_dir / LATEST
         if not latest.exists():
-            raise FileNotFoundError(f"no checkpoint in {load_dir}: neither {latest} nor {load_dir / 'model.pt'} exists")
+            raise FileNotFoundError(f"no checkpoint in {load_dir}: neither {latest} nor {load_dir / COMPLETE_MARKER} exists")
         tag = latest.read_text().strip()
     path = load_dir / tag
-    if not (path / "model.pt").exists():
-        raise FileNotFoundError(f"checkpoint {path} is missing or incomplete (no model.pt)")
+    if not (path / COMPLETE_MARKER).exists():
+        raise FileNotFoundError(f"checkpoint {path} is missing or incomplete (no {COMPLETE_MARKER})")
     return path
 
 
@@ -111,11 +131,17 @@ def check_state_dict_matches(expected: dict, loaded: dict, source: Path) -> None
             parts.append(f"unexpected tensors: {', '.join(unexpected[:5])}{' ...' if len(unexpected) > 5 else ''}")
         raise ValueError(f"checkpoint {source} does not match the model ({'; '.join(parts)}); nothing was loaded")
     for name, tensor in expected.items():
-        if tuple(loaded[name].shape) != tuple(tensor.shape):
+        stored = _shape(loaded[name])
+        if stored != tuple(tensor.shape):
             raise ValueError(
                 f"checkpoint {source} does not match the model: tensor {name!r} has shape "
-                f"{tuple(loaded[name].shape)} in the checkpoint but {tuple(tensor.shape)} in the model; nothing was loaded"
+                f"{stored} in the checkpoint but {tuple(tensor.shape)} in the model; nothing was loaded"
             )
+
+
+def _shape(entry) -> tuple:
+    """Shape of a tensor, or of a tensor described by torch.distributed.checkpoint metadata."""
+    return tuple(entry.shape) if hasattr(entry, "shape") else tuple(entry.size)
 
 
 def _newest_in(save_dir: Path) -> Path | None:
@@ -123,9 +149,9 @@ def _newest_in(save_dir: Path) -> Path | None:
     latest = save_dir / LATEST
     if latest.exists():
         candidate = save_dir / latest.read_text().strip()
-        if (candidate / "model.pt").exists():
+        if (candidate / COMPLETE_MARKER).exists():
             return candidate
-    complete = [p for p in complete_checkpoints(save_dir) if (p / "model.pt").exists()]
+    complete = [p for p in complete_checkpoints(save_dir) if (p / COMPLETE_MARKER).exists()]
     return complete[-1] if complete else None
 
 
@@ -140,7 +166,7 @@ def find_resume_checkpoint(spec: str, run_dir: Path, dirname: str, run_name: str
     """
     if spec != "auto":
         path = Path(spec)
-        if (path / "model.pt").exists():
+        if (path / COMPLETE_MARKER).exists():
             return path
         for folder in (path, path / dirname):
             found = _newest_in(folder) if folder.is_dir() else None

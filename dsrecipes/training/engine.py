@@ -18,19 +18,37 @@ import os
 from pathlib import Path
 
 import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel
 
 from dsrecipes.distributed.utils import any_rank
 from dsrecipes.training.batch import BatchSizes
+from dsrecipes.distributed.zero import unwrap
 from dsrecipes.training.checkpoint import (
+    COMPLETE_MARKER,
+    barrier,
+    begin_checkpoint,
     check_state_dict_matches,
-    prune_checkpoints,
+    finish_checkpoint,
     read_checkpoint,
     resolve_checkpoint_dir,
-    write_checkpoint,
 )
 from dsrecipes.training.precision import Precision
 from dsrecipes.utils.seed import rng_state, set_rng_state
+
+DCP_DIR = "dcp"
 
 
 class Engine:
@@ -44,6 +62,8 @@ class Engine:
         gradient_clipping: float = 1.0,
         keep_last_checkpoints: int = 0,
         config_yaml: str | None = None,
+        rank: int = 0,
+        sharded_params: bool = False,
     ):
         self.module = module
         self.optimizer = optimizer
@@ -60,7 +80,10 @@ class Engine:
         self.skipped_steps = 0
         self.last_grad_norm: float | None = None
         self.last_step_skipped = False
-        precision.attach(module)
+        self.rank = rank
+        self.is_writer = rank == 0
+        if not sharded_params:  # under FSDP2 the sharded fp32 parameters already are the masters
+            precision.attach(unwrap(module))
 
     # ------------------------------------------------------------------ batch arithmetic
     @property
@@ -80,6 +103,9 @@ class Engine:
 
     # ------------------------------------------------------------------ training
     def __call__(self, *args, **kwargs):
+        if isinstance(self.module, DistributedDataParallel):
+            # gradients are all-reduced only at the accumulation boundary (ZeRO 0/1, as DeepSpeed)
+            self.module.require_backward_grad_sync = self.is_gradient_accumulation_boundary()
         with self.precision.autocast():
             return self.module(*args, **kwargs)
 
@@ -119,6 +145,8 @@ class Engine:
         grads = self._grad_tensors()
         scale = precision.loss_scale  # the scale the backward used, before this step's update
         norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0) if grads else torch.zeros(())
+        if isinstance(norm, DTensor):  # FSDP2 sharded gradients: reduce the partial norms
+            norm = norm.full_tensor()
         overflow = any_rank(not bool(torch.isfinite(norm)), self.device)
         self.last_step_skipped = overflow
         if precision.loss_scaler is not None:
@@ -156,34 +184,60 @@ class Engine:
         return [group["lr"] for group in self.optimizer.param_groups]
 
     # ------------------------------------------------------------------ checkpoints
+    @property
+    def _uses_dcp(self) -> bool:
+        """torch.distributed.checkpoint describes plain, DDP and FSDP2 models with torch optimizers;
+        ZeRO-1's ZeroRedundancyOptimizer and fp32 master weights use the full-state files instead."""
+        return not isinstance(self.optimizer, ZeroRedundancyOptimizer) and self.precision.master is None
+
     def module_state_dict(self) -> dict:
-        """The module's weights at full precision (fp32 masters when the model runs in bf16/fp16)."""
-        if self.precision.master is not None:
-            return self.precision.master.master_state_dict(self.module)
-        return self.module.state_dict()
+        """The module's full weights at full precision (fp32 masters when the model runs in bf16/fp16).
 
-    def save_checkpoint(self, save_dir: str | os.PathLike, tag: str | None = None, client_state: dict | None = None) -> Path:
-        """Atomically write <save_dir>/<tag>/ (tag defaults to step_<global_steps>) and update `latest`.
-
-        Holds the model (full precision), optimizer, LR schedule, loss scaler, step counters, RNG
-        states, the caller's client_state (e.g. the data position) and the resolved config.
+        A collective under FSDP2: every rank must call it; the values land on CPU on every rank.
         """
-        tag = tag or f"step_{self.global_steps}"
+        if self.precision.master is not None:
+            return self.precision.master.master_state_dict(unwrap(self.module))
+        return get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True, broadcast_from_rank0=False))
+
+    def _engine_state(self, client_state: dict | None) -> dict:
         scaler = self.precision.loss_scaler
-        engine_state = {
+        return {
             "global_steps": self.global_steps,
             "global_samples": self.global_samples,
             "micro_steps": self.micro_steps,
             "skipped_steps": self.skipped_steps,
+            "dp_world_size": self.batch.dp_world_size,
             "lr_scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None,
             "loss_scaler": scaler.state_dict() if scaler is not None else None,
-            "rng": rng_state(),
             "client_state": client_state or {},
         }
-        files = {"model.pt": self.module_state_dict(), "optimizer.pt": self.optimizer.state_dict(), "engine.pt": engine_state}
-        path = write_checkpoint(save_dir, tag, files, self.config_yaml)
-        prune_checkpoints(save_dir, self.keep_last_checkpoints)
-        return path
+
+    def save_checkpoint(self, save_dir: str | os.PathLike, tag: str | None = None, client_state: dict | None = None) -> Path:
+        """Atomically write <save_dir>/<tag>/ (tag defaults to step_<global_steps>) and update `latest`.
+
+        Call on every rank. Holds the model (full precision), optimizer, LR schedule, loss scaler,
+        step counters, each rank's RNG states, the caller's client_state (e.g. the data position)
+        and the resolved config.
+        """
+        tag = tag or f"step_{self.global_steps}"
+        tmp = begin_checkpoint(save_dir, tag, self.is_writer)
+        if self._uses_dcp:
+            model_state, optimizer_state = get_state_dict(self.module, self.optimizer)
+            dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(tmp / DCP_DIR))
+        else:
+            if isinstance(self.optimizer, ZeroRedundancyOptimizer):
+                self.optimizer.consolidate_state_dict(to=0)
+            model_state = self.module_state_dict()
+            if self.is_writer:
+                torch.save(model_state, tmp / "model.pt")
+                torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+        torch.save(rng_state(), tmp / f"rng_rank{self.rank}.pt")
+        barrier()
+        if self.is_writer:
+            if self.config_yaml is not None:
+                (tmp / "config.yaml").write_text(self.config_yaml)
+            torch.save(self._engine_state(client_state), tmp / COMPLETE_MARKER)
+        return finish_checkpoint(save_dir, tag, self.is_writer, self.keep_last_checkpoints)
 
     def load_checkpoint(
         self, load_dir: str | os.PathLike, tag: str | None = None, load_optimizer_states: bool = True
@@ -191,19 +245,16 @@ class Engine:
         """Restore from <load_dir>/<tag> (default: `latest`); returns (path, client_state).
 
         Every tensor is checked against the model first: a missing, unexpected or differently shaped
-        tensor raises ValueError naming it, and nothing is loaded.
+        tensor raises ValueError naming it, and nothing is loaded. Sharded (dcp/) checkpoints load at
+        any world size and into any ZeRO stage that uses them.
         """
         path = resolve_checkpoint_dir(load_dir, tag)
-        model_state = read_checkpoint(path, "model.pt", map_location=self.device)
-        check_state_dict_matches(self.module_state_dict(), model_state, path / "model.pt")
-        state = read_checkpoint(path, "engine.pt")
-        optimizer_state = read_checkpoint(path, "optimizer.pt", map_location=self.device) if load_optimizer_states else None
-        if self.precision.master is not None:
-            self.precision.master.load_master_state_dict(self.module, model_state)
+        state = read_checkpoint(path, COMPLETE_MARKER)
+        if (path / DCP_DIR).exists():
+            self._load_dcp(path, load_optimizer_states)
         else:
-            self.module.load_state_dict(model_state)
-        if optimizer_state is not None:
-            self.optimizer.load_state_dict(optimizer_state)
+            self._load_full_state(path, load_optimizer_states)
+        if load_optimizer_states:
             if self.lr_scheduler is not None and state["lr_scheduler"] is not None:
                 self.lr_scheduler.load_state_dict(state["lr_scheduler"])
             if self.precision.loss_scaler is not None and state.get("loss_scaler") is not None:
@@ -212,5 +263,51 @@ class Engine:
         self.global_samples = state["global_samples"]
         self.micro_steps = state["micro_steps"]
         self.skipped_steps = state.get("skipped_steps", 0)
-        set_rng_state(state["rng"])
+        rng_file = path / f"rng_rank{self.rank}.pt"
+        set_rng_state(read_checkpoint(path, rng_file.name if rng_file.exists() else "rng_rank0.pt"))
         return path, state["client_state"]
+
+    def _load_dcp(self, path: Path, load_optimizer_states: bool) -> None:
+        if not self._uses_dcp:
+            raise ValueError(
+                f"checkpoint {path} is sharded (dcp/), which ZeRO-1 and precision.master_weights cannot load; "
+                "resume it with zero.stage 0, 2 or 3 and without master weights"
+            )
+        model_state, optimizer_state = get_state_dict(self.module, self.optimizer)
+        try:
+            stored = dcp.FileSystemReader(str(path / DCP_DIR)).read_metadata().state_dict_metadata
+        except Exception as error:  # a missing or truncated .metadata file
+            raise ValueError(f"checkpoint {path / DCP_DIR} is truncated or corrupt ({error})") from error
+        expected = {k: v for k, v in model_state.items()}
+        loaded = {k[len("model."):]: v for k, v in stored.items() if k.startswith("model.")}
+        check_state_dict_matches(expected, loaded, path / DCP_DIR)
+        to_load = {"model": model_state}
+        if load_optimizer_states:
+            to_load["optimizer"] = optimizer_state
+        try:
+            dcp.load(to_load, checkpoint_id=str(path / DCP_DIR))
+        except (Exception, CheckpointException) as error:  # CheckpointException is a BaseException
+            causes = getattr(error, "failures", {}) or {0: error}
+            reason = "; ".join(f"rank {r}: {type(e).__name__} {e}".strip() for r, e in causes.items())
+            raise ValueError(f"checkpoint {path / DCP_DIR} could not be read, it may be truncated or corrupt ({reason})") from error
+        if load_optimizer_states:
+            set_state_dict(
+                self.module, self.optimizer, model_state_dict=to_load["model"], optim_state_dict=to_load["optimizer"]
+            )
+        else:
+            set_model_state_dict(self.module, to_load["model"])
+
+    def _load_full_state(self, path: Path, load_optimizer_states: bool) -> None:
+        model_state = read_checkpoint(path, "model.pt")
+        check_state_dict_matches(self.module_state_dict(), model_state, path / "model.pt")
+        if self.precision.master is not None:
+            self.precision.master.load_master_state_dict(unwrap(self.module), model_state)
+        else:
+            set_model_state_dict(self.module, model_state, options=StateDictOptions(full_state_dict=True))
+        if load_optimizer_states:
+            if isinstance(unwrap(self.module), FSDPModule):
+                raise ValueError(
+                    f"checkpoint {path} holds full-state (ZeRO-1 / master-weight) optimizer state, which a "
+                    "ZeRO-2/3 run cannot take; resume it with the zero.stage and precision that wrote it"
+                )
+            self.optimizer.load_state_dict(read_checkpoint(path, "optimizer.pt", map_location=self.device))

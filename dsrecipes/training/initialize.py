@@ -22,11 +22,14 @@ from __future__ import annotations
 import torch
 from omegaconf import OmegaConf
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, RandomSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSampler
 
 from dsrecipes.config.loading import load_config
 from dsrecipes.config.schema import RootConfig
 from dsrecipes.config.validate import data_parallel_world_size, to_root, validate_engine_config
+from dsrecipes.distributed.parallel_dims import ParallelDims
+from dsrecipes.distributed.utils import is_distributed
+from dsrecipes.distributed.zero import shard_model, shard_optimizer, unwrap, uses_fsdp
 from dsrecipes.training.batch import BatchSizes
 from dsrecipes.training.engine import Engine
 from dsrecipes.training.lr_schedules import build_lr_scheduler
@@ -43,10 +46,20 @@ def build_engine(
     lr_scheduler=None,
     config_yaml: str | None = None,
 ) -> Engine:
-    """Place the model, build what the user did not pass, and wrap it all in an Engine."""
+    """Place and shard the model (its ZeRO stage), build what the user did not pass, wrap it in an Engine."""
     device = resolve_device(cfg.trainer.device)
+    world = data_parallel_world_size()
+    dims = ParallelDims.from_zero(world, cfg.zero.stage, cfg.zero.hybrid_shard_size)
+    fsdp = uses_fsdp(cfg.zero, world)
+    if optimizer is not None and fsdp:
+        raise ValueError(
+            f"zero.stage={cfg.zero.stage} shards the parameters, so dsrecipes must build the optimizer after "
+            "sharding: pass the optimizer through config (optimizer.name or optimizer._target_), not as an object"
+        )
     model.to(device)
-    optimizer = optimizer or build_optimizer(cfg.optimizer, model)
+    model = shard_model(model, cfg.zero, dims, device, cfg.precision.dtype)
+    optimizer = optimizer or build_optimizer(cfg.optimizer, unwrap(model))
+    optimizer = shard_optimizer(optimizer, cfg.zero, world)
     if lr_scheduler is None:
         lr_scheduler = build_lr_scheduler(cfg.lr_scheduler, optimizer, cfg.trainer.max_steps)
     elif callable(lr_scheduler) and not hasattr(lr_scheduler, "step"):
@@ -60,6 +73,8 @@ def build_engine(
         gradient_clipping=cfg.trainer.gradient_clipping,
         keep_last_checkpoints=cfg.checkpoint.keep_last,
         config_yaml=config_yaml,
+        rank=torch.distributed.get_rank() if is_distributed() else 0,
+        sharded_params=fsdp,
     )
 
 
@@ -81,10 +96,9 @@ def initialize(
     dataloader = None
     if training_data is not None:
         generator = torch.Generator().manual_seed(cfg.trainer.seed)
-        dataloader = DataLoader(
-            training_data,
-            batch_size=batch.micro_batch_size,
-            sampler=RandomSampler(training_data, generator=generator),
-            collate_fn=collate_fn,
-        )
+        if is_distributed():
+            sampler = DistributedSampler(training_data, seed=cfg.trainer.seed)
+        else:
+            sampler = RandomSampler(training_data, generator=generator)
+        dataloader = DataLoader(training_data, batch_size=batch.micro_batch_size, sampler=sampler, collate_fn=collate_fn)
     return engine, engine.optimizer, dataloader, engine.lr_scheduler

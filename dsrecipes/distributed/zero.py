@@ -1,0 +1,79 @@
+"""ZeRO stages on PyTorch-native machinery: which wrapper each stage gets and how it is applied.
+
+| stage | mechanism                                                              |
+|-------|------------------------------------------------------------------------|
+| 0     | DistributedDataParallel (gradients all-reduced at the accumulation boundary) |
+| 1     | DDP + torch's ZeroRedundancyOptimizer (each rank steps its shard of the optimizer state, then broadcasts) |
+| 2     | FSDP2 fully_shard(reshard_after_forward=False) per block and at the root |
+| 3     | FSDP2 fully_shard (parameters resharded after forward)                 |
+| offload=cpu | FSDP2 CPUOffloadPolicy                                            |
+| hybrid_shard_size | 2-D mesh: FSDP2 shards within groups, replicates across (HSDP) |
+
+Mixed precision under FSDP2 is its MixedPrecisionPolicy: parameters all-gathered in bf16/fp16,
+gradients reduced in fp32, the sharded fp32 parameters being the master weights.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.nn.parallel import DistributedDataParallel
+
+from dsrecipes.distributed.config import ZeroConfig
+from dsrecipes.distributed.parallel_dims import ParallelDims, device_type_of
+
+_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def uses_fsdp(zero: ZeroConfig, world_size: int) -> bool:
+    return world_size > 1 and zero.stage >= 2
+
+
+def _repeated_blocks(model: nn.Module) -> list[nn.Module]:
+    """The members of every nn.ModuleList (transformer blocks): the units FSDP2 shards one by one."""
+    blocks = []
+    for module in model.modules():
+        if isinstance(module, nn.ModuleList):
+            blocks.extend(module)
+    return blocks
+
+
+def shard_model(model: nn.Module, zero: ZeroConfig, dims: ParallelDims, device: torch.device, dtype: str) -> nn.Module:
+    """Wrap `model` for its ZeRO stage (the model must already be on `device`)."""
+    if dims.world_size == 1:
+        return model
+    if zero.stage < 2:
+        device_ids = [device.index] if device.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=device_ids)
+    mesh = dims.build_mesh(device_type_of(device))
+    fsdp_mesh = mesh if dims.dp_replicate > 1 else mesh["dp_shard"]
+    offload = zero.offload_param == "cpu" or zero.offload_optimizer == "cpu"
+    kwargs = dict(
+        mesh=fsdp_mesh,
+        reshard_after_forward=zero.stage == 3,
+        mp_policy=MixedPrecisionPolicy(param_dtype=_DTYPES[dtype], reduce_dtype=torch.float32),
+        offload_policy=CPUOffloadPolicy(pin_memory=device.type == "cuda") if offload else OffloadPolicy(),
+    )
+    for block in _repeated_blocks(model):
+        fully_shard(block, **kwargs)
+    fully_shard(model, **kwargs)
+    return model
+
+
+def shard_optimizer(optimizer: torch.optim.Optimizer, zero: ZeroConfig, world_size: int) -> torch.optim.Optimizer:
+    """Stage 1: rebuild the optimizer as a ZeroRedundancyOptimizer of the same class, groups and defaults."""
+    if world_size == 1 or zero.stage != 1:
+        return optimizer
+    groups = optimizer.param_groups
+    first = {k: v for k, v in groups[0].items() if k != "params"}
+    sharded = ZeroRedundancyOptimizer(groups[0]["params"], optimizer_class=type(optimizer), **{**optimizer.defaults, **first})
+    for group in groups[1:]:
+        sharded.add_param_group(dict(group))
+    return sharded
+
+
+def unwrap(module: nn.Module) -> nn.Module:
+    """The user's module inside a DDP wrapper (FSDP2 modifies the module in place)."""
+    return module.module if isinstance(module, DistributedDataParallel) else module
