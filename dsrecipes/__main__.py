@@ -12,7 +12,10 @@ from __future__ import annotations
 import os
 import sys
 import warnings
+from datetime import datetime
 from pathlib import Path
+
+import torch
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -20,26 +23,38 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from dsrecipes.config.store import register_configs
+from dsrecipes.training.trainer import Trainer
 
 register_configs()
 
 
 @hydra.main(config_path="pkg://dsrecipes.conf", config_name="config", version_base="1.3")
 def run(cfg: DictConfig) -> dict:
-    """One Hydra job: validate the whole recipe first, then train."""
+    """One Hydra job: validate the whole recipe first, then train in this process or in spawned workers."""
+    from omegaconf import OmegaConf
+
     from dsrecipes.config.validate import validate_recipe
-    from dsrecipes.training.trainer import Trainer
+    from dsrecipes.distributed.config import resolve_nproc, validate_launcher_config
+    from dsrecipes.launch import spawn_workers, under_launcher, worker_main
 
     try:
+        validate_launcher_config(cfg.launcher)
+        joined = under_launcher()
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        nproc = int(os.environ["WORLD_SIZE"]) if joined else resolve_nproc(cfg.launcher, cfg.zero, gpus)
         with warnings.catch_warnings():
             warnings.simplefilter("always")
-            root, batch = validate_recipe(cfg)
+            root, batch = validate_recipe(cfg, dp_world_size=nproc)
         hydra_cfg = HydraConfig.get()
+        run_dir = hydra_cfg.runtime.output_dir
+        overrides = list(hydra_cfg.overrides.task)
         sweep_name = Path(hydra_cfg.sweep.dir).name if hydra_cfg.mode == RunMode.MULTIRUN else None
-        trainer = Trainer(
-            root, hydra_cfg.runtime.output_dir, batch, overrides=list(hydra_cfg.overrides.task), sweep_name=sweep_name
-        )
-        return trainer.fit()
+        if joined or nproc > 1:
+            config = OmegaConf.to_container(cfg, resolve=True)
+            if joined:
+                return worker_main(config, run_dir, overrides, sweep_name)
+            return spawn_workers(nproc, cfg.launcher.max_restarts, config, run_dir, overrides, sweep_name)
+        return Trainer(root, run_dir, batch, overrides=overrides, sweep_name=sweep_name).fit()
     except (ValueError, FileNotFoundError, FloatingPointError) as error:
         exit_on_user_error(error)
 
@@ -53,6 +68,16 @@ def exit_on_user_error(error: Exception) -> None:
 
 
 def main() -> None:
+    """Console entry. Under a launcher (torchrun, srun), ranks agree on one run directory first."""
+    from dsrecipes.launch import RUN_STAMP_ENV, init_distributed, under_launcher
+
+    if under_launcher() and int(os.environ["WORLD_SIZE"]) > 1:
+        init_distributed()
+        stamp = [datetime.now().isoformat()]
+        torch.distributed.broadcast_object_list(stamp, src=0)
+        os.environ[RUN_STAMP_ENV] = stamp[0]
+        if torch.distributed.get_rank() != 0:
+            sys.argv.append("hydra.output_subdir=null")  # .hydra/ is written once, by rank 0
     run()
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dsrecipes.data.config import DataConfig
-from dsrecipes.distributed.config import ZeroConfig
+from dsrecipes.distributed.config import LauncherConfig, ZeroConfig
 from dsrecipes.models.config import ModelConfig
 from dsrecipes.training.config import (
     CheckpointConfig,
@@ -23,7 +23,7 @@ from dsrecipes.training.config import (
 )
 
 # Config groups, in the order the README documents them.
-CONFIG_GROUPS = ("model", "data", "optimizer", "lr_scheduler", "precision", "trainer", "checkpoint", "logger", "zero")
+CONFIG_GROUPS = ("model", "data", "optimizer", "lr_scheduler", "precision", "trainer", "checkpoint", "logger", "zero", "launcher")
 
 
 @dataclass
@@ -38,3 +38,4 @@ class RootConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     zero: ZeroConfig = field(default_factory=ZeroConfig)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+from datetime import datetime
+
 from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
 
 from dsrecipes.config.schema import RootConfig
 
@@ -10,9 +14,28 @@ SCHEMA_NAME = "dsrecipes_schema"
 CONFIG_MODULE = "dsrecipes.conf"
 
 
+def run_stamp(fmt: str) -> str:
+    """`${run_stamp:%H-%M-%S}`: the run's start time, one value per run even across ranks.
+
+    Under a launcher rank 0's time is shared through DSRECIPES_RUN_STAMP (Hydra's `now` would give
+    each rank its own directory); otherwise the first call's time, cached for the process.
+    """
+    shared = os.environ.get("DSRECIPES_RUN_STAMP")
+    if shared:
+        return datetime.fromisoformat(shared).strftime(fmt)
+    if not _STAMP:
+        _STAMP.append(datetime.now())
+    return _STAMP[0].strftime(fmt)
+
+
+_STAMP: list[datetime] = []
+
+
 def register_configs() -> None:
-    """Idempotent: store RootConfig as `dsrecipes_schema`, the first entry of conf/config.yaml's defaults."""
+    """Idempotent: store RootConfig as `dsrecipes_schema` (first in conf/config.yaml's defaults), add resolvers."""
     ConfigStore.instance().store(name=SCHEMA_NAME, node=RootConfig)
+    if not OmegaConf.has_resolver("run_stamp"):
+        OmegaConf.register_new_resolver("run_stamp", run_stamp)
 
 
 def compose(overrides: list[str] | None = None, return_hydra_config: bool = False):

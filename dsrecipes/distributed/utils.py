@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.distributed as dist
 
@@ -17,3 +19,23 @@ def any_rank(flag: bool, device: torch.device) -> bool:
     tensor = torch.tensor([1.0 if flag else 0.0], device=device)
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
     return bool(tensor.item())
+
+
+def mean_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
+    """All-reduce average (a copy); the tensor itself in a single process."""
+    if not is_distributed():
+        return tensor
+    out = tensor.detach().clone()
+    dist.all_reduce(out, op=dist.ReduceOp.SUM)
+    return out / dist.get_world_size()
+
+
+@contextlib.contextmanager
+def rank_zero_first():
+    """Rank 0 runs the body first (e.g. filling a cache), the other ranks after it."""
+    distributed = is_distributed()
+    if distributed and dist.get_rank() != 0:
+        dist.barrier()
+    yield
+    if distributed and dist.get_rank() == 0:
+        dist.barrier()

@@ -15,6 +15,8 @@ gradients reduced in fp32, the sharded fp32 parameters being the master weights.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from torch import nn
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
@@ -67,8 +69,9 @@ def shard_optimizer(optimizer: torch.optim.Optimizer, zero: ZeroConfig, world_si
     if world_size == 1 or zero.stage != 1:
         return optimizer
     groups = optimizer.param_groups
-    first = {k: v for k, v in groups[0].items() if k != "params"}
-    sharded = ZeroRedundancyOptimizer(groups[0]["params"], optimizer_class=type(optimizer), **{**optimizer.defaults, **first})
+    accepted = inspect.signature(type(optimizer).__init__).parameters
+    first = {k: v for k, v in {**optimizer.defaults, **groups[0]}.items() if k in accepted and k != "params"}
+    sharded = ZeroRedundancyOptimizer(groups[0]["params"], optimizer_class=type(optimizer), **first)
     for group in groups[1:]:
         sharded.add_param_group(dict(group))
     return sharded

@@ -22,6 +22,7 @@ from rich.table import Table
 
 from dsrecipes.config.schema import RootConfig
 from dsrecipes.data import BatchIterator, eval_batches, prepare_data
+from dsrecipes.distributed.utils import mean_over_ranks, rank_zero_first
 from dsrecipes.inference.sampling import sample_tokens
 from dsrecipes.models import GPT, export_safetensors
 from dsrecipes.training.batch import BatchSizes
@@ -76,9 +77,14 @@ class Trainer:
             torch.cuda.reset_peak_memory_stats(self.device)  # mem/peak_gib is this run's, not the process's
         self.log.info("device: %s", self.device)
 
-        self.data = prepare_data(cfg.data, status=lambda msg: self.log.info("data: %s", msg))
+        with rank_zero_first():  # rank 0 fills datasets' cache; the others then read it
+            self.data = prepare_data(cfg.data, status=lambda msg: self.log.info("data: %s", msg))
         self.train_batches = BatchIterator(
-            self.data.train, self.batch.micro_batch_size, seed=cfg.trainer.seed, rank=0, world_size=1
+            self.data.train,
+            self.batch.micro_batch_size,
+            seed=cfg.trainer.seed,
+            rank=self.rank,
+            world_size=self.batch.dp_world_size,
         )
 
         model_cfg = cfg.model
@@ -149,7 +155,9 @@ class Trainer:
             for name, value in terms.items():
                 totals[name] = totals.get(name, 0.0) + value.detach().float()
         gas = engine.gradient_accumulation_steps
-        metrics = {f"train/{name}": float(total) / gas for name, total in totals.items()}
+        names = list(totals)
+        values = mean_over_ranks(torch.stack([totals[n] for n in names])) / gas  # the global batch's mean
+        metrics = {f"train/{name}": float(v) for name, v in zip(names, values)}
         metrics["train/lr"] = lr
         metrics["train/grad_norm"] = engine.last_grad_norm
         metrics["train/loss_scale"] = engine.precision.loss_scale
@@ -262,16 +270,17 @@ class Trainer:
         self._report(summary)
         for callback in self.extensions.callbacks:
             callback.on_train_end(self, summary)
-        (self.run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
+        if self.is_logging_rank:
+            (self.run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
         return summary
 
     def export(self) -> Path:
         """The final model as safetensors + config in <run dir>/export/ (full-precision weights)."""
         out = self.run_dir / "export"
-        export_safetensors(
-            self.engine.module_state_dict(), self.cfg.model, out, extra={"tokenizer": self.cfg.data.tokenizer}
-        )
-        self.log.info("export: %s", out)
+        state = self.engine.module_state_dict()  # a collective under FSDP2: every rank takes part
+        if self.is_logging_rank:
+            export_safetensors(state, self.cfg.model, out, extra={"tokenizer": self.cfg.data.tokenizer})
+            self.log.info("export: %s", out)
         return out
 
     def _evaluate_and_log(self, step: int) -> dict:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 import torch
@@ -13,7 +14,9 @@ _PEAK_BF16_TFLOPS = (("H200", 989.0), ("H100", 989.0), ("A100", 312.0), ("L40S",
 def resolve_device(spec: str) -> torch.device:
     """'auto' -> cuda if available else cpu; 'cpu'; 'cuda' / 'cuda:N' (error if CUDA is absent)."""
     if spec == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if not torch.cuda.is_available():
+            return torch.device("cpu")
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", torch.cuda.current_device())))
     if spec == "cpu":
         return torch.device("cpu")
     if re.fullmatch(r"cuda(:\d+)?", spec):

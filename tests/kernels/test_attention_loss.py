@@ -3,55 +3,32 @@
 CPU tier: fp32 under the Triton interpreter (TRITON_INTERPRET=1, set by tests/kernels/conftest.py when
 CUDA is absent) on tiny, odd shapes so every mask path runs; on a CUDA machine the same tests run the
 compiled kernels in fp32. GPU tier (`@pytest.mark.gpu`): bf16 at real shapes against an fp32 reference.
-Tolerances are the rows of tests/kernels/TOLERANCES.md.
+Tolerances are the rows of tests/kernels/TOLERANCES.md (read by conftest.py's `tolerance` fixture).
 """
 
 from __future__ import annotations
 
-import os
+import warnings
 
 import pytest
 import torch
 
-if not torch.cuda.is_available():  # conftest.py does this too; must precede the first triton import
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import warnings  # noqa: E402
-
-from dsrecipes.kernels import _utils  # noqa: E402
-from dsrecipes.kernels.cross_entropy import (  # noqa: E402
+from dsrecipes.kernels.cross_entropy import (
     cross_entropy,
     cross_entropy_reference,
     fused_linear_cross_entropy,
     fused_linear_cross_entropy_reference,
 )
-from dsrecipes.kernels.flash_attention import flash_attention, flash_attention_reference  # noqa: E402
+from dsrecipes.kernels.flash_attention import flash_attention, flash_attention_reference
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
-# (rtol, atol), as in tests/kernels/TOLERANCES.md.
-TOL = {
-    "attn_fwd_fp32": (1e-4, 1e-5),
-    "attn_bwd_fp32": (1e-4, 5e-5),
-    "ce_fp32": (1e-5, 1e-6),
-    "flce_fp32": (1e-4, 1e-5),
-    "attn_fwd_bf16": (2e-2, 2e-2),
-    "attn_bwd_bf16": (5e-2, 5e-2),
-    "ce_loss_bf16": (1e-3, 1e-3),
-    "ce_grad_bf16": (2e-2, 2e-3),
-    "flce_loss_bf16": (1e-2, 1e-2),
-    "flce_grad_bf16": (5e-2, 5e-2),
-}
+F32, BF16 = torch.float32, torch.bfloat16
 
 
-def _close(actual, expected, key, msg=""):
-    rtol, atol = TOL[key]
-    if actual.is_cuda and "bf16" in key:  # TEMP
-        e = (actual.float() - expected.float()).abs()
-        r = e / (atol + rtol * expected.float().abs())
-        print(f"STAT {key} {msg}: maxerr={e.max().item():.3e} refmax={expected.abs().max().item():.3e} ratio={r.max().item():.3f}")
-        return
-    torch.testing.assert_close(actual, expected.to(actual.dtype), rtol=rtol, atol=atol, msg=msg or None)
+def _close(actual, expected, tol, msg=""):
+    """assert_close in fp32 with `tol` = tolerance(op, dtype) (rows of TOLERANCES.md)."""
+    torch.testing.assert_close(actual.float(), expected.float(), **tol, msg=msg or None)
 
 
 def _no_fallback_warning(record, op):
@@ -84,7 +61,7 @@ def _attn_run(fn, q, k, v, do, **kw):
 @pytest.mark.parametrize("heads", [(4, 2), (4, 4)], ids=["gqa", "mha"])
 @pytest.mark.parametrize("D", [16, 64])
 @pytest.mark.parametrize("T", [1, 17, 33])
-def test_flash_attention_matches_reference(T, D, heads, causal):
+def test_flash_attention_matches_reference(T, D, heads, causal, tolerance):
     hq, hkv = heads
     q, k, v, do = _attn_inputs(2, hq, hkv, T, D, seed=T * 100 + D)
     with warnings.catch_warnings(record=True) as record:
@@ -92,12 +69,12 @@ def test_flash_attention_matches_reference(T, D, heads, causal):
         out = _attn_run(flash_attention, q, k, v, do, causal=causal)
     _no_fallback_warning(record, "flash_attention")
     ref = _attn_run(flash_attention_reference, q, k, v, do, causal=causal)
-    _close(out[0], ref[0], "attn_fwd_fp32", "output")
+    _close(out[0], ref[0], tolerance("flash_attention (output)", F32), "output")
     for name, a, b in zip(("dq", "dk", "dv"), out[1:], ref[1:]):
-        _close(a, b, "attn_bwd_fp32", name)
+        _close(a, b, tolerance("flash_attention (grads)", F32), name)
 
 
-def test_flash_attention_strided_inputs_and_scale():
+def test_flash_attention_strided_inputs_and_scale(tolerance):
     """[B, T, H, D] tensors viewed as [B, H, T, D] (no copy) and a non-default softmax scale."""
     B, T, hq, hkv, D = 1, 19, 4, 1, 32
     g = torch.Generator().manual_seed(7)
@@ -107,9 +84,9 @@ def test_flash_attention_strided_inputs_and_scale():
     do = torch.randn(B, hq, T, D, generator=g).to(DEVICE)
     out = _attn_run(flash_attention, q, k, v, do, causal=True, softmax_scale=0.3)
     ref = _attn_run(flash_attention_reference, q, k, v, do, causal=True, softmax_scale=0.3)
-    _close(out[0], ref[0], "attn_fwd_fp32", "output")
+    _close(out[0], ref[0], tolerance("flash_attention (output)", F32), "output")
     for name, a, b in zip(("dq", "dk", "dv"), out[1:], ref[1:]):
-        _close(a, b, "attn_bwd_fp32", name)
+        _close(a, b, tolerance("flash_attention (grads)", F32), name)
 
 
 @pytest.mark.parametrize("D", [48, 80, 256])
@@ -126,10 +103,9 @@ def test_flash_attention_rejects_bad_heads():
         flash_attention(q, k, k)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="bf16 CPU tensors take the Triton path only without CUDA")
-def test_fallback_warns_once_and_matches_reference(monkeypatch):
-    """bf16 on CPU cannot run under the interpreter: the reference answers, with one warning per op."""
-    monkeypatch.setattr(_utils, "_WARNED", set())
+def test_fallback_warns_once_and_matches_reference(fresh_fallback_warnings):
+    """bf16 CPU tensors never take the Triton path (the interpreter is fp32-only): the reference answers,
+    with one warning per op."""
     q, k, v, _ = _attn_inputs(1, 2, 1, 5, 16, dtype=torch.bfloat16)
     logits = torch.randn(3, 11).bfloat16()
     targets = torch.tensor([1, -100, 4])
@@ -165,7 +141,7 @@ def _targets(n, V, ignore=(1, 4, 5), seed=0):
 
 
 @pytest.mark.parametrize("V", [37, 1000])
-def test_cross_entropy_matches_reference(V):
+def test_cross_entropy_matches_reference(V, tolerance):
     N = 13
     g = torch.Generator().manual_seed(V)
     x = (3 * torch.randn(N, V, generator=g)).to(DEVICE)
@@ -180,12 +156,12 @@ def test_cross_entropy_matches_reference(V):
     ref = cross_entropy_reference(b, t)
     ref.backward()
     assert loss.dtype == torch.float32 and loss.dim() == 0
-    _close(loss, ref, "ce_fp32", "loss")
-    _close(a.grad, b.grad, "ce_fp32", "grad")
+    _close(loss, ref, tolerance("cross_entropy", F32), "loss")
+    _close(a.grad, b.grad, tolerance("cross_entropy", F32), "grad")
     assert a.grad[[1, 4, 5]].abs().max() == 0  # ignored rows: no gradient
 
 
-def test_cross_entropy_3d_grad_output_and_inplace():
+def test_cross_entropy_3d_grad_output_and_inplace(tolerance):
     """[B, T, V] logits, a non-unit incoming grad, and the in-place backward on a non-leaf."""
     B, T, V = 2, 5, 70
     g = torch.Generator().manual_seed(3)
@@ -198,8 +174,8 @@ def test_cross_entropy_3d_grad_output_and_inplace():
         loss = fn(logits, t, **kw)
         (2.5 * loss).backward()
         results.append((loss, leaf.grad))
-    _close(results[0][0], results[1][0], "ce_fp32", "loss")
-    _close(results[0][1], results[1][1], "ce_fp32", "grad")
+    _close(results[0][0], results[1][0], tolerance("cross_entropy", F32), "loss")
+    _close(results[0][1], results[1][1], tolerance("cross_entropy", F32), "grad")
 
 
 def test_cross_entropy_all_ignored_is_nan_with_zero_grad():
@@ -213,7 +189,7 @@ def test_cross_entropy_all_ignored_is_nan_with_zero_grad():
 
 @pytest.mark.parametrize("chunk_size", [4, 5, 13, 64])
 @pytest.mark.parametrize("V", [37, 1000])
-def test_fused_linear_cross_entropy_matches_reference(V, chunk_size):
+def test_fused_linear_cross_entropy_matches_reference(V, chunk_size, tolerance):
     N, d = 13, 16
     g = torch.Generator().manual_seed(V + chunk_size)
     h = torch.randn(N, d, generator=g).to(DEVICE)
@@ -228,12 +204,12 @@ def test_fused_linear_cross_entropy_matches_reference(V, chunk_size):
     h2, w2 = h.clone().requires_grad_(), w.clone().requires_grad_()
     ref = fused_linear_cross_entropy_reference(h2, w2, t)
     (3.0 * ref).backward()
-    _close(loss, ref, "flce_fp32", "loss")
-    _close(h1.grad, h2.grad, "flce_fp32", "grad hidden")
-    _close(w1.grad, w2.grad, "flce_fp32", "grad weight")
+    _close(loss, ref, tolerance("fused_linear_cross_entropy", F32), "loss")
+    _close(h1.grad, h2.grad, tolerance("fused_linear_cross_entropy", F32), "grad hidden")
+    _close(w1.grad, w2.grad, tolerance("fused_linear_cross_entropy", F32), "grad weight")
 
 
-def test_fused_linear_cross_entropy_partial_grads_and_no_grad():
+def test_fused_linear_cross_entropy_partial_grads_and_no_grad(tolerance):
     """3-D hidden with a frozen weight; and under no_grad (no gradient work) the same loss."""
     B, T, d, V = 2, 3, 16, 50
     g = torch.Generator().manual_seed(11)
@@ -246,10 +222,11 @@ def test_fused_linear_cross_entropy_partial_grads_and_no_grad():
     h2 = h.clone().requires_grad_()
     ref = fused_linear_cross_entropy_reference(h2, w, t)
     ref.backward()
-    _close(loss, ref, "flce_fp32", "loss")
-    _close(h1.grad, h2.grad, "flce_fp32", "grad hidden")
+    tol = tolerance("fused_linear_cross_entropy", F32)
+    _close(loss, ref, tol, "loss")
+    _close(h1.grad, h2.grad, tol, "grad hidden")
     with torch.no_grad():
-        _close(fused_linear_cross_entropy(h, w, t, chunk_size=4), ref.detach(), "flce_fp32", "no_grad loss")
+        _close(fused_linear_cross_entropy(h, w, t, chunk_size=4), ref.detach(), tol, "no_grad loss")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -259,17 +236,17 @@ def test_fused_linear_cross_entropy_partial_grads_and_no_grad():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("hkv,causal", [(16, True), (4, False)], ids=["mha-causal", "gqa-full"])
-def test_gpu_flash_attention_bf16(hkv, causal):
+def test_gpu_flash_attention_bf16(hkv, causal, tolerance):
     q, k, v, do = _attn_inputs(2, 16, hkv, 2048, 128, dtype=torch.bfloat16, device="cuda")
     out = _attn_run(flash_attention, q, k, v, do, causal=causal)
     ref = _attn_run(flash_attention_reference, q.float(), k.float(), v.float(), do.float(), causal=causal)
-    _close(out[0], ref[0], "attn_fwd_bf16", "output")
+    _close(out[0], ref[0], tolerance("flash_attention (output)", BF16), "output")
     for name, a, b in zip(("dq", "dk", "dv"), out[1:], ref[1:]):
-        _close(a, b, "attn_bwd_bf16", name)
+        _close(a, b, tolerance("flash_attention (grads)", BF16), name)
 
 
 @pytest.mark.gpu
-def test_gpu_cross_entropy_bf16():
+def test_gpu_cross_entropy_bf16(tolerance):
     N, V = 8192, 128256
     g = torch.Generator(device="cuda").manual_seed(0)
     x = (2 * torch.randn(N, V, generator=g, device="cuda")).bfloat16()
@@ -282,12 +259,12 @@ def test_gpu_cross_entropy_bf16():
     b = x.float().requires_grad_()
     ref = cross_entropy_reference(b, t)
     (ref * n_valid).backward()
-    _close(loss, ref, "ce_loss_bf16", "loss")
-    _close(a.grad, b.grad, "ce_grad_bf16", "grad")
+    _close(loss, ref, tolerance("cross_entropy (loss)", BF16), "loss")
+    _close(a.grad, b.grad, tolerance("cross_entropy (grad)", BF16), "grad")
 
 
 @pytest.mark.gpu
-def test_gpu_fused_linear_cross_entropy_bf16():
+def test_gpu_fused_linear_cross_entropy_bf16(tolerance):
     N, V, d = 8192, 128256, 2048
     g = torch.Generator(device="cuda").manual_seed(0)
     h = torch.randn(N, d, generator=g, device="cuda").bfloat16()
@@ -301,6 +278,6 @@ def test_gpu_fused_linear_cross_entropy_bf16():
     h2, w2 = h.float().requires_grad_(), w.float().requires_grad_()
     ref = fused_linear_cross_entropy_reference(h2, w2, t)
     (ref * n_valid).backward()
-    _close(loss, ref, "flce_loss_bf16", "loss")
-    _close(h1.grad, h2.grad, "flce_grad_bf16", "grad hidden")
-    _close(w1.grad, w2.grad, "flce_grad_bf16", "grad weight")
+    _close(loss, ref, tolerance("fused_linear_cross_entropy (loss)", BF16), "loss")
+    _close(h1.grad, h2.grad, tolerance("fused_linear_cross_entropy (grads)", BF16), "grad hidden")
+    _close(w1.grad, w2.grad, tolerance("fused_linear_cross_entropy (grads)", BF16), "grad weight")

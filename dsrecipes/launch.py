@@ -1,0 +1,88 @@
+"""Starting the workers of a recipe: spawn them through torch's elastic agent, or join a launcher.
+
+    python -m dsrecipes +experiment=gpt_zero3                  # spawns launcher.nproc_per_node workers
+    torchrun --nproc-per-node 8 -m dsrecipes +experiment=gpt_zero3   # joins: RANK/WORLD_SIZE are set
+    torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 -m dsrecipes ...
+
+The launching process composes and validates the recipe once, resolves the run directory once and
+hands every worker a plain resolved config (never Hydra state). The agent is the machinery behind
+torchrun (no home-made process manager): a worker that raises ends the job with its traceback, and
+launcher.max_restarts > 0 restarts the workers, which resume from the run's newest checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+
+RUN_STAMP_ENV = "DSRECIPES_RUN_STAMP"
+
+
+def under_launcher() -> bool:
+    """True when torchrun, SLURM's srun wrapper or another launcher already started this process."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def backend_for(configured: str) -> str:
+    if configured != "auto":
+        return configured
+    return "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+
+
+def init_distributed(backend: str = "auto", timeout_s: int = 600) -> None:
+    """Join the process group described by the launcher's environment (idempotent)."""
+    if dist.is_initialized():
+        return
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    else:  # share the cores between the workers of this node
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+    dist.init_process_group(backend=backend_for(backend), timeout=timedelta(seconds=timeout_s))
+
+
+@record
+def worker_main(config: dict, run_dir: str, overrides: list[str], sweep_name: str | None) -> dict | None:
+    """Body of one worker: join the group, train, leave. Returns the summary on rank 0."""
+    from omegaconf import OmegaConf
+
+    from dsrecipes.config.loading import load_config
+    from dsrecipes.config.validate import validate_recipe
+    from dsrecipes.training.trainer import Trainer
+
+    launcher = config.get("launcher", {})
+    init_distributed(launcher.get("backend", "auto"), launcher.get("collective_timeout_s", 600))
+    try:
+        cfg = load_config(OmegaConf.create(config))
+        if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+            cfg.trainer.resume = "auto"  # a restarted worker continues from the newest checkpoint
+        root, batch = validate_recipe(cfg, dp_world_size=dist.get_world_size())
+        rank = dist.get_rank()
+        summary = Trainer(root, run_dir, batch, overrides=overrides, rank=rank, sweep_name=sweep_name).fit()
+        return summary if rank == 0 else None
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn_workers(nproc: int, max_restarts: int, config: dict, run_dir: str, overrides: list[str], sweep_name) -> dict:
+    """Start `nproc` local workers with the elastic agent; returns rank 0's summary."""
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    launch_config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc,
+        run_id=f"dsrecipes-{uuid.uuid4().hex[:8]}",
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",
+        max_restarts=max_restarts,
+        monitor_interval=0.1,
+        start_method="spawn",
+    )
+    results = elastic_launch(launch_config, worker_main)(config, run_dir, overrides, sweep_name)
+    return results[0]

@@ -1,0 +1,66 @@
+"""Data parallelism and ZeRO 0-3 (+offload) at world size 2 on CPU/gloo reproduce the single process.
+
+Every run goes through the real CLI: `python -m dsrecipes launcher.nproc_per_node=2 ...` spawns two
+workers with torch's elastic agent. Same global batch (1 x 8 x 2 vs 2 x 4 x 2), gradient
+accumulation 2, clipping at 1.0, fp32, no dropout (dropout masks would differ per rank).
+
+Tolerance: losses within 2e-5 absolute and final parameters within 5e-5 over 10 steps. The only
+difference is fp32 summation order (two half-batch gradients averaged across ranks instead of one
+batch, sharded reduce-scatter under FSDP2), about 1e-7 relative per step; Adam's normalisation
+lets it grow slowly over the steps, so the bound leaves ~100x room while still catching any real
+error (a wrong loss scaling or a missing gradient shard moves the loss by > 1e-2).
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from dsrecipes.models import load_exported
+from tests.conftest import run_cli
+
+STEPS = 10
+
+
+def common(cache: str) -> list[str]:
+    return [
+        "model=gpt_debug", "model.max_seq_len=64", "data.max_bytes=300000", f"data.cache_dir={cache}",
+        f"trainer.max_steps={STEPS}", "trainer.log_interval=1", "trainer.eval_interval=0", "trainer.eval_batches=2",
+        "trainer.sample_tokens=0", "trainer.progress_bar=false", "trainer.gradient_accumulation_steps=2",
+        "trainer.gradient_clipping=1.0", "lr_scheduler.warmup_num_steps=3", "logger=jsonl", "model.dropout=0.0",
+    ]
+
+
+def run_and_read(tmp_path: Path, name: str, overrides: list[str]) -> tuple[list[float], dict]:
+    cwd = tmp_path / name
+    cwd.mkdir()
+    result = run_cli(overrides, cwd=cwd, timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    (run_dir,) = [p for p in (cwd / "outputs").glob("*/*") if p.is_dir()]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["train/loss"] for r in records if "train/loss" in r]
+    model, _ = load_exported(run_dir / "export")
+    return losses, model.state_dict()
+
+
+@pytest.fixture(scope="module")
+def single_process(tmp_path_factory, datasets_cache):
+    tmp = tmp_path_factory.mktemp("single")
+    return run_and_read(tmp, "single", common(datasets_cache) + [
+        "launcher.nproc_per_node=1", "trainer.train_micro_batch_size_per_gpu=8"])
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("zero", ["zero.stage=0", "zero.stage=1", "zero.stage=2", "zero.stage=3",
+                                  "zero.stage=3 zero.offload_param=cpu"])
+def test_world_size_2_reproduces_single_process(tmp_path, datasets_cache, single_process, zero):
+    ref_losses, ref_params = single_process
+    losses, params = run_and_read(tmp_path, "dp2", common(datasets_cache) + zero.split() + [
+        "launcher.nproc_per_node=2", "trainer.train_micro_batch_size_per_gpu=4"])
+    assert len(losses) == len(ref_losses) == STEPS
+    assert ref_losses[-1] < ref_losses[0] - 0.3  # it trained
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=0, atol=2e-5)
+    assert params.keys() == ref_params.keys()
+    for name in ref_params:
+        torch.testing.assert_close(params[name], ref_params[name], rtol=0, atol=5e-5, msg=name)
