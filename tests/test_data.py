@@ -376,3 +376,18 @@ def test_eval_batches_sequential_partial_and_rank_sliced():
     assert r0 == [[0, 1, 2], [6, 7, 8]] and r1 == [[3, 4, 5], [9]]
     batch = next(eval_batches(data, 2))
     assert batch["input_ids"].shape == (2, 4) and batch["labels"].dtype == torch.long
+
+
+def test_position_carries_over_to_another_world_size_with_the_same_global_batch():
+    data = token_dataset(40)
+    single = BatchIterator(data, 4, seed=7)
+    for _ in range(3):
+        next(single)
+    state = single.state_dict()
+    expected = row_ids(next(single))
+    halves = []
+    for rank in (0, 1):
+        it = BatchIterator(data, 2, seed=7, rank=rank, world_size=2)
+        it.load_state_dict(state)
+        halves += row_ids(next(it))
+    assert halves == expected

@@ -64,3 +64,52 @@ def test_world_size_2_reproduces_single_process(tmp_path, datasets_cache, single
     assert params.keys() == ref_params.keys()
     for name in ref_params:
         torch.testing.assert_close(params[name], ref_params[name], rtol=0, atol=5e-5, msg=name)
+
+
+@pytest.mark.timeout(600)
+def test_sharded_checkpoint_resumes_at_other_world_sizes(tmp_path, datasets_cache):
+    """ZeRO-3 at world 2 saves at step 5; resuming at world 1 and at world 4 continues with the same losses."""
+    base = common(datasets_cache) + ["zero.stage=3", "checkpoint.interval=5"]
+    losses2, _ = run_and_read(tmp_path, "w2", base + ["launcher.nproc_per_node=2", "trainer.train_micro_batch_size_per_gpu=4"])
+    (checkpoint,) = list((tmp_path / "w2").glob("outputs/*/*/checkpoints/step_5"))
+    assert sorted(p.name for p in (checkpoint / "dcp").glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+    for name, world, micro in (("w1", 1, 8), ("w4", 4, 2)):
+        losses, _ = run_and_read(tmp_path, name, base + [
+            f"launcher.nproc_per_node={world}", f"trainer.train_micro_batch_size_per_gpu={micro}",
+            f"trainer.resume={checkpoint}"])
+        assert len(losses) == STEPS - 5
+        torch.testing.assert_close(torch.tensor(losses), torch.tensor(losses2[5:]), rtol=0, atol=2e-5)
+
+
+def test_launcher_smoke_gpt_zero3_spawns_two_workers(tmp_path, datasets_cache):
+    result = run_cli(["+experiment=gpt_zero3", "trainer.max_steps=3", "trainer.eval_batches=1", "trainer.sample_tokens=4",
+                      "data.max_bytes=300000", f"data.cache_dir={datasets_cache}", "model.max_seq_len=64"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run_dir,) = list(tmp_path.glob("outputs/*/*_gpt_zero3"))
+    assert sorted(p.name for p in (run_dir / "logs").iterdir()) == ["rank0.log", "rank1.log"]
+    assert (run_dir / ".hydra" / "config.yaml").exists()
+    assert "micro 16 x accumulation 1 x dp 2" in (run_dir / "logs" / "rank0.log").read_text()
+    assert result.stdout.count("dsrecipes run summary") == 1  # console output from rank 0 only
+
+
+def test_torchrun_joins_instead_of_spawning(tmp_path, datasets_cache):
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "dsrecipes",
+           "model=gpt_debug", "model.max_seq_len=64", "zero.stage=2", "trainer.max_steps=2", "trainer.eval_batches=1",
+           "trainer.sample_tokens=0", "data.max_bytes=300000", f"data.cache_dir={datasets_cache}", "logger=jsonl"]
+    result = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    runs = list(tmp_path.glob("outputs/*/*_gpt"))
+    assert len(runs) == 1, runs  # both ranks agreed on one run directory
+    assert sorted(p.name for p in (runs[0] / "logs").iterdir()) == ["rank0.log", "rank1.log"]
+
+
+def test_a_failing_rank_ends_the_job_with_its_traceback(tmp_path, datasets_cache):
+    result = run_cli(["model=gpt_debug", "model.max_seq_len=64", "zero.stage=1", "launcher.nproc_per_node=2",
+                      "trainer.max_steps=50", "data.max_bytes=300000", f"data.cache_dir={datasets_cache}",
+                      "launcher.collective_timeout_s=60"], cwd=tmp_path, timeout=240,
+                     env_extra={"DSRECIPES_TEST_FAIL_RANK": "1", "DSRECIPES_TEST_FAIL_STEP": "3"})
+    assert result.returncode != 0
+    assert "injected failure on rank 1 at step 3" in result.stdout + result.stderr

@@ -140,12 +140,17 @@ class BatchIterator:
         for key in STATE_KEYS:
             if key not in state:
                 raise ValueError(f"batch iterator state has no {key!r} entry")
-        for key in ("seed", "micro_batch_size", "world_size"):
-            if int(state[key]) != getattr(self, key):
-                raise ValueError(
-                    f"batch iterator state mismatch: {key}={int(state[key])} in the state, "
-                    f"{getattr(self, key)} in this iterator"
-                )
+        if int(state["seed"]) != self.seed:
+            raise ValueError(f"batch iterator state mismatch: seed={int(state['seed'])} in the state, {self.seed} in this iterator")
+        # The position counts global batches, so it carries over to another world size as long as the
+        # global batch (micro_batch_size x world_size) is the same.
+        saved_global = int(state["micro_batch_size"]) * int(state["world_size"])
+        if saved_global != self.micro_batch_size * self.world_size:
+            raise ValueError(
+                "batch iterator state mismatch: micro_batch_size x world_size = "
+                f"{state['micro_batch_size']} x {state['world_size']} = {saved_global} in the state, "
+                f"{self.micro_batch_size} x {self.world_size} = {self.micro_batch_size * self.world_size} in this iterator"
+            )
         epoch, batch_in_epoch = int(state["epoch"]), int(state["batch_in_epoch"])
         if epoch < 0:
             raise ValueError(f"batch iterator state: epoch={epoch} must be >= 0")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 
 import torch
 import torch.distributed as dist
@@ -39,3 +40,11 @@ def rank_zero_first():
     yield
     if distributed and dist.get_rank() == 0:
         dist.barrier()
+
+
+def maybe_inject_failure(rank: int, step: int) -> None:
+    """Fault-injection hook for the launcher's failure tests: DSRECIPES_TEST_FAIL_RANK / _STEP make that
+    rank raise at that step, so a test can check the job ends with the rank's traceback instead of hanging."""
+    fail_rank, fail_step = os.environ.get("DSRECIPES_TEST_FAIL_RANK"), os.environ.get("DSRECIPES_TEST_FAIL_STEP")
+    if fail_rank is not None and int(fail_rank) == rank and int(fail_step or 0) == step:
+        raise RuntimeError(f"injected failure on rank {rank} at step {step}")

@@ -22,7 +22,7 @@ from rich.table import Table
 
 from dsrecipes.config.schema import RootConfig
 from dsrecipes.data import BatchIterator, eval_batches, prepare_data
-from dsrecipes.distributed.utils import mean_over_ranks, rank_zero_first
+from dsrecipes.distributed.utils import maybe_inject_failure, mean_over_ranks, rank_zero_first
 from dsrecipes.inference.sampling import sample_tokens
 from dsrecipes.models import GPT, export_safetensors
 from dsrecipes.training.batch import BatchSizes
@@ -232,6 +232,7 @@ class Trainer:
             while self.engine.global_steps < t.max_steps:
                 metrics = self.train_step(self.engine.global_steps)
                 step = self.engine.global_steps
+                maybe_inject_failure(self.rank, step)
                 window_steps += 1
                 first_loss = metrics["train/loss"] if first_loss is None else first_loss
                 if self.engine.last_step_skipped:

@@ -66,14 +66,16 @@ def _leaf(t, dtype=None):
     return t
 
 
-def _check_against_reference(fn, ref_fn, args, tol, *, ref_dtype=None, grad_outputs=None, expect_fn=None):
+def _check_against_reference(fn, ref_fn, args, tol, *, ref_dtype=None, grad_outputs=None, expect_fn=None,
+                             grad_tol=None):
     """Run fn and ref_fn on separate leaf copies of `args`; compare every output and every input grad.
 
     fn / ref_fn take the positional `args` (None entries pass through). With `ref_dtype`, the
     reference runs on copies cast to it (the bf16 GPU tier: fp32 reference) and results are compared
     in that dtype. `grad_outputs(outs)` picks the upstream gradients (default: randn per output; None
     entries leave an output unused). `expect_fn` asserts fn took the Triton path: the name of the
-    autograd.Function whose backward node the first output must carry. Returns (outputs, ref_outputs).
+    autograd.Function whose backward node the first output must carry. `grad_tol` (default `tol`)
+    for the input gradients. Returns (outputs, ref_outputs).
     """
     mine = [_leaf(t) for t in args]
     theirs = [_leaf(t, ref_dtype) for t in args]
@@ -104,7 +106,7 @@ def _check_against_reference(fn, ref_fn, args, tol, *, ref_dtype=None, grad_outp
             ga = a.grad if a.grad is not None else torch.zeros_like(a)
             gb = b.grad if b.grad is not None else torch.zeros_like(b)
             torch.testing.assert_close(ga.to(cmp_dtype or ga.dtype), gb.to(cmp_dtype or ga.dtype),
-                                       **tol, msg=lambda m, i=i: f"grad of arg {i}: {m}")
+                                       **(grad_tol or tol), msg=lambda m, i=i: f"grad of arg {i}: {m}")
     return outs, refs
 
 

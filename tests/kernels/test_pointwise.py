@@ -280,4 +280,5 @@ def test_softmax_bf16_real_shape(causal, check_against_reference, tolerance):
     torch.manual_seed(13)
     x = _randn(2, 16, 1024, 1024, dtype=BF16, scale=3.0)
     check_against_reference(lambda x: softmax(x, causal), lambda x: softmax_reference(x, causal), [x],
-                            tolerance("softmax", BF16), ref_dtype=F32, expect_fn="SoftmaxFunction")
+                            tolerance("softmax", BF16), ref_dtype=F32, expect_fn="SoftmaxFunction",
+                            grad_tol=tolerance("softmax_grad", BF16))
