@@ -113,3 +113,21 @@ def test_a_failing_rank_ends_the_job_with_its_traceback(tmp_path, datasets_cache
                      env_extra={"DSRECIPES_TEST_FAIL_RANK": "1", "DSRECIPES_TEST_FAIL_STEP": "3"})
     assert result.returncode != 0
     assert "injected failure on rank 1 at step 3" in result.stdout + result.stderr
+
+
+def test_offline_export_of_a_zero3_checkpoint_loads_into_a_plain_model(tmp_path, datasets_cache):
+    """The zero_to_fp32 use case: a world-size-2 ZeRO-3 checkpoint -> one safetensors file, same outputs."""
+    from dsrecipes.export import export_checkpoint
+
+    base = common(datasets_cache) + ["zero.stage=3", "trainer.max_steps=3", "launcher.nproc_per_node=2",
+                                     "trainer.train_micro_batch_size_per_gpu=4"]
+    _, live = run_and_read(tmp_path, "w2", base)  # the engine's own export while running
+    (checkpoints,) = list((tmp_path / "w2").glob("outputs/*/*/checkpoints"))
+    export_checkpoint(checkpoints, tmp_path / "offline")
+    model, config = load_exported(tmp_path / "offline")
+    assert config["model"]["name"] == "gpt_debug"
+    for name, tensor in live.items():
+        assert torch.equal(model.state_dict()[name], tensor), name
+    ids = torch.randint(0, 257, (2, 16))
+    reference = load_exported(next((tmp_path / "w2").glob("outputs/*/*/export")))[0]
+    torch.testing.assert_close(model(ids).logits, reference(ids).logits, rtol=0, atol=0)

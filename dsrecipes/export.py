@@ -1,0 +1,59 @@
+"""Consolidate a checkpoint into one safetensors file usable without any distributed setup.
+
+    python -m dsrecipes.export outputs/2026-11-30/12-00-00_gpt_zero3/checkpoints/step_300 exported/
+    python -m dsrecipes.export outputs/.../checkpoints exported/          # the `latest` checkpoint
+
+DeepSpeed's zero_to_fp32 use case: works offline (one process, no GPU) on a sharded dcp/ checkpoint
+written at any world size and ZeRO stage, or on a full-state one; writes model.safetensors +
+config.json readable by `dsrecipes.models.load_exported`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+from dsrecipes.models import ModelConfig, export_safetensors
+from dsrecipes.training.checkpoint import read_checkpoint, resolve_checkpoint_dir
+
+DCP_DIR = "dcp"
+
+
+def consolidated_model_state(checkpoint: Path) -> dict:
+    """Full-precision model weights of a checkpoint directory, whatever wrote it."""
+    if (checkpoint / DCP_DIR).exists():
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+        with tempfile.TemporaryDirectory() as tmp:
+            dcp_to_torch_save(str(checkpoint / DCP_DIR), f"{tmp}/full.pt")
+            return torch.load(f"{tmp}/full.pt", weights_only=False)["model"]
+    return read_checkpoint(checkpoint, "model.pt")
+
+
+def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path) -> Path:
+    """Write <out_dir>/model.safetensors + config.json from a dsrecipes checkpoint (or a folder of them)."""
+    checkpoint = resolve_checkpoint_dir(checkpoint_dir)
+    config_file = checkpoint / "config.yaml"
+    if not config_file.exists():
+        raise FileNotFoundError(f"{checkpoint} has no config.yaml: the model's shape is unknown")
+    recipe = OmegaConf.load(config_file)
+    model_cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), recipe.model))
+    state = consolidated_model_state(checkpoint)
+    tokenizer = OmegaConf.select(recipe, "data.tokenizer", default="byte")
+    return export_safetensors(state, model_cfg, out_dir, extra={"tokenizer": tokenizer, "source": str(checkpoint)})
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoint", help="a checkpoints/step_N directory, or the checkpoints folder (uses latest)")
+    parser.add_argument("out_dir")
+    args = parser.parse_args(argv)
+    print(f"wrote {export_checkpoint(args.checkpoint, args.out_dir)}")
+
+
+if __name__ == "__main__":
+    main()
