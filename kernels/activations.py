@@ -309,7 +309,8 @@ def bias_gelu(x, bias=None):
     if x.dim() < 1:
         raise ValueError(f"{GELU_OP}: x must have at least one dimension, got a scalar")
     if bias is not None and tuple(bias.shape) != (x.shape[-1],):
-        raise ValueError(f"{GELU_OP}: bias must have shape ({x.shape[-1]},) (the last dim of x), got {tuple(bias.shape)}")
+        raise ValueError(f"{GELU_OP}: bias must have shape ({x.shape[-1]},) (the last dim of x), "
+                         f"got {tuple(bias.shape)}")
     if x.numel() > 0 and use_triton(GELU_OP, _bias_gelu_fwd_kernel, x, bias):
         return BiasGeluFunction.apply(x, bias)
     return bias_gelu_reference(x, bias)

@@ -294,6 +294,7 @@ class FusedLayerNorm(nn.Module):
             nn.init.zeros_(self.bias)
 
     def forward(self, x, residual=None):
+        """Normalize x (or x + residual, then also return that sum); see `layer_norm`."""
         return layer_norm(x, self.weight, self.bias, self.eps, residual)
 
     def extra_repr(self) -> str:

@@ -263,6 +263,7 @@ class FusedRMSNorm(nn.Module):
         nn.init.ones_(self.weight)
 
     def forward(self, x, residual=None):
+        """Normalize x (or x + residual, then also return that sum); see `rms_norm`."""
         return rms_norm(x, self.weight, self.eps, residual)
 
     def extra_repr(self) -> str:

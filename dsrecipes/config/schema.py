@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from dsrecipes.data.config import DataConfig
 from dsrecipes.distributed.config import LauncherConfig, ZeroConfig
 from dsrecipes.models.config import ModelConfig
+from dsrecipes.models.kernels_config import KernelsConfig, validate_kernels_config
 from dsrecipes.training.config import (
     CheckpointConfig,
     LoggerConfig,
@@ -23,7 +24,7 @@ from dsrecipes.training.config import (
 )
 
 # Config groups, in the order the README documents them.
-CONFIG_GROUPS = ("model", "data", "optimizer", "lr_scheduler", "precision", "trainer", "checkpoint", "logger", "zero", "launcher")
+CONFIG_GROUPS = ("model", "data", "optimizer", "lr_scheduler", "precision", "trainer", "checkpoint", "logger", "zero", "launcher", "kernels")
 
 
 @dataclass
@@ -39,3 +40,7 @@ class RootConfig:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     zero: ZeroConfig = field(default_factory=ZeroConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    kernels: KernelsConfig = field(default_factory=KernelsConfig)
+
+
+__all__ = ["CONFIG_GROUPS", "RootConfig", "KernelsConfig", "validate_kernels_config"]

@@ -11,7 +11,7 @@ import warnings
 
 from omegaconf import DictConfig, OmegaConf
 
-from dsrecipes.config.schema import RootConfig
+from dsrecipes.config.schema import RootConfig, validate_kernels_config
 from dsrecipes.data.config import validate_data_config
 from dsrecipes.distributed.config import validate_zero_config
 from dsrecipes.models.config import validate_model_config
@@ -86,5 +86,6 @@ def validate_recipe(cfg: RootConfig | DictConfig, dp_world_size: int | None = No
             f"data.block_size={root.data.block_size} exceeds model.max_seq_len={root.model.max_seq_len}"
         )
     _choice("logger.wandb_mode", root.logger.wandb_mode, WANDB_MODES)
+    validate_kernels_config(root.kernels)
     batch = validate_engine_config(root, dp_world_size or data_parallel_world_size())
     return root, batch

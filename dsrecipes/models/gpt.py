@@ -28,6 +28,10 @@ class GPTOutput:
 
 
 class GPT(nn.Module):
+    # Hook: loss_fn(logits [N, V], labels [N]) -> mean CE over labels != -100 (fp32); None = F.cross_entropy
+    # on fp32 logits. Set by kernel injection (dsrecipes.models.kernel_injection).
+    loss_fn = None
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         validate_model_config(cfg)
@@ -62,8 +66,8 @@ class GPT(nn.Module):
                     nn.init.zeros_(module.bias)
             elif isinstance(module, nn.Embedding):
                 nn.init.normal_(module.weight, mean=0.0, std=std)
-            elif isinstance(module, (nn.LayerNorm, RMSNorm)):
-                module.reset_parameters()
+            elif isinstance(module, (nn.LayerNorm, RMSNorm)) or callable(getattr(module, "reset_parameters", None)):
+                module.reset_parameters()  # norms, including fused ones swapped in by kernel injection
         self.init_rope()
 
     @torch.no_grad()
@@ -88,7 +92,9 @@ class GPT(nn.Module):
             x = block(x, rope)
         logits = self.lm_head(self.final_norm(x))
         loss = None
-        if labels is not None:
+        if labels is not None and self.loss_fn is not None:
+            loss = self.loss_fn(logits.flatten(0, 1), labels.flatten())
+        elif labels is not None:
             loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100)
         return GPTOutput(logits=logits, loss=loss)
 

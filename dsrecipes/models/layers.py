@@ -3,6 +3,11 @@
 Attention goes through torch's scaled_dot_product_attention (flash / memory-efficient kernels where
 the device has them). Kernel injection (dsrecipes.kernels) later swaps these modules for fused ones,
 so each is a small module with a plain-torch forward.
+
+Kernel hooks: GeluMLP.bias_gelu_fn, SwiGLUMLP.swiglu_fn, CausalSelfAttention.attention_fn and
+CausalSelfAttention.rope_fn are None by default (the plain-torch path runs, unchanged); kernel
+injection (dsrecipes.models.kernel_injection) sets them on instances to swap in fused functions
+without touching parameters, module names or state-dict keys.
 """
 
 from __future__ import annotations
@@ -40,17 +45,25 @@ def make_norm(cfg: ModelConfig) -> nn.Module:
 class GeluMLP(nn.Module):
     """GPT-2 MLP: Linear -> GELU(tanh) -> Linear."""
 
+    # Hook: fn(x @ fc_in.weight.T, fc_in.bias) -> gelu_tanh(x + bias); None = F.gelu on fc_in(x).
+    bias_gelu_fn = None
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.fc_in = nn.Linear(cfg.d_model, cfg.ffn_dim, bias=cfg.bias)
         self.fc_out = nn.Linear(cfg.ffn_dim, cfg.d_model, bias=cfg.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.bias_gelu_fn is not None:
+            return self.fc_out(self.bias_gelu_fn(F.linear(x, self.fc_in.weight), self.fc_in.bias))
         return self.fc_out(F.gelu(self.fc_in(x), approximate="tanh"))
 
 
 class SwiGLUMLP(nn.Module):
     """Llama MLP: down(silu(gate(x)) * up(x))."""
+
+    # Hook: fn(gate, up) -> silu(gate) * up; None = the torch expression.
+    swiglu_fn = None
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -59,6 +72,8 @@ class SwiGLUMLP(nn.Module):
         self.fc_out = nn.Linear(cfg.ffn_dim, cfg.d_model, bias=cfg.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.swiglu_fn is not None:
+            return self.fc_out(self.swiglu_fn(self.gate(x), self.up(x)))
         return self.fc_out(F.silu(self.gate(x)) * self.up(x))
 
 
@@ -84,6 +99,11 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 class CausalSelfAttention(nn.Module):
     """Multi-head (or grouped-query) causal self-attention via torch SDPA."""
 
+    # Hooks. attention_fn(q [B,H,T,D], k, v [B,Hkv,T,D]) -> causal attention [B,H,T,D] (handles GQA
+    # itself, no dropout); None = SDPA. rope_fn(x, cos, sin) -> rotated x; None = apply_rope.
+    attention_fn = None
+    rope_fn = None
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.n_head, self.n_kv_head, self.head_dim = cfg.n_head, cfg.kv_heads, cfg.head_dim
@@ -99,7 +119,11 @@ class CausalSelfAttention(nn.Module):
         k, v = self.kv_proj(x).view(bsz, seq_len, 2, self.n_kv_head, self.head_dim).unbind(2)
         k, v = k.transpose(1, 2), v.transpose(1, 2)
         if self.use_rope:
-            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+            rope_fn = self.rope_fn if self.rope_fn is not None else apply_rope
+            q, k = rope_fn(q, *rope), rope_fn(k, *rope)
+        if self.attention_fn is not None:
+            y = self.attention_fn(q, k, v)
+            return self.out_proj(y.transpose(1, 2).reshape(bsz, seq_len, self.n_head * self.head_dim))
         if self.n_kv_head != self.n_head:
             repeat = self.n_head // self.n_kv_head
             k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)

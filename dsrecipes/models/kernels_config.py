@@ -1,0 +1,41 @@
+"""The `kernels` config group: which implementation the model's hot ops run on.
+
+    kernels.backend: auto   # triton where the model sits on a CUDA device and triton imports, else torch
+    kernels.backend: torch  # the plain-torch modules (SDPA, torch norms, F.cross_entropy)
+    kernels.backend: triton # dsrecipes.kernels' fused ops, swapped in by dsrecipes.models.kernel_injection
+
+Kept free of dsrecipes.kernels imports: the kernel modules must be imported only after
+TRITON_INTERPRET is settled (Triton reads it when a kernel is decorated).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+KERNEL_BACKENDS = ("auto", "torch", "triton")
+
+
+@dataclass
+class KernelsConfig:
+    backend: str = "auto"  # auto | torch | triton
+
+
+def validate_kernels_config(cfg: KernelsConfig) -> None:
+    """ValueError naming kernels.backend, its value and the choices when the backend is unknown."""
+    if cfg.backend not in KERNEL_BACKENDS:
+        raise ValueError(f"kernels.backend={cfg.backend!r} is not valid; choose one of: {', '.join(KERNEL_BACKENDS)}")
+
+
+def resolve_kernels_backend(backend: str, device: torch.device | str | None = None) -> str:
+    """"torch" or "triton". auto = triton when the model's device (else: any CUDA device) is CUDA and triton imports."""
+    validate_kernels_config(KernelsConfig(backend=backend))
+    if backend != "auto":
+        return backend
+    on_cuda = torch.device(device).type == "cuda" if device is not None else torch.cuda.is_available()
+    if not on_cuda:
+        return "torch"
+    from dsrecipes.kernels._utils import triton_available  # _utils defines no kernels: safe to import early
+
+    return "triton" if triton_available() else "torch"
