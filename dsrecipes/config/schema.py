@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dsrecipes.data.config import DataConfig
+from dsrecipes.distributed.activation_checkpoint import ActivationCheckpointConfig
 from dsrecipes.distributed.config import LauncherConfig, ZeroConfig
 from dsrecipes.models.config import ModelConfig
 from dsrecipes.models.kernels_config import KernelsConfig, validate_kernels_config
@@ -24,7 +25,7 @@ from dsrecipes.training.config import (
 )
 
 # Config groups, in the order the README documents them.
-CONFIG_GROUPS = ("model", "data", "optimizer", "lr_scheduler", "precision", "trainer", "checkpoint", "logger", "zero", "launcher", "kernels")
+CONFIG_GROUPS = ("model", "data", "optimizer", "lr_scheduler", "precision", "trainer", "checkpoint", "logger", "zero", "launcher", "kernels", "activation_checkpointing")
 
 
 @dataclass
@@ -41,6 +42,7 @@ class RootConfig:
     zero: ZeroConfig = field(default_factory=ZeroConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     kernels: KernelsConfig = field(default_factory=KernelsConfig)
+    activation_checkpointing: ActivationCheckpointConfig = field(default_factory=ActivationCheckpointConfig)
 
 
 __all__ = ["CONFIG_GROUPS", "RootConfig", "KernelsConfig", "validate_kernels_config"]

@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from dsrecipes.config.schema import RootConfig, validate_kernels_config
 from dsrecipes.data.config import validate_data_config
+from dsrecipes.distributed.activation_checkpoint import validate_activation_checkpoint_config
 from dsrecipes.distributed.config import validate_zero_config
 from dsrecipes.models.config import validate_model_config
 from dsrecipes.training.batch import BatchSizes, resolve_batch_sizes
@@ -87,5 +88,6 @@ def validate_recipe(cfg: RootConfig | DictConfig, dp_world_size: int | None = No
         )
     _choice("logger.wandb_mode", root.logger.wandb_mode, WANDB_MODES)
     validate_kernels_config(root.kernels)
+    validate_activation_checkpoint_config(root.activation_checkpointing)
     batch = validate_engine_config(root, dp_world_size or data_parallel_world_size())
     return root, batch

@@ -46,5 +46,6 @@ def maybe_inject_failure(rank: int, step: int) -> None:
     """Fault-injection hook for the launcher's failure tests: DSRECIPES_TEST_FAIL_RANK / _STEP make that
     rank raise at that step, so a test can check the job ends with the rank's traceback instead of hanging."""
     fail_rank, fail_step = os.environ.get("DSRECIPES_TEST_FAIL_RANK"), os.environ.get("DSRECIPES_TEST_FAIL_STEP")
-    if fail_rank is not None and int(fail_rank) == rank and int(fail_step or 0) == step:
+    first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"  # restarted workers run clean
+    if fail_rank is not None and first_attempt and int(fail_rank) == rank and int(fail_step or 0) == step:
         raise RuntimeError(f"injected failure on rank {rank} at step {step}")

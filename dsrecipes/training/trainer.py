@@ -28,7 +28,7 @@ from dsrecipes.models import GPT, export_safetensors
 from dsrecipes.training.batch import BatchSizes
 from dsrecipes.training.checkpoint import find_resume_checkpoint
 from dsrecipes.training.extensions import Extensions, build_extensions
-from dsrecipes.training import kernel_extension  # noqa: F401  (registers kernel injection)
+from dsrecipes.training import activation_checkpoint_extension, kernel_extension  # noqa: F401  (register extensions)
 from dsrecipes.training.initialize import build_engine
 from dsrecipes.training.loggers import MetricLoggers
 from dsrecipes.training.progress import TrainingProgress

@@ -1,0 +1,70 @@
+"""Activation checkpointing: recompute transformer blocks in the backward instead of storing them.
+
+mode none | full (every block) | every_k (blocks 0, k, 2k, ...); cpu_offload also moves the tensors
+the checkpointed blocks do save (their inputs) to CPU memory until the backward needs them.
+Applied as a model transform before sharding, by swapping each chosen block's `forward` for a
+checkpointed one, so module names and state-dict keys do not change. Uses torch.utils.checkpoint
+(non-reentrant), which composes with FSDP2.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+AC_MODES = ("none", "full", "every_k")
+
+
+@dataclass
+class ActivationCheckpointConfig:
+    mode: str = "none"  # none | full | every_k
+    every_k: int = 2  # with mode=every_k: checkpoint blocks 0, k, 2k, ...
+    cpu_offload: bool = False  # keep what checkpointed blocks save on the CPU
+
+
+def validate_activation_checkpoint_config(cfg: ActivationCheckpointConfig, prefix: str = "activation_checkpointing") -> None:
+    if cfg.mode not in AC_MODES:
+        raise ValueError(f"{prefix}.mode={cfg.mode!r} is not valid; choose one of: {', '.join(AC_MODES)}")
+    if cfg.mode == "every_k" and cfg.every_k < 1:
+        raise ValueError(f"{prefix}.every_k={cfg.every_k} must be >= 1")
+
+
+def _checkpointed(forward, cpu_offload: bool, *args, **kwargs):
+    if cpu_offload:
+        with torch.autograd.graph.save_on_cpu(pin_memory=torch.cuda.is_available()):
+            return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+    return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+
+def apply_activation_checkpointing(model: nn.Module, cfg: ActivationCheckpointConfig) -> int:
+    """Checkpoint the chosen members of the model's nn.ModuleLists (its blocks); returns how many."""
+    validate_activation_checkpoint_config(cfg)
+    if cfg.mode == "none":
+        return 0
+    step = 1 if cfg.mode == "full" else cfg.every_k
+    count = 0
+    for module in model.modules():
+        if isinstance(module, nn.ModuleList):
+            for index, block in enumerate(module):
+                if index % step == 0:
+                    block.forward = functools.partial(_checkpointed, block.forward, cfg.cpu_offload)
+                    count += 1
+    return count
+
+
+def saved_activation_bytes(model: nn.Module, *inputs, **kwargs) -> int:
+    """Bytes autograd keeps for the backward during one forward of `model` (what checkpointing trims)."""
+    total = 0
+
+    def pack(tensor):
+        nonlocal total
+        total += tensor.numel() * tensor.element_size()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(*inputs, **kwargs)
+    return total

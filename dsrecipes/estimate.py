@@ -1,0 +1,65 @@
+"""Per-rank model-state memory of a recipe for every ZeRO stage, next to DeepSpeed's formula.
+
+    python -m dsrecipes.estimate model=llama_7b zero.stage=3 world_size=64
+    python -m dsrecipes.estimate model=gpt_1_3b precision=bf16_master world_size=8 vocab_size=50304
+
+Takes the recipe's overrides (the model is built on the meta device: instant, no memory) plus
+world_size=N (default 1) and vocab_size=V (when the model's is null; default 50304).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from omegaconf import OmegaConf
+from rich.console import Console
+from rich.table import Table
+
+from dsrecipes.config.store import compose
+from dsrecipes.models import GPT
+from dsrecipes.profiling.memory_estimator import estimate_model_states
+
+GIB = 2**30
+
+
+def main(argv: list[str] | None = None) -> list:
+    args = list(sys.argv[1:] if argv is None else argv)
+    world_size, vocab_size, overrides = 1, 50304, []
+    for arg in args:
+        if arg.startswith("world_size="):
+            world_size = int(arg.split("=", 1)[1])
+        elif arg.startswith("vocab_size="):
+            vocab_size = int(arg.split("=", 1)[1])
+        else:
+            overrides.append(arg)
+    if world_size < 1:
+        raise SystemExit(f"world_size={world_size} must be >= 1")
+    cfg = OmegaConf.to_object(compose(overrides))
+    model_cfg = cfg.model
+    model_cfg.vocab_size = model_cfg.vocab_size or vocab_size
+    with torch.device("meta"):
+        num_params = GPT(model_cfg).num_params()
+    rows = [
+        estimate_model_states(
+            num_params, world_size, stage, cfg.precision.dtype, cfg.precision.master_weights,
+            cfg.optimizer.name, cfg.optimizer.momentum,
+        )
+        for stage in range(4)
+    ]
+    table = Table(title=f"model states per rank: {model_cfg.name}, {num_params / 1e9:.3f}B parameters, "
+                        f"{world_size} rank(s), {cfg.precision.dtype}, {cfg.optimizer.name}")
+    for column in ("zero.stage", "parameters GiB", "gradients GiB", "optimizer GiB", "dsrecipes total GiB", "DeepSpeed formula GiB"):
+        table.add_column(column, justify="right")
+    for row in rows:
+        mark = " <" if row.stage == cfg.zero.stage else ""
+        table.add_row(
+            f"{row.stage}{mark}", f"{row.parameters / GIB:.2f}", f"{row.gradients / GIB:.2f}",
+            f"{row.optimizer_states / GIB:.2f}", f"{row.total / GIB:.2f}", f"{row.deepspeed_total / GIB:.2f}",
+        )
+    Console().print(table)
+    return rows
+
+
+if __name__ == "__main__":
+    main()

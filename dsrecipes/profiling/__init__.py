@@ -1,0 +1,1 @@
+"""Profiling: memory estimation (and later flops profiler, comms logger, autotuner)."""

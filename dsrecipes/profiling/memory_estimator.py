@@ -1,0 +1,102 @@
+"""Model-state memory per rank for each ZeRO stage: what dsrecipes' engine holds, and DeepSpeed's formula.
+
+Counted at rest after an optimizer step with gradients present: parameters, gradients and optimizer
+states (activations, communication buffers and FSDP2's transient unsharded parameters are not
+model states). Ψ = parameter count, N = data-parallel ranks, b = bytes of the model dtype.
+
+| stage | dsrecipes engine (mechanism)                 | parameters | gradients | optimizer states |
+|-------|----------------------------------------------|------------|-----------|------------------|
+| 0     | DDP                                          | bΨ (+4Ψ masters) | bΨ  | sΨ               |
+| 1     | DDP + ZeroRedundancyOptimizer                | bΨ (+4Ψ/N)  | bΨ        | sΨ/N             |
+| 2, 3  | FSDP2: fp32 shards are the masters           | 4Ψ/N       | 4Ψ/N      | sΨ/N             |
+
+s = optimizer state bytes per parameter (8 for Adam-family and LAMB, 4 for Lion, Adagrad and SGD
+with momentum, 0 for plain SGD). DeepSpeed's mixed-precision formula (ZeRO paper, K=12):
+16Ψ, 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+_STATE_BYTES = {"adamw": 8, "adam": 8, "lamb": 8, "lion": 4, "adagrad": 4}
+_DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    stage: int
+    world_size: int
+    parameters: float
+    gradients: float
+    optimizer_states: float
+    deepspeed_total: float
+
+    @property
+    def total(self) -> float:
+        return self.parameters + self.gradients + self.optimizer_states
+
+
+def optimizer_state_bytes(name: str, momentum: float = 0.0) -> int:
+    if name == "sgd":
+        return 4 if momentum else 0
+    return _STATE_BYTES.get(name, 8)
+
+
+def deepspeed_model_state_bytes(num_params: int, world_size: int, stage: int) -> float:
+    """DeepSpeed's published per-rank model-state bytes (mixed precision, Adam: 2 + 2 + 12 bytes)."""
+    n, w = num_params, world_size
+    return {0: 16 * n, 1: 4 * n + 12 * n / w, 2: 2 * n + 14 * n / w, 3: 16 * n / w}[stage]
+
+
+def estimate_model_states(
+    num_params: int,
+    world_size: int,
+    stage: int,
+    precision: str = "fp32",
+    master_weights: bool = False,
+    optimizer: str = "adamw",
+    momentum: float = 0.0,
+) -> MemoryEstimate:
+    """Per-rank bytes of parameters, gradients and optimizer states held by dsrecipes' engine."""
+    n, w = num_params, world_size
+    states = optimizer_state_bytes(optimizer, momentum) * n
+    stage_eff = stage if w > 1 else 0  # a single process shards nothing
+    if stage_eff >= 2:
+        params, grads, opt = 4 * n / w, 4 * n / w, states / w
+    else:
+        model_bytes = _DTYPE_BYTES[precision] if master_weights else 4
+        masters = 4 * n if master_weights else 0
+        sharded = stage_eff == 1
+        params = model_bytes * n + (masters / w if sharded else masters)
+        grads = model_bytes * n if not master_weights else 4 * n  # grads move to the fp32 masters at the step
+        opt = states / w if sharded else states
+    return MemoryEstimate(stage, w, params, grads, opt, deepspeed_model_state_bytes(n, w, stage))
+
+
+def _local_bytes(tensor: torch.Tensor) -> int:
+    local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    return local.numel() * local.element_size()
+
+
+def measure_model_states(module: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """Bytes this rank actually holds: local parameter shards, their gradients, local optimizer state.
+
+    Master weights held by the optimizer (when the module runs in bf16/fp16) count as parameters.
+    """
+    module_params = {id(p): p for p in module.parameters()}
+    inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer keeps its shard's optimizer here
+    optimizer_params = {id(p): p for g in optimizer.param_groups for p in g["params"]}
+    params = sum(_local_bytes(p) for p in module_params.values())
+    params += sum(_local_bytes(p) for k, p in optimizer_params.items() if k not in module_params)
+    grads = sum(_local_bytes(p.grad) for p in {**module_params, **optimizer_params}.values() if p.grad is not None)
+    states = sum(
+        _local_bytes(value)
+        for state in inner.state.values()
+        for value in state.values()
+        if isinstance(value, torch.Tensor) and value.numel() > 1
+    )
+    return {"parameters": params, "gradients": grads, "optimizer_states": states}
