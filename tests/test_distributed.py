@@ -152,3 +152,89 @@ def test_max_restarts_restarts_failed_workers_which_resume(tmp_path, datasets_ca
     final = [r["train/loss"] for r in records if r.get("step") == STEPS and "train/loss" in r][-1]
     assert final == pytest.approx(ref_losses[-1], abs=2e-5)
     assert "resumed from" in (run_dir / "logs" / "rank0.log").read_text()
+
+
+def test_bad_layouts_fail_before_any_worker_starts(tmp_path):
+    from dsrecipes.config import validate_recipe
+    from dsrecipes.config.store import compose
+    from dsrecipes.distributed.config import LauncherConfig, ZeroConfig, resolve_nproc
+
+    with pytest.raises(ValueError, match="zero.hybrid_shard_size=3 does not divide the world size 4; valid sizes: 1, 2, 4"):
+        validate_recipe(compose(["zero.stage=3", "zero.hybrid_shard_size=3"]), dp_world_size=4)
+    with pytest.raises(ValueError, match="zero.offload_param=cpu needs zero.stage=3"):
+        validate_recipe(compose(["zero.stage=2", "zero.offload_param=cpu"]), dp_world_size=2)
+    with pytest.raises(ValueError, match="launcher.nproc_per_node=8 but only 2 GPU"):
+        resolve_nproc(LauncherConfig(nproc_per_node="8"), ZeroConfig(), gpus=2)
+    assert resolve_nproc(LauncherConfig(), ZeroConfig(stage=3), gpus=0) == 2
+    assert resolve_nproc(LauncherConfig(), ZeroConfig(stage=0), gpus=0) == 1
+    assert resolve_nproc(LauncherConfig(), ZeroConfig(stage=0), gpus=4) == 4
+    result = run_cli(["zero.stage=3", "zero.hybrid_shard_size=3", "launcher.nproc_per_node=2"], cwd=tmp_path)
+    assert result.returncode != 0 and "does not divide the world size 2" in result.stderr
+    assert not list(tmp_path.glob("outputs/*/*/logs"))  # no worker got as far as logging
+
+
+class UserMLP(torch.nn.Module):
+    """A user's own model: input layer, a ModuleList of hidden layers (FSDP2 shards each), output."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = torch.nn.Linear(8, 32)
+        self.hidden = torch.nn.ModuleList(torch.nn.Linear(32, 32) for _ in range(2))
+        self.out = torch.nn.Linear(32, 1)
+
+    def forward(self, x):
+        x = torch.tanh(self.inp(x))
+        for layer in self.hidden:
+            x = torch.tanh(layer(x))
+        return self.out(x)
+
+
+def _user_module_under_zero(rank, world_size, stage, results):
+    """A plain nn.Module (not dsrecipes' GPT) trained through dsrecipes.initialize under a ZeRO stage."""
+    import dsrecipes
+
+    torch.manual_seed(0)
+    model = UserMLP()
+    cfg = {"zero": {"stage": stage}, "lr_scheduler": {"name": "constant"}, "optimizer": {"lr": 1e-2},
+           "trainer": {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 8 // world_size,
+                       "gradient_accumulation_steps": None, "device": "cpu"}}
+    engine, *_ = dsrecipes.initialize(model=model, config=cfg)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(80, 8, generator=g), torch.randn(80, 1, generator=g)
+    micro = engine.train_micro_batch_size_per_gpu
+    losses = []
+    for step in range(5):
+        for m in range(engine.gradient_accumulation_steps):
+            start = step * 16 + m * micro * world_size + rank * micro
+            loss = torch.nn.functional.mse_loss(engine(x[start:start + micro]), y[start:start + micro])
+            engine.backward(loss)
+            engine.step()
+            losses.append(loss.detach())
+    if rank == 0:
+        torch.save(engine.module_state_dict(), results)
+    else:
+        engine.module_state_dict()  # a collective under FSDP2
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_engine_api_shards_a_user_module(tmp_path, stage):
+    from tests.distributed_harness import run_distributed
+
+    reference_file, sharded_file = tmp_path / "ref.pt", tmp_path / "sharded.pt"
+    run_distributed(_user_module_under_zero, 1, 0, str(reference_file))
+    run_distributed(_user_module_under_zero, 2, stage, str(sharded_file))
+    reference, sharded = torch.load(reference_file), torch.load(sharded_file)
+    for name in reference:
+        torch.testing.assert_close(sharded[name], reference[name], rtol=0, atol=1e-5, msg=name)
+
+
+def test_multirun_sweep_of_a_distributed_recipe(tmp_path, datasets_cache):
+    result = run_cli(["-m", "zero.stage=2,3", "launcher.nproc_per_node=2"] + common(datasets_cache)[:-1] + [
+        "trainer.max_steps=2", "trainer.train_micro_batch_size_per_gpu=4"], cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    jobs = sorted(p for p in tmp_path.glob("outputs/multirun/*/*/*") if p.is_dir())
+    assert [p.name for p in jobs] == ["0", "1"]
+    for job in jobs:
+        assert sorted(p.name for p in (job / "logs").iterdir()) == ["rank0.log", "rank1.log"]
+    assert "multirun summary" in result.stdout

@@ -15,6 +15,7 @@ from dsrecipes.config.schema import RootConfig, validate_kernels_config
 from dsrecipes.data.config import validate_data_config
 from dsrecipes.distributed.activation_checkpoint import validate_activation_checkpoint_config
 from dsrecipes.distributed.config import validate_zero_config
+from dsrecipes.distributed.parallel_dims import ParallelDims
 from dsrecipes.models.config import validate_model_config
 from dsrecipes.training.batch import BatchSizes, resolve_batch_sizes
 from dsrecipes.training.lr_schedules import validate_lr_scheduler_config
@@ -68,6 +69,7 @@ def validate_engine_config(cfg: RootConfig, dp_world_size: int) -> BatchSizes:
     _positive("checkpoint.interval", cfg.checkpoint.interval, allow_zero=True)
     _positive("checkpoint.keep_last", cfg.checkpoint.keep_last, allow_zero=True)
     validate_zero_config(cfg.zero)
+    ParallelDims.from_zero(dp_world_size, cfg.zero.stage, cfg.zero.hybrid_shard_size)  # degrees vs world size
     if cfg.zero.stage > 0 and dp_world_size == 1:
         warnings.warn(
             f"zero.stage={cfg.zero.stage} with a data-parallel world size of 1: there is nothing to shard, "
