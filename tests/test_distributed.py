@@ -238,3 +238,28 @@ def test_multirun_sweep_of_a_distributed_recipe(tmp_path, datasets_cache):
     for job in jobs:
         assert sorted(p.name for p in (job / "logs").iterdir()) == ["rank0.log", "rank1.log"]
     assert "multirun summary" in result.stdout
+
+
+def test_slurm_tasks_join_as_ranks(monkeypatch):
+    from dsrecipes.launch import under_launcher
+
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.setenv(key, "placeholder")  # so monkeypatch restores (removes) what the code sets
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("SLURM_PROCID", "5")
+    monkeypatch.setenv("SLURM_NTASKS", "8")
+    monkeypatch.setenv("SLURM_LOCALID", "1")
+    monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "4(x2)")
+    assert under_launcher()
+    import os
+
+    assert (os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ["LOCAL_RANK"], os.environ["LOCAL_WORLD_SIZE"]) == ("5", "8", "1", "4")
+
+
+def test_submitit_slurm_preset_composes():
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    from dsrecipes.config.store import compose
+
+    cfg = compose(["hydra/launcher=slurm"], return_hydra_config=True)
+    assert cfg.hydra.launcher._target_.endswith("SlurmLauncher")
+    assert cfg.hydra.launcher.tasks_per_node == 8

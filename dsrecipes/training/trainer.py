@@ -134,8 +134,12 @@ class Trainer:
             batch = hook(batch, step)
         return batch
 
-    def train_step(self, step: int) -> dict:
-        """One optimizer step over gradient_accumulation_steps micro-batches; returns its metrics."""
+    def train_step(self, step: int, reduce_across_ranks: bool = True) -> dict:
+        """One optimizer step over gradient_accumulation_steps micro-batches; returns its metrics.
+
+        Losses are the global batch's mean when reduce_across_ranks (one all-reduce; the loop asks
+        for it on logged steps only), else this rank's mean.
+        """
         engine = self.engine
         engine.train()
         lr = engine.get_lr()[0]
@@ -157,7 +161,8 @@ class Trainer:
                 totals[name] = totals.get(name, 0.0) + value.detach().float()
         gas = engine.gradient_accumulation_steps
         names = list(totals)
-        values = mean_over_ranks(torch.stack([totals[n] for n in names])) / gas  # the global batch's mean
+        values = torch.stack([totals[n] for n in names])
+        values = (mean_over_ranks(values) if reduce_across_ranks else values) / gas
         metrics = {f"train/{name}": float(v) for name, v in zip(names, values)}
         metrics["train/lr"] = lr
         metrics["train/grad_norm"] = engine.last_grad_norm
@@ -231,7 +236,9 @@ class Trainer:
         show_bar = t.progress_bar and self.is_logging_rank
         with TrainingProgress(self.console, t.max_steps, self.engine.global_steps, enabled=show_bar) as bar:
             while self.engine.global_steps < t.max_steps:
-                metrics = self.train_step(self.engine.global_steps)
+                next_step = self.engine.global_steps + 1
+                logged = next_step % t.log_interval == 0 or next_step == t.max_steps or first_loss is None
+                metrics = self.train_step(self.engine.global_steps, reduce_across_ranks=logged)
                 step = self.engine.global_steps
                 maybe_inject_failure(self.rank, step)
                 window_steps += 1
