@@ -12,6 +12,7 @@ launcher.max_restarts > 0 restarts the workers, which resume from the run's newe
 
 from __future__ import annotations
 
+import gc
 import os
 import uuid
 from datetime import timedelta
@@ -68,6 +69,7 @@ def worker_main(config: dict, run_dir: str, overrides: list[str], sweep_name: st
 
     launcher = config.get("launcher", {})
     init_distributed(launcher.get("backend", "auto"), launcher.get("collective_timeout_s", 600))
+    finished = False
     try:
         cfg = load_config(OmegaConf.create(config))
         if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
@@ -75,9 +77,16 @@ def worker_main(config: dict, run_dir: str, overrides: list[str], sweep_name: st
         root, batch = validate_recipe(cfg, dp_world_size=dist.get_world_size())
         rank = dist.get_rank()
         summary = Trainer(root, run_dir, batch, overrides=overrides, rank=rank, sweep_name=sweep_name).fit()
+        finished = True
         return summary if rank == 0 else None
     finally:
-        dist.destroy_process_group()
+        # Only a clean finish leaves the group politely; a failing rank just exits, which closes its
+        # connections so the peers' collectives fail and the agent ends (or restarts) the job, rather
+        # than risking a teardown that waits on peers stuck in a collective.
+        if finished:
+            gc.collect()
+            dist.barrier()
+            dist.destroy_process_group()
 
 
 def spawn_workers(nproc: int, max_restarts: int, config: dict, run_dir: str, overrides: list[str], sweep_name) -> dict:

@@ -20,10 +20,12 @@ def _entry(rank: int, fn, world_size: int, store_path: str, args: tuple) -> None
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world_size)
-    try:
-        fn(rank, world_size, *args)
-    finally:
-        dist.destroy_process_group()
+    fn(rank, world_size, *args)
+    import gc
+
+    gc.collect()  # release optimizer/communication objects before teardown (ZeroRedundancyOptimizer
+    dist.barrier()  # otherwise can abort the interpreter at exit)
+    dist.destroy_process_group()
 
 
 def run_distributed(fn, world_size: int, *args, timeout_s: float = 240.0) -> None:

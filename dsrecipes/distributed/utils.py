@@ -13,15 +13,6 @@ def is_distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def any_rank(flag: bool, device: torch.device) -> bool:
-    """True on every rank if `flag` is true on any rank (all-reduce MAX), so ranks act together."""
-    if not is_distributed():
-        return flag
-    tensor = torch.tensor([1.0 if flag else 0.0], device=device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return bool(tensor.item())
-
-
 def mean_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
     """All-reduce average (a copy); the tensor itself in a single process."""
     if not is_distributed():

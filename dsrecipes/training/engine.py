@@ -33,7 +33,6 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
-from dsrecipes.distributed.utils import any_rank
 from dsrecipes.training.batch import BatchSizes
 from dsrecipes.distributed.zero import unwrap
 from dsrecipes.training.checkpoint import (
@@ -147,7 +146,10 @@ class Engine:
         norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0) if grads else torch.zeros(())
         if isinstance(norm, DTensor):  # FSDP2 sharded gradients: reduce the partial norms
             norm = norm.full_tensor()
-        overflow = any_rank(not bool(torch.isfinite(norm)), self.device)
+        # Every rank sees the same norm (DDP/ZeRO-1 gradients are already all-reduced, FSDP2's partial
+        # norms are reduced by full_tensor), so all ranks reach the same overflow verdict together
+        # without another collective.
+        overflow = not bool(torch.isfinite(norm))
         self.last_step_skipped = overflow
         if precision.loss_scaler is not None:
             precision.loss_scaler.update_scale(overflow)

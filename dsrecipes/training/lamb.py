@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Callable, Iterable, Optional
+from typing import Iterable, Optional
 
 import torch
+
+from dsrecipes.training.multi_tensor_optimizer import MultiTensorOptimizer
 
 __all__ = ["Lamb"]
 
@@ -44,7 +46,7 @@ def _check_hyperparameters(lr: float, betas: tuple[float, float], eps: float, we
         raise ValueError(f"Lamb: need 0 <= min_coeff <= max_coeff, got min_coeff={min_coeff}, max_coeff={max_coeff}")
 
 
-class Lamb(torch.optim.Optimizer):
+class Lamb(MultiTensorOptimizer):
     """Layer-wise Adaptive Moments optimizer (LAMB) with FusedLamb's trust-ratio clamp.
 
     Args:
@@ -78,43 +80,20 @@ class Lamb(torch.optim.Optimizer):
         )
         super().__init__(params, defaults)
 
-    @torch.no_grad()
-    def step(self, closure: Optional[Callable[[], torch.Tensor]] = None):
-        """One LAMB update of every parameter that has a gradient; returns closure()'s loss if given."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            params, grads, exp_avgs, exp_avg_sqs, steps = self._gather(group)
-            if not params:
-                continue
-            foreach = group["foreach"]
-            if foreach is None:
-                foreach = all(p.is_cuda for p in params)
-            update = _lamb_foreach if foreach else _lamb_loop
-            update(params, grads, exp_avgs, exp_avg_sqs, steps, group)
-        return loss
+    def init_state(self, param: torch.Tensor, state: dict) -> None:
+        state["step"] = torch.tensor(0.0)
+        state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+        state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
 
-    def _gather(self, group: dict):
-        """The group's parameters with a gradient, their gradients and (lazily created) state."""
-        params, grads, exp_avgs, exp_avg_sqs, steps = [], [], [], [], []
-        for p in group["params"]:
-            if p.grad is None:
-                continue
-            if p.grad.is_sparse:
-                raise RuntimeError("Lamb does not support sparse gradients")
-            state = self.state[p]
-            if not state:
-                state["step"] = torch.tensor(0.0)
-                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            params.append(p)
-            grads.append(p.grad)
-            exp_avgs.append(state["exp_avg"])
-            exp_avg_sqs.append(state["exp_avg_sq"])
-            steps.append(state["step"])
-        return params, grads, exp_avgs, exp_avg_sqs, steps
+    def update_foreach(self, params, grads, states, group) -> None:
+        _lamb_foreach(params, grads, *_state_lists(states), group)
+
+    def update_loop(self, params, grads, states, group) -> None:
+        _lamb_loop(params, grads, *_state_lists(states), group)
+
+
+def _state_lists(states: list[dict]) -> tuple[list, list, list]:
+    return [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states], [s["step"] for s in states]
 
 
 def _bias_corrections(step: float, beta1: float, beta2: float, enabled: bool) -> tuple[float, float]:

@@ -20,14 +20,16 @@ State per parameter: `exp_avg`.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Callable, Iterable, Optional
+from typing import Iterable, Optional
 
 import torch
+
+from dsrecipes.training.multi_tensor_optimizer import MultiTensorOptimizer
 
 __all__ = ["Lion"]
 
 
-class Lion(torch.optim.Optimizer):
+class Lion(MultiTensorOptimizer):
     """Sign-momentum optimizer with decoupled weight decay.
 
     Args:
@@ -57,34 +59,14 @@ class Lion(torch.optim.Optimizer):
         defaults = dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay, foreach=foreach)
         super().__init__(params, defaults)
 
-    @torch.no_grad()
-    def step(self, closure: Optional[Callable[[], torch.Tensor]] = None):
-        """One Lion update of every parameter that has a gradient; returns closure()'s loss if given."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            params, grads, exp_avgs = [], [], []
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if p.grad.is_sparse:
-                    raise RuntimeError("Lion does not support sparse gradients")
-                state = self.state[p]
-                if not state:
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                params.append(p)
-                grads.append(p.grad)
-                exp_avgs.append(state["exp_avg"])
-            if not params:
-                continue
-            foreach = group["foreach"]
-            if foreach is None:
-                foreach = all(p.is_cuda for p in params)
-            update = _lion_foreach if foreach else _lion_loop
-            update(params, grads, exp_avgs, group)
-        return loss
+    def init_state(self, param: torch.Tensor, state: dict) -> None:
+        state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+
+    def update_foreach(self, params, grads, states, group) -> None:
+        _lion_foreach(params, grads, [s["exp_avg"] for s in states], group)
+
+    def update_loop(self, params, grads, states, group) -> None:
+        _lion_loop(params, grads, [s["exp_avg"] for s in states], group)
 
 
 def _lion_loop(params, grads, exp_avgs, group) -> None:

@@ -1,0 +1,50 @@
+"""Shared skeleton of dsrecipes' own optimizers (LAMB, Lion): closure, gradient gathering, foreach choice.
+
+A subclass says how to create a parameter's state (`init_state`) and supplies two update paths over
+the gathered lists, a multi-tensor (`torch._foreach_*`) one and a per-tensor loop, which must agree.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+
+
+class MultiTensorOptimizer(torch.optim.Optimizer):
+    def init_state(self, param: torch.Tensor, state: dict) -> None:
+        raise NotImplementedError
+
+    def update_foreach(self, params: list, grads: list, states: list, group: dict) -> None:
+        raise NotImplementedError
+
+    def update_loop(self, params: list, grads: list, states: list, group: dict) -> None:
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def step(self, closure: Optional[Callable[[], torch.Tensor]] = None):
+        """One update of every parameter that has a gradient; returns closure()'s loss if given."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            params, grads, states = [], [], []
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
+                state = self.state[p]
+                if not state:
+                    self.init_state(p, state)
+                params.append(p)
+                grads.append(p.grad)
+                states.append(state)
+            if not params:
+                continue
+            foreach = group["foreach"]
+            if foreach is None:
+                foreach = all(p.is_cuda for p in params)
+            (self.update_foreach if foreach else self.update_loop)(params, grads, states, group)
+        return loss
