@@ -1,0 +1,95 @@
+"""Sequence-length curriculum as a batch hook (DeepSpeed's legacy ``curriculum_type: "seqlen"``).
+
+DeepSpeed's engine calls ``update_difficulty(global_steps + 1)`` before each forward and the model cuts
+its inputs to ``[:, :curriculum_seqlen]``. `SeqlenCurriculum` does that cut on the batch instead:
+
+    sched = CurriculumScheduler(CurriculumConfig(min_difficulty=8, max_difficulty=1024,
+                                                 schedule_type="fixed_linear",
+                                                 total_curriculum_step=10_000, difficulty_step=8))
+    hook = SeqlenCurriculum(sched)
+    batch = hook(batch, step=engine.global_steps + 1)
+
+Only ``input_ids`` and ``labels`` (the ``keys`` argument) are truncated along T; other entries pass
+through unchanged, so add e.g. ``attention_mask`` / ``position_ids`` to ``keys`` if the batch has them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import torch
+
+from .curriculum import CurriculumScheduler
+
+__all__ = ["SEQLEN_MODES", "SeqlenCurriculum"]
+
+SEQLEN_MODES = ("truncate",)
+
+
+class SeqlenCurriculum:
+    """Callable ``hook(batch, step) -> batch`` truncating [B, T] tensors to the scheduler's difficulty.
+
+    Token accounting (cumulative over calls, counted on the first present key, normally ``input_ids``):
+    ``tokens_seen`` = B * kept length, ``tokens_saved`` = B * (T - kept length).
+    """
+
+    def __init__(self, scheduler: CurriculumScheduler, mode: str = "truncate",
+                 keys: Sequence[str] = ("input_ids", "labels")):
+        if mode not in SEQLEN_MODES:
+            raise ValueError(f"mode={mode!r} is not supported; valid choices: {list(SEQLEN_MODES)}")
+        if not keys:
+            raise ValueError("keys=(): at least one batch key to truncate is required")
+        self.scheduler = scheduler
+        self.mode = mode
+        self.keys = tuple(keys)
+        self.tokens_seen = 0
+        self.tokens_saved = 0
+        self.difficulty: int = scheduler.get_current_difficulty()
+
+    def __call__(self, batch: Mapping[str, Any], step: int) -> dict[str, Any]:
+        difficulty = int(self.scheduler.update_difficulty(step))
+        if difficulty < 1:
+            raise ValueError(f"curriculum difficulty {difficulty} at step {step}: a sequence length must be >= 1")
+        self.difficulty = difficulty
+
+        present = [k for k in self.keys if k in batch]
+        if not present:
+            raise ValueError(f"batch has none of the keys {list(self.keys)} (keys: {sorted(batch)})")
+        shape = None
+        for key in present:
+            value = batch[key]
+            if not isinstance(value, torch.Tensor) or value.dim() != 2:
+                raise ValueError(f"batch[{key!r}]: expected a [B, T] tensor, got "
+                                 f"{tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__}")
+            if shape is None:
+                shape = tuple(value.shape)
+            elif tuple(value.shape) != shape:
+                raise ValueError(f"batch[{key!r}] has shape {tuple(value.shape)}, "
+                                 f"but batch[{present[0]!r}] has {shape}")
+
+        batch_size, full_len = shape
+        kept_len = min(difficulty, full_len)
+        out = dict(batch)
+        if kept_len < full_len:
+            for key in present:
+                out[key] = batch[key][:, :kept_len].contiguous()
+        self.tokens_seen += batch_size * kept_len
+        self.tokens_saved += batch_size * (full_len - kept_len)
+        return out
+
+    def metrics(self) -> dict[str, int]:
+        """Current difficulty and cumulative kept / saved token counts."""
+        return {"data/difficulty": self.difficulty, "data/kept_tokens": self.tokens_seen,
+                "data/tokens_saved": self.tokens_saved}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Token counters and the scheduler's state (for checkpoint/resume)."""
+        return {"tokens_seen": self.tokens_seen, "tokens_saved": self.tokens_saved,
+                "difficulty": self.difficulty, "scheduler": self.scheduler.state_dict()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.tokens_seen = int(state["tokens_seen"])
+        self.tokens_saved = int(state["tokens_saved"])
+        if "scheduler" in state:
+            self.scheduler.load_state_dict(state["scheduler"])
+        self.difficulty = int(state.get("difficulty", self.scheduler.get_current_difficulty()))
