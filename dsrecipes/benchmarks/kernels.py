@@ -330,7 +330,7 @@ def _pass_fn(fn: Callable, inputs: tuple, pass_: str):
     dy = torch.ones_like(out) if out.dim() == 0 else torch.randn_like(out)
     if pass_ == "bwd":
         return lambda: out.backward(dy, retain_graph=True)
-    del out
+    out = None  # free this graph: fwd+bwd builds its own each call
     return lambda: _first(fn(*inputs)).backward(dy)
 
 
