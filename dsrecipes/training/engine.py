@@ -14,7 +14,9 @@ kernels) live here once.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import warnings
 from pathlib import Path
 
 import torch
@@ -48,6 +50,14 @@ from dsrecipes.training.precision import Precision
 from dsrecipes.utils.seed import rng_state, set_rng_state
 
 DCP_DIR = "dcp"
+
+
+@contextlib.contextmanager
+def _single_process_dcp_quiet():
+    """DCP warns on every save/load without a process group; in a single process that is expected."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        yield
 
 
 class Engine:
@@ -225,7 +235,8 @@ class Engine:
         tmp = begin_checkpoint(save_dir, tag, self.is_writer)
         if self._uses_dcp:
             model_state, optimizer_state = get_state_dict(self.module, self.optimizer)
-            dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(tmp / DCP_DIR))
+            with _single_process_dcp_quiet():
+                dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(tmp / DCP_DIR))
         else:
             if isinstance(self.optimizer, ZeroRedundancyOptimizer):
                 self.optimizer.consolidate_state_dict(to=0)
@@ -287,7 +298,8 @@ class Engine:
         if load_optimizer_states:
             to_load["optimizer"] = optimizer_state
         try:
-            dcp.load(to_load, checkpoint_id=str(path / DCP_DIR))
+            with _single_process_dcp_quiet():
+                dcp.load(to_load, checkpoint_id=str(path / DCP_DIR))
         except (Exception, CheckpointException) as error:  # CheckpointException is a BaseException
             causes = getattr(error, "failures", {}) or {0: error}
             reason = "; ".join(f"rank {r}: {type(e).__name__} {e}".strip() for r, e in causes.items())
