@@ -47,7 +47,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from dsrecipes.compression.quantization import match_module_names
+from dsrecipes.compression.quantization import deepspeed_group_kwargs, match_module_names
 
 __all__ = ["SparsePruningConfig", "SparsePruner", "dense_ratio_at", "compute_mask", "parse_block_pattern"]
 
@@ -123,18 +123,7 @@ class SparsePruningConfig:
     def from_deepspeed(cls, block: dict[str, Any], group: str | None = None) -> "SparsePruningConfig":
         """Build from a DeepSpeed `compression_training.sparse_pruning` dict (shared_parameters +
         `different_groups[group]`, the only group when None; the group's params win)."""
-        shared = dict(block.get("shared_parameters", {}))
-        groups = dict(block.get("different_groups", {}))
-        if group is None:
-            if len(groups) > 1:
-                raise ValueError(f"from_deepspeed: several groups {sorted(groups)}; pass group=")
-            group = next(iter(groups), None)
-        g = groups.get(group, {}) if group is not None else {}
-        names = {f for f in cls.__dataclass_fields__ if f != "modules"}
-        kw = {k: v for k, v in {**shared, **dict(g.get("params", {}))}.items() if k in names}
-        if "modules" in g:
-            kw["modules"] = g["modules"]
-        return cls(**kw)
+        return cls(**deepspeed_group_kwargs(cls, block, group))
 
 
 def _schedule_point(cfg: SparsePruningConfig, step: int) -> int | None:

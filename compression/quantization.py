@@ -153,19 +153,28 @@ class WeightQuantConfig:
         group when `group` is None). Unknown DeepSpeed keys (quantizer_kernel, quantize_verbose,
         fp16_mixed_quantize, quantize_weight_in_forward, enabled) are ignored.
         """
-        shared = dict(block.get("shared_parameters", {}))
-        groups = dict(block.get("different_groups", {}))
-        if group is None:
-            if len(groups) > 1:
-                raise ValueError(f"from_deepspeed: several groups {sorted(groups)}; pass group=")
-            group = next(iter(groups), None)
-        g = groups.get(group, {}) if group is not None else {}
-        params = dict(g.get("params", {}))
-        names = {f for f in cls.__dataclass_fields__ if f not in ("modules", "excluded_modules")}
-        kw = {k: v for k, v in {**shared, **params}.items() if k in names}
-        if "modules" in g:
-            kw["modules"] = g["modules"]
-        return cls(**kw)
+        return cls(**deepspeed_group_kwargs(cls, block, group))
+
+
+def deepspeed_group_kwargs(config_cls, block: dict[str, Any], group: str | None) -> dict[str, Any]:
+    """Keyword arguments for `config_cls` from a DeepSpeed compression_training technique block.
+
+    `shared_parameters` merged with `different_groups[group]["params"]` (the group wins; the only
+    group when `group` is None), keeping the keys `config_cls` has (module selectors excepted),
+    plus the group's `modules`. Shared by every technique's `from_deepspeed`.
+    """
+    shared = dict(block.get("shared_parameters", {}))
+    groups = dict(block.get("different_groups", {}))
+    if group is None:
+        if len(groups) > 1:
+            raise ValueError(f"from_deepspeed: several groups {sorted(groups)}; pass group=")
+        group = next(iter(groups), None)
+    g = groups.get(group, {}) if group is not None else {}
+    names = {f for f in config_cls.__dataclass_fields__ if f not in ("modules", "excluded_modules")}
+    kwargs = {k: v for k, v in {**shared, **dict(g.get("params", {}))}.items() if k in names}
+    if "modules" in g:
+        kwargs["modules"] = g["modules"]
+    return kwargs
 
 
 def bits_at(cfg: WeightQuantConfig, step: int) -> int | None:

@@ -34,7 +34,6 @@ distributed_throughput.csv and distributed_throughput.json to --out.
 from __future__ import annotations
 
 import argparse
-import csv
 import gc
 import json
 import os
@@ -46,6 +45,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from dsrecipes.benchmarks.results import write_rows
 
 FRAMEWORKS = ("dsrecipes", "handwritten", "deepspeed")
 HANDWRITTEN_MECHANISM = {
@@ -400,12 +401,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         rows.append(row)
 
     print_table(rows, args)
-    with open(out / "distributed_throughput.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    (out / "distributed_throughput.json").write_text(json.dumps(rows, indent=2))
-    print(f"wrote {out / 'distributed_throughput.csv'}")
+    print(f"wrote {write_rows(out, 'distributed_throughput', rows)}")
     return rows
 
 

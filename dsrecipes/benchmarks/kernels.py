@@ -31,7 +31,6 @@ with torch.utils.benchmark, no torch.compile, no Triton kernels) so the code pat
 from __future__ import annotations
 
 import argparse
-import csv
 import gc
 import json
 import math
@@ -42,6 +41,8 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
+
+from dsrecipes.benchmarks.results import write_csv
 
 GPU_NEEDED = ("dsrecipes.benchmarks.kernels: no CUDA device: the kernel benchmarks need a GPU "
               "(Triton kernels, do_bench, torch.compile).")
@@ -460,10 +461,7 @@ def _summary(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
 def write_outputs(rows: list[dict], meta: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     fields = list(rows[0]) if rows else ["op"]
-    with open(out / "kernels.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(out / "kernels.csv", rows, fields)
     (out / "kernels.json").write_text(json.dumps({**meta, "rows": rows}, indent=2))
     head, body = _summary(rows)
     lines = [f"# Kernel benchmarks ({meta['device_name']}, {meta['dtype']})", "",

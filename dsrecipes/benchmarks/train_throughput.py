@@ -12,7 +12,6 @@ the first (which includes start-up). Writes throughput.csv and throughput.json t
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import statistics
 import tempfile
@@ -20,6 +19,8 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
+
+from dsrecipes.benchmarks.results import write_rows
 
 
 def run_variant(base: list[str], variant: str, run_dir: Path) -> dict:
@@ -86,12 +87,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             f"{r['final_loss']:.3f}", f"{r['speedup']:.2f}",
         )
     Console().print(table)
-    with open(out / "throughput.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    (out / "throughput.json").write_text(json.dumps(rows, indent=2))
-    print(f"wrote {out / 'throughput.csv'}")
+    print(f"wrote {write_rows(out, 'throughput', rows)}")
     return rows
 
 

@@ -291,9 +291,8 @@ class Engine:
             stored = dcp.FileSystemReader(str(path / DCP_DIR)).read_metadata().state_dict_metadata
         except Exception as error:  # a missing or truncated .metadata file
             raise ValueError(f"checkpoint {path / DCP_DIR} is truncated or corrupt ({error})") from error
-        expected = {k: v for k, v in model_state.items()}
         loaded = {k[len("model."):]: v for k, v in stored.items() if k.startswith("model.")}
-        check_state_dict_matches(expected, loaded, path / DCP_DIR)
+        check_state_dict_matches(model_state, loaded, path / DCP_DIR)
         to_load = {"model": model_state}
         if load_optimizer_states:
             to_load["optimizer"] = optimizer_state

@@ -1,0 +1,23 @@
+"""Writing benchmark rows: one CSV and one JSON file per benchmark, shared by every script here."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+
+def write_csv(path: Path, rows: list[dict], fields: list[str] | None = None) -> None:
+    """Rows as CSV with a header (columns: `fields`, default the first row's keys)."""
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields or list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def write_rows(out: Path, stem: str, rows: list[dict]) -> Path:
+    """<out>/<stem>.csv and <out>/<stem>.json; returns the CSV path."""
+    csv_path = out / f"{stem}.csv"
+    write_csv(csv_path, rows)
+    (out / f"{stem}.json").write_text(json.dumps(rows, indent=2))
+    return csv_path
