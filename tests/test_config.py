@@ -28,7 +28,8 @@ def test_default_recipe_composes_and_validates():
 @pytest.mark.parametrize("experiment", options("experiment"))
 def test_every_experiment_composes_and_validates(experiment):
     cfg = compose([f"+experiment={experiment}"])
-    root, _ = validate_recipe(cfg, dp_world_size=1)
+    nproc = str(cfg.launcher.nproc_per_node)  # the world size the experiment launches (auto: 1 here)
+    root, _ = validate_recipe(cfg, dp_world_size=int(nproc) if nproc.isdigit() else 1)
     assert root.name == experiment
 
 

@@ -42,12 +42,26 @@ def _repeated_blocks(model: nn.Module) -> list[nn.Module]:
     return blocks
 
 
-def shard_model(model: nn.Module, zero: ZeroConfig, dims: ParallelDims, device: torch.device, dtype: str) -> nn.Module:
-    """Wrap `model` for its ZeRO stage (the model must already be on `device`)."""
+def shard_model(
+    model: nn.Module,
+    zero: ZeroConfig,
+    dims: ParallelDims,
+    device: torch.device,
+    dtype: str,
+    ignored_params: set[nn.Parameter] | None = None,
+) -> nn.Module:
+    """Wrap `model` for its ZeRO stage (the model must already be on `device`).
+
+    ignored_params (expert-parallel MoE experts) stay outside DDP / FSDP2: they differ across ranks
+    and the engine reduces their gradients over the expert-data-parallel group itself.
+    """
     if dims.world_size == 1:
         return model
     if zero.stage < 2:
         device_ids = [device.index] if device.type == "cuda" else None
+        if ignored_params:
+            names = [name for name, p in model.named_parameters() if p in ignored_params]
+            DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, names)
         return DistributedDataParallel(model, device_ids=device_ids)
     mesh = dims.build_mesh(device_type_of(device))
     fsdp_mesh = mesh if dims.dp_replicate > 1 else mesh["dp_shard"]
@@ -57,6 +71,7 @@ def shard_model(model: nn.Module, zero: ZeroConfig, dims: ParallelDims, device: 
         reshard_after_forward=zero.stage == 3,
         mp_policy=MixedPrecisionPolicy(param_dtype=_DTYPES[dtype], reduce_dtype=torch.float32),
         offload_policy=CPUOffloadPolicy(pin_memory=device.type == "cuda") if offload else OffloadPolicy(),
+        ignored_params=ignored_params or None,
     )
     for block in _repeated_blocks(model):
         fully_shard(block, **kwargs)

@@ -1,7 +1,8 @@
 """Export a trained GPT as safetensors plus its config, and load it back for inference.
 
     <dir>/model.safetensors   full-precision weights (a tied weight stored once; aliases in metadata)
-    <dir>/config.json         {"model": ModelConfig fields, "tokenizer": "byte" | path, ...}
+    <dir>/config.json         {"model": ModelConfig fields, "moe": MoEConfig fields (MoE models only),
+                               "tokenizer": "byte" | path, ...}
 """
 
 from __future__ import annotations
@@ -16,13 +17,20 @@ from safetensors.torch import save_file
 
 from dsrecipes.models.config import ModelConfig
 from dsrecipes.models.gpt import GPT
+from dsrecipes.models.moe_config import MoEConfig
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 
 
-def export_safetensors(state_dict: dict, model_cfg: ModelConfig, out_dir: str | Path, extra: dict | None = None) -> Path:
-    """Write the weights (fp32 as given) and config; returns the weights file. Shared tensors stored once."""
+def export_safetensors(
+    state_dict: dict, model_cfg: ModelConfig, out_dir: str | Path, extra: dict | None = None, moe_cfg: MoEConfig | None = None
+) -> Path:
+    """Write the weights (fp32 as given) and config; returns the weights file. Shared tensors stored once.
+
+    An MoE model's state dict must hold all experts (the Engine's module_state_dict gathers them);
+    its moe config is stored with ep_size=1, so the export loads on one device.
+    """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tensors, aliases, owner_of = {}, {}, {}
@@ -36,6 +44,8 @@ def export_safetensors(state_dict: dict, model_cfg: ModelConfig, out_dir: str | 
     weights = out_dir / WEIGHTS_FILE
     save_file(tensors, str(weights), metadata={"aliases": json.dumps(aliases), "format": "pt"})
     config = {"model": dataclasses.asdict(model_cfg), **(extra or {})}
+    if moe_cfg is not None and moe_cfg.enabled:
+        config["moe"] = {**dataclasses.asdict(moe_cfg), "ep_size": 1}
     (out_dir / CONFIG_FILE).write_text(json.dumps(config, indent=2))
     return weights
 
@@ -48,7 +58,8 @@ def load_exported(path: str | Path, device: str | torch.device = "cpu") -> tuple
             raise FileNotFoundError(f"{path} is not a dsrecipes export: {required} is missing")
     config = json.loads((path / CONFIG_FILE).read_text())
     with torch.device("meta"):
-        model = GPT(ModelConfig(**config["model"]))
+        moe = MoEConfig(**config["moe"]) if config.get("moe") else None
+        model = GPT(ModelConfig(**config["model"]), moe=moe)
     with safe_open(str(path / WEIGHTS_FILE), framework="pt", device=str(device)) as f:
         aliases = json.loads((f.metadata() or {}).get("aliases", "{}"))
         state = {name: f.get_tensor(name) for name in f.keys()}

@@ -19,6 +19,8 @@ from torch import nn
 
 from dsrecipes.models.config import ModelConfig, validate_model_config
 from dsrecipes.models.layers import Block, RMSNorm, make_norm, rope_tables
+from dsrecipes.models.moe import Experts, MoELayer
+from dsrecipes.models.moe_config import MoEConfig, validate_moe_config
 
 
 @dataclass
@@ -32,16 +34,22 @@ class GPT(nn.Module):
     # on fp32 logits. Set by kernel injection (dsrecipes.models.kernel_injection).
     loss_fn = None
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, moe: MoEConfig | None = None):
         super().__init__()
         validate_model_config(cfg)
         if cfg.vocab_size is None:
             raise ValueError("model.vocab_size is null; set it or let the recipe take it from the tokenizer")
         self.cfg = cfg
+        self.moe_cfg = moe if moe is not None and moe.enabled else None
+        if self.moe_cfg is not None:
+            validate_moe_config(self.moe_cfg, cfg, world_size=self.moe_cfg.ep_size)
+        moe_ids = set(self.moe_cfg.moe_layer_ids(cfg.n_layer)) if self.moe_cfg else set()
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos_emb = nn.Embedding(cfg.max_seq_len, cfg.d_model) if cfg.style == "gpt2" else None
         self.emb_dropout = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.blocks = nn.ModuleList(
+            Block(cfg, MoELayer(cfg, self.moe_cfg) if i in moe_ids else None) for i in range(cfg.n_layer)
+        )
         self.final_norm = make_norm(cfg)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
@@ -112,7 +120,16 @@ class GPT(nn.Module):
                 total -= self.tok_emb.weight.numel()
         return total
 
+    def num_active_params(self, non_embedding: bool = False) -> int:
+        """Parameters one token computes with: an MoE layer's experts count k/E of their size."""
+        total = self.num_params(non_embedding)
+        for experts in (m for m in self.modules() if isinstance(m, Experts)):
+            size = sum(p.numel() for p in experts.parameters()) * experts.global_experts // experts.num_experts
+            total -= size - size * self.moe_cfg.k // experts.global_experts
+        return total
+
     def flops_per_token(self, seq_len: int | None = None) -> float:
-        """Training FLOPs per token: 6N (forward+backward matmuls) + 12*L*d*T (attention scores)."""
+        """Training FLOPs per token: 6N (forward+backward matmuls, N = active non-embedding parameters)
+        + 12*L*d*T (attention scores)."""
         seq_len = seq_len or self.cfg.max_seq_len
-        return 6.0 * self.num_params(non_embedding=True) + 12.0 * self.cfg.n_layer * self.cfg.d_model * seq_len
+        return 6.0 * self.num_active_params(non_embedding=True) + 12.0 * self.cfg.n_layer * self.cfg.d_model * seq_len

@@ -136,12 +136,12 @@ class CausalSelfAttention(nn.Module):
 class Block(nn.Module):
     """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, mlp: nn.Module | None = None):
         super().__init__()
         self.attn_norm = make_norm(cfg)
         self.attn = CausalSelfAttention(cfg)
         self.mlp_norm = make_norm(cfg)
-        self.mlp = make_mlp(cfg)
+        self.mlp = mlp if mlp is not None else make_mlp(cfg)  # an MoE layer replaces it in MoE blocks
         self.resid_dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor, rope=None) -> torch.Tensor:

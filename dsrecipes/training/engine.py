@@ -36,6 +36,7 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from dsrecipes.training.batch import BatchSizes
+from dsrecipes.distributed.expert_parallel import ExpertParallel, is_expert_param
 from dsrecipes.distributed.zero import unwrap
 from dsrecipes.training.checkpoint import (
     COMPLETE_MARKER,
@@ -73,6 +74,7 @@ class Engine:
         config_yaml: str | None = None,
         rank: int = 0,
         sharded_params: bool = False,
+        expert_parallel: ExpertParallel | None = None,
     ):
         self.module = module
         self.optimizer = optimizer
@@ -91,6 +93,7 @@ class Engine:
         self.last_step_skipped = False
         self.rank = rank
         self.is_writer = rank == 0
+        self.expert_parallel = expert_parallel  # MoE experts sharded over ranks (None: no expert parallelism)
         if not sharded_params:  # under FSDP2 the sharded fp32 parameters already are the masters
             precision.attach(unwrap(module))
 
@@ -139,9 +142,6 @@ class Engine:
             self._take_model_step()
         self.micro_steps += 1
 
-    def _grad_tensors(self) -> list[torch.Tensor]:
-        return [p.grad for group in self.optimizer.param_groups for p in group["params"] if p.grad is not None]
-
     def _take_model_step(self) -> None:
         """Overflow check, unscale+clip in one pass, optimizer and schedule step (DeepSpeed's order).
 
@@ -151,11 +151,21 @@ class Engine:
         precision = self.precision
         if precision.master is not None:
             precision.master.grads_to_master()
-        grads = self._grad_tensors()
+        ep = self.expert_parallel
+        params = [p for group in self.optimizer.param_groups for p in group["params"] if p.grad is not None]
+        if ep is not None:
+            ep.reduce_gradients(params)
+        # Expert-parallel experts (plain tensors, different on every EP rank) are kept apart from the
+        # shared parameters (replicated, or FSDP2 DTensors): their norms combine differently, and the
+        # two kinds cannot share one foreach call.
+        experts = [p.grad for p in params if ep is not None and is_expert_param(p)]
+        shared = [p.grad for p in params if ep is None or not is_expert_param(p)]
         scale = precision.loss_scale  # the scale the backward used, before this step's update
-        norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0) if grads else torch.zeros(())
+        norm = torch.nn.utils.get_total_norm(shared, norm_type=2.0) if shared else torch.zeros(())
         if isinstance(norm, DTensor):  # FSDP2 sharded gradients: reduce the partial norms
             norm = norm.full_tensor()
+        if ep is not None:  # summed over the expert-parallel group, each rank holding other experts
+            norm = (norm.float().pow(2) + ep.global_sq_norm(experts).to(norm.device)).sqrt()
         # Every rank sees the same norm (DDP/ZeRO-1 gradients are already all-reduced, FSDP2's partial
         # norms are reduced by full_tensor), so all ranks reach the same overflow verdict together
         # without another collective.
@@ -180,8 +190,10 @@ class Engine:
                 clip = (true_norm + 1e-6) / self.gradient_clipping
                 if clip > 1:
                     combined_scale = clip * scale
-            if combined_scale != 1.0 and grads:
-                torch._foreach_mul_(grads, 1.0 / combined_scale)
+            if combined_scale != 1.0:
+                for same_kind in (shared, experts):
+                    if same_kind:
+                        torch._foreach_mul_(same_kind, 1.0 / combined_scale)
             self.optimizer.step()
             if self.lr_scheduler is not None:
                 self.lr_scheduler.step()
@@ -208,8 +220,12 @@ class Engine:
         A collective under FSDP2: every rank must call it; the values land on CPU on every rank.
         """
         if self.precision.master is not None:
-            return self.precision.master.master_state_dict(unwrap(self.module))
-        return get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True, broadcast_from_rank0=False))
+            state = self.precision.master.master_state_dict(unwrap(self.module))
+        else:
+            state = get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True, broadcast_from_rank0=False))
+        if self.expert_parallel is not None:
+            state = self.expert_parallel.gather_full(state, unwrap(self.module))
+        return state
 
     def _engine_state(self, client_state: dict | None) -> dict:
         scaler = self.precision.loss_scaler
@@ -235,6 +251,8 @@ class Engine:
         tmp = begin_checkpoint(save_dir, tag, self.is_writer)
         if self._uses_dcp:
             model_state, optimizer_state = get_state_dict(self.module, self.optimizer)
+            if self.expert_parallel is not None:  # experts as DTensors: DCP stores the global [E, ...] tensors
+                model_state, optimizer_state = self.expert_parallel.to_checkpoint(model_state, optimizer_state)
             with _single_process_dcp_quiet():
                 dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(tmp / DCP_DIR))
         else:
@@ -292,10 +310,15 @@ class Engine:
         except Exception as error:  # a missing or truncated .metadata file
             raise ValueError(f"checkpoint {path / DCP_DIR} is truncated or corrupt ({error})") from error
         loaded = {k[len("model."):]: v for k, v in stored.items() if k.startswith("model.")}
-        check_state_dict_matches(model_state, loaded, path / DCP_DIR)
-        to_load = {"model": model_state}
+        # Expert tensors load through DTensor views of the local shards (any stored EP degree works);
+        # the views share storage, so the plain dicts below receive the values too.
+        global_model, global_optimizer = model_state, optimizer_state
+        if self.expert_parallel is not None:
+            global_model, global_optimizer = self.expert_parallel.to_checkpoint(model_state, optimizer_state)
+        check_state_dict_matches(global_model, loaded, path / DCP_DIR)
+        to_load = {"model": global_model}
         if load_optimizer_states:
-            to_load["optimizer"] = optimizer_state
+            to_load["optimizer"] = global_optimizer
         try:
             with _single_process_dcp_quiet():
                 dcp.load(to_load, checkpoint_id=str(path / DCP_DIR))
@@ -304,11 +327,9 @@ class Engine:
             reason = "; ".join(f"rank {r}: {type(e).__name__} {e}".strip() for r, e in causes.items())
             raise ValueError(f"checkpoint {path / DCP_DIR} could not be read, it may be truncated or corrupt ({reason})") from error
         if load_optimizer_states:
-            set_state_dict(
-                self.module, self.optimizer, model_state_dict=to_load["model"], optim_state_dict=to_load["optimizer"]
-            )
+            set_state_dict(self.module, self.optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state)
         else:
-            set_model_state_dict(self.module, to_load["model"])
+            set_model_state_dict(self.module, model_state)
 
     def _load_full_state(self, path: Path, load_optimizer_states: bool) -> None:
         model_state = read_checkpoint(path, "model.pt")

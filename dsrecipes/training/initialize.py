@@ -29,6 +29,7 @@ from dsrecipes.config.schema import RootConfig
 from dsrecipes.config.validate import data_parallel_world_size, to_root, validate_engine_config
 from dsrecipes.distributed.parallel_dims import ParallelDims
 from dsrecipes.distributed.utils import is_distributed
+from dsrecipes.distributed.expert_parallel import setup_expert_parallel, split_expert_param_groups
 from dsrecipes.distributed.zero import shard_model, shard_optimizer, unwrap, uses_fsdp
 from dsrecipes.training.batch import BatchSizes
 from dsrecipes.training.engine import Engine
@@ -57,8 +58,11 @@ def build_engine(
             "sharding: pass the optimizer through config (optimizer.name or optimizer._target_), not as an object"
         )
     model.to(device)
-    model = shard_model(model, cfg.zero, dims, device, cfg.precision.dtype)
+    expert_parallel = setup_expert_parallel(model, cfg.moe.ep_size if cfg.moe.enabled else 1, device)
+    ignored = expert_parallel.ignored_params if expert_parallel is not None else None
+    model = shard_model(model, cfg.zero, dims, device, cfg.precision.dtype, ignored_params=ignored)
     optimizer = optimizer or build_optimizer(cfg.optimizer, unwrap(model))
+    split_expert_param_groups(optimizer, unwrap(model))
     optimizer = shard_optimizer(optimizer, cfg.zero, world)
     if lr_scheduler is None:
         lr_scheduler = build_lr_scheduler(cfg.lr_scheduler, optimizer, cfg.trainer.max_steps)
@@ -75,6 +79,7 @@ def build_engine(
         config_yaml=config_yaml,
         rank=torch.distributed.get_rank() if is_distributed() else 0,
         sharded_params=fsdp,
+        expert_parallel=expert_parallel,
     )
 
 

@@ -27,6 +27,9 @@ class JsonlLogger:
         record.update({k: (v if not isinstance(v, float) or math.isfinite(v) else str(v)) for k, v in metrics.items()})
         self._file.write(json.dumps(record) + "\n")
 
+    def log_histogram(self, name: str, values: list[float], step: int) -> None:
+        self._file.write(json.dumps({"step": step, "time": round(time.time(), 3), name: list(values)}) + "\n")
+
     def close(self) -> None:
         self._file.close()
 
@@ -45,6 +48,19 @@ class TensorBoardLogger:
     def log(self, metrics: dict, step: int) -> None:
         for key, value in metrics.items():
             self.writer.add_scalar(key, value, step)
+
+    def log_histogram(self, name: str, values: list[float], step: int) -> None:
+        """values[i] = mass of bucket i (e.g. tokens routed to expert i), drawn as that histogram."""
+        import numpy as np
+
+        counts = np.asarray(values, dtype=np.float64)
+        edges = np.arange(len(counts) + 1, dtype=np.float64) - 0.5
+        self.writer.add_histogram_raw(
+            name, min=0.0, max=float(len(counts) - 1), num=float(counts.sum()),
+            sum=float((counts * np.arange(len(counts))).sum()),
+            sum_squares=float((counts * np.arange(len(counts)) ** 2).sum()),
+            bucket_limits=edges[1:].tolist(), bucket_counts=counts.tolist(), global_step=step,
+        )
 
     def close(self) -> None:
         self.writer.flush()
@@ -83,6 +99,12 @@ class WandbLogger:
     def log(self, metrics: dict, step: int) -> None:
         self.run.log(metrics, step=step)
 
+    def log_histogram(self, name: str, values: list[float], step: int) -> None:
+        import wandb
+
+        edges = [i - 0.5 for i in range(len(values) + 1)]
+        self.run.log({name: wandb.Histogram(np_histogram=(list(values), edges))}, step=step)
+
     def close(self) -> None:
         self.run.finish()
 
@@ -112,6 +134,11 @@ class MetricLoggers:
     def log(self, metrics: dict, step: int) -> None:
         for sink in self.sinks:
             sink.log(metrics, step)
+
+    def log_histogram(self, name: str, values: list[float], step: int) -> None:
+        """A bucketed distribution (bucket i holds values[i]): TensorBoard/W&B histogram, a list in jsonl."""
+        for sink in self.sinks:
+            sink.log_histogram(name, values, step)
 
     def close(self) -> None:
         """Close every sink (idempotent; called on every exit path of a run)."""

@@ -1,0 +1,149 @@
+"""Expert parallelism: MoE experts sharded over an `ep` axis, everything else data parallel.
+
+Layout (DeepSpeed's default): world = edp x ep with consecutive ranks forming an expert-parallel
+group, so ranks r and r + ep hold the same experts (their expert-data-parallel group). Every MoE
+layer keeps experts [ep_rank * E/ep, (ep_rank+1) * E/ep); tokens reach them by all_to_all.
+
+What the Engine asks of an ExpertParallel (it is None without MoE or at ep_size=1):
+* `ignored_params`: the expert weights, kept out of DDP / FSDP2 (they differ across ranks).
+* `reduce_gradients`: at the accumulation boundary, expert gradients are summed over the
+  expert-data-parallel group and divided by the world size. After the all_to_all backward, the rank
+  holding an expert already has the sum over its EP group's losses, so this gives exactly the
+  data-parallel mean that DDP / FSDP2 give the other parameters.
+* `global_sq_norm`: the squared norm of the expert gradients over the whole model (summed over
+  the EP group: each holds different experts), for clipping and overflow detection.
+* `to_checkpoint`: state dicts whose expert tensors are DTensors sharded on the expert dim, so DCP
+  stores global [E, ...] tensors and a checkpoint resumes at any EP degree (EP=2 -> EP=1 included).
+* `gather_full`: full [E, ...] expert tensors on every rank (export, consolidated state dicts).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Replicate, Shard
+
+from dsrecipes.models.moe import MoELayer
+
+EXPERT_ATTR = "_dsrecipes_expert"  # marks expert parameters (like DeepSpeed's param.allreduce=False)
+
+
+def is_expert_param(param: torch.Tensor) -> bool:
+    return bool(getattr(param, EXPERT_ATTR, False))
+
+
+class ExpertParallel:
+    def __init__(self, model: nn.Module, ep_size: int, device: torch.device):
+        world, rank = dist.get_world_size(), dist.get_rank()
+        if world % ep_size:
+            raise ValueError(f"moe.ep_size={ep_size} must divide the world size {world}")
+        self.ep_size, self.world = ep_size, world
+        self.mesh = init_device_mesh(device.type, (world // ep_size, ep_size), mesh_dim_names=("edp", "ep"))
+        self.ep_group = self.mesh.get_group("ep")
+        self.edp_group = self.mesh.get_group("edp")
+        self.ep_rank = rank % ep_size
+        self.expert_names: set[str] = set()
+        self.params: list[nn.Parameter] = []
+        for layer_name, layer in model.named_modules():
+            if not isinstance(layer, MoELayer):
+                continue
+            layer.experts.keep_local(self.ep_rank, ep_size)
+            layer.ep_group, layer.ep_size = self.ep_group, ep_size
+            for name, param in layer.experts.named_parameters():
+                setattr(param, EXPERT_ATTR, True)
+                self.expert_names.add(f"{layer_name}.experts.{name}")
+                self.params.append(param)
+        if not self.params:
+            raise ValueError(f"moe.ep_size={ep_size} but the model has no MoE layers (moe.num_experts=0?)")
+
+    @property
+    def ignored_params(self) -> set[nn.Parameter]:
+        return set(self.params)
+
+    # ------------------------------------------------------------------ gradients
+    @torch.no_grad()
+    def reduce_gradients(self, params) -> None:
+        """Sum expert gradients over the expert-data-parallel group, then divide by the world size."""
+        grads = [p.grad for p in params if p.grad is not None and is_expert_param(p)]
+        if not grads:
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        if self.world // self.ep_size > 1:
+            dist.all_reduce(flat, group=self.edp_group)
+        flat.div_(self.world)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+    def global_sq_norm(self, expert_grads: list[torch.Tensor]) -> torch.Tensor:
+        local = sum((g.float().pow(2).sum() for g in expert_grads), torch.zeros((), device=expert_grads[0].device)) \
+            if expert_grads else torch.zeros(())
+        local = local.reshape(1)
+        dist.all_reduce(local, group=self.ep_group)
+        return local[0]
+
+    # ------------------------------------------------------------------ state dicts
+    def _as_dtensor(self, tensor: torch.Tensor) -> torch.Tensor:
+        if isinstance(tensor, DTensor) or tensor.dim() == 0:
+            return tensor
+        return DTensor.from_local(tensor, self.mesh, [Replicate(), Shard(0)], run_check=False)
+
+    def to_checkpoint(self, model_state: dict, optimizer_state: dict | None = None) -> tuple[dict, dict | None]:
+        """Copies of the state dicts with expert entries as DTensors (sharing the local storage)."""
+        model_state = {k: self._as_dtensor(v) if k in self.expert_names else v for k, v in model_state.items()}
+        if optimizer_state is not None:
+            state = {
+                fqn: ({k: self._as_dtensor(v) for k, v in entry.items()} if fqn in self.expert_names else entry)
+                for fqn, entry in optimizer_state.get("state", {}).items()
+            }
+            optimizer_state = {**optimizer_state, "state": state}
+        return model_state, optimizer_state
+
+    def gather_full(self, state: dict, module: nn.Module) -> dict:
+        """`state` with each expert tensor replaced by the full [E, ...] tensor, gathered from the
+        module's local experts (a collective over the EP group: every rank calls it, even those whose
+        state dict is empty, e.g. ranks other than 0 under a rank-0 full state dict)."""
+        out = dict(state)
+        params = dict(module.named_parameters())
+        for name in sorted(self.expert_names):
+            local = params[name].detach().float().contiguous()
+            parts = [torch.empty_like(local) for _ in range(self.ep_size)]
+            dist.all_gather(parts, local, group=self.ep_group)
+            if name in state:
+                out[name] = torch.cat(parts, dim=0).to(state[name].device, state[name].dtype)
+        return out
+
+
+def split_expert_param_groups(optimizer: torch.optim.Optimizer, model: nn.Module) -> None:
+    """Move MoE expert weights into param groups of their own (same hyperparameters), in place.
+
+    As DeepSpeed's split_params_into_different_moe_groups_for_optimizer: an optimizer's foreach
+    kernels run per group, and under FSDP2 expert weights (plain tensors) cannot share a group with
+    the sharded DTensor parameters. Done for every MoE model, at any EP degree, so optimizer state
+    dicts have the same groups whatever the layout that wrote them.
+    """
+    from dsrecipes.models.moe import Experts
+
+    expert_ids = {id(p) for m in model.modules() if isinstance(m, Experts) for p in m.parameters()}
+    if not expert_ids:
+        return
+    extra = []
+    for group in optimizer.param_groups:
+        experts = [p for p in group["params"] if id(p) in expert_ids]
+        if experts:
+            group["params"] = [p for p in group["params"] if id(p) not in expert_ids]
+            extra.append({**group, "params": experts})
+    for group in extra:
+        optimizer.add_param_group(group)
+
+
+def setup_expert_parallel(model: nn.Module, ep_size: int, device: torch.device) -> ExpertParallel | None:
+    """Shard the model's experts over ep_size ranks (None when ep_size is 1 or there is no process group)."""
+    if ep_size <= 1:
+        return None
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ValueError(f"moe.ep_size={ep_size} needs a distributed run (launcher.nproc_per_node >= {ep_size})")
+    return ExpertParallel(model, ep_size, device)

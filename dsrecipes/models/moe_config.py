@@ -1,0 +1,108 @@
+"""MoEConfig: the `moe` config group, DeepSpeed-MoE's knobs as one typed dataclass.
+
+    python -m dsrecipes moe=top2 moe.num_experts=8 moe.ep_size=2 launcher.nproc_per_node=2
+
+num_experts=0 means a dense model (the `none` option). Field names follow `deepspeed.moe.layer.MoE`
+(k, capacity_factor, eval_capacity_factor, min_capacity, drop_tokens, use_rts, noisy_gate_policy,
+use_residual, ep_size, top2_2nd_expert_sampling); the layer placement keys follow Megatron-DeepSpeed
+(`expert_interval`) plus an explicit `layers` list; the loss coefficients are the trainer's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+from dsrecipes.models.config import ModelConfig
+
+NOISY_GATE_POLICIES = ("none", "jitter", "rsample")
+DROP_POLICIES = ("probs", "position")
+DISPATCH_BACKENDS = ("torch", "triton", "einsum")
+
+
+@dataclass
+class MoEConfig:
+    num_experts: int = 0  # 0 = dense model, no MoE layers
+    k: int = 1  # experts per token: 1 (Switch), 2 (GShard), or more (top-k)
+    capacity_factor: float = 1.0  # training capacity per expert = ceil(tokens/E * capacity_factor * k)
+    eval_capacity_factor: float = 1.0  # the same at evaluation
+    min_capacity: int = 4  # capacity never below this (DeepSpeed's MoE passes 4)
+    drop_tokens: bool = True  # false: capacity = the busiest expert's load, nothing is dropped
+    use_rts: bool = True  # top-1: random token selection decides who is dropped (else: first come)
+    drop_policy: str = "probs"  # top-k (k>2): keep the highest-gate tokens ("probs") or the first ("position")
+    top2_2nd_expert_sampling: bool = True  # top-2: pick the second expert with Gumbel noise while training
+    noisy_gate_policy: str = "none"  # none | jitter (noise on the gate input) | rsample (Gumbel, top-1 only)
+    use_residual: bool = False  # PR-MoE: dense MLP + experts mixed by a learned coefficient
+    expert_interval: int = 1  # MoE in every k-th block (blocks k-1, 2k-1, ...); 1 = every block
+    layers: List[int] = field(default_factory=list)  # explicit block indices; overrides expert_interval
+    d_ff: Optional[int] = None  # expert hidden size; None = the model's MLP size
+    aux_loss_coef: float = 0.01  # load-balancing loss coefficient (added to the LM loss by the trainer)
+    z_loss_coef: float = 0.0  # router z-loss coefficient (ST-MoE); 0 = off
+    ep_size: int = 1  # expert-parallel degree: experts sharded over this many ranks
+    dispatch: str = "torch"  # torch (index permute) | triton (fused gather kernels) | einsum (dense reference)
+
+    @property
+    def enabled(self) -> bool:
+        return self.num_experts > 0
+
+    def moe_layer_ids(self, n_layer: int) -> list[int]:
+        """Indices of the blocks whose MLP is an MoE layer."""
+        if not self.enabled:
+            return []
+        if self.layers:
+            return sorted(set(self.layers))
+        return [i for i in range(n_layer) if (i + 1) % self.expert_interval == 0]
+
+
+def _choice(key: str, value, choices) -> None:
+    if value not in choices:
+        raise ValueError(f"{key}={value!r} is not valid; choose one of: {', '.join(choices)}")
+
+
+def validate_moe_config(cfg: MoEConfig, model: ModelConfig, world_size: int = 1, prefix: str = "moe") -> None:
+    """Raise ValueError naming the key, its value and what would be valid (before any work starts)."""
+    if cfg.num_experts < 0:
+        raise ValueError(f"{prefix}.num_experts={cfg.num_experts} must be >= 0 (0 = dense model)")
+    if not cfg.enabled:
+        return
+    if not 1 <= cfg.k <= cfg.num_experts:
+        raise ValueError(f"{prefix}.k={cfg.k} must be between 1 and {prefix}.num_experts={cfg.num_experts}")
+    for key in ("capacity_factor", "eval_capacity_factor"):
+        if getattr(cfg, key) <= 0:
+            raise ValueError(f"{prefix}.{key}={getattr(cfg, key)} must be > 0")
+    if cfg.min_capacity < 0:
+        raise ValueError(f"{prefix}.min_capacity={cfg.min_capacity} must be >= 0")
+    _choice(f"{prefix}.noisy_gate_policy", cfg.noisy_gate_policy, NOISY_GATE_POLICIES)
+    _choice(f"{prefix}.drop_policy", cfg.drop_policy, DROP_POLICIES)
+    _choice(f"{prefix}.dispatch", cfg.dispatch, DISPATCH_BACKENDS)
+    if cfg.noisy_gate_policy == "rsample" and cfg.k != 1:
+        raise ValueError(
+            f"{prefix}.noisy_gate_policy=rsample applies to top-1 gating only (k={cfg.k}); "
+            "use jitter, or none (top-2 samples its second expert with top2_2nd_expert_sampling)"
+        )
+    if cfg.expert_interval < 1:
+        raise ValueError(f"{prefix}.expert_interval={cfg.expert_interval} must be >= 1")
+    bad = [i for i in cfg.layers if not 0 <= i < model.n_layer]
+    if bad:
+        raise ValueError(f"{prefix}.layers={list(cfg.layers)} has {bad} outside the model's blocks 0..{model.n_layer - 1}")
+    if not cfg.moe_layer_ids(model.n_layer):
+        raise ValueError(
+            f"{prefix}.expert_interval={cfg.expert_interval} places no MoE layer in a {model.n_layer}-block model"
+        )
+    if cfg.d_ff is not None and cfg.d_ff <= 0:
+        raise ValueError(f"{prefix}.d_ff={cfg.d_ff} must be > 0 (or null: the model's MLP size)")
+    for key in ("aux_loss_coef", "z_loss_coef"):
+        if getattr(cfg, key) < 0:
+            raise ValueError(f"{prefix}.{key}={getattr(cfg, key)} must be >= 0")
+    if cfg.ep_size < 1:
+        raise ValueError(f"{prefix}.ep_size={cfg.ep_size} must be >= 1")
+    if cfg.num_experts % cfg.ep_size:
+        raise ValueError(
+            f"{prefix}.num_experts={cfg.num_experts} is not divisible by {prefix}.ep_size={cfg.ep_size}: "
+            "every expert-parallel rank holds num_experts/ep_size experts"
+        )
+    if world_size % cfg.ep_size:
+        raise ValueError(
+            f"{prefix}.ep_size={cfg.ep_size} must divide the world size {world_size} "
+            f"(valid: {', '.join(str(d) for d in range(1, world_size + 1) if world_size % d == 0)})"
+        )

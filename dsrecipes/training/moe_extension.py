@@ -1,0 +1,83 @@
+"""MoE as a Trainer extension: the auxiliary losses in the training loss, routing metrics in the logs.
+
+Registered at import (dsrecipes.training.trainer imports this module); inert when moe.num_experts=0.
+
+* loss term `moe_aux_loss` = moe.aux_loss_coef x sum over MoE layers of the load-balancing loss, and
+  `moe_z_loss` = moe.z_loss_coef x sum of router z-losses (when that coefficient is > 0). They are
+  added to the LM loss and logged as train/moe_aux_loss, train/moe_z_loss (train/lm_loss is the
+  language-model part alone).
+* every log interval: moe/dropped_frac (routes dropped by the capacity limit over the interval),
+  moe/max_load_ratio (busiest expert's load / mean load, 1.0 = perfectly balanced) and a per-layer
+  histogram moe/expert_load/block<i> (tokens routed to each expert), summed over all ranks.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from dsrecipes.distributed.utils import is_distributed
+from dsrecipes.distributed.zero import unwrap
+from dsrecipes.models.moe import MoELayer
+from dsrecipes.training.extensions import Callback, Extensions, register_extension
+
+
+def _named_moe_layers(model: torch.nn.Module) -> list[tuple[str, MoELayer]]:
+    return [(name, m) for name, m in unwrap(model).named_modules() if isinstance(m, MoELayer)]
+
+
+def moe_loss_terms(aux_coef: float, z_coef: float):
+    def loss_term(model, batch, output) -> dict:
+        layers = [m for _, m in _named_moe_layers(model) if m.aux_loss is not None]
+        if not layers:
+            return {}
+        terms = {"moe_aux_loss": aux_coef * sum(m.aux_loss for m in layers)}
+        if z_coef > 0:
+            terms["moe_z_loss"] = z_coef * sum(m.z_loss for m in layers)
+        return terms
+
+    return loss_term
+
+
+class MoEMetrics(Callback):
+    """Logs routing statistics every log interval (all ranks take part in one all-reduce)."""
+
+    def on_step_end(self, trainer, step: int, metrics: dict) -> None:
+        t = trainer.cfg.trainer
+        if step % t.log_interval and step != t.max_steps:
+            return
+        layers = _named_moe_layers(trainer.engine.module)
+        if not layers:
+            return
+        device = trainer.device
+        num_experts = layers[0][1].num_experts
+        stats = torch.zeros(len(layers), num_experts + 2, dtype=torch.float64, device=device)
+        for row, (_, layer) in enumerate(layers):
+            if layer.stat_expert_load is not None:
+                stats[row, :num_experts] = layer.stat_expert_load.to(device, torch.float64)
+                stats[row, num_experts] = layer.stat_dropped.to(device, torch.float64)
+            stats[row, num_experts + 1] = layer.stat_routes
+            layer.reset_stats()
+        if is_distributed():
+            stats = stats.float()  # gloo all_reduce has no float64 on every build
+            dist.all_reduce(stats)
+        stats = stats.double().cpu()
+        loads, dropped, routes = stats[:, :num_experts], stats[:, num_experts], stats[:, num_experts + 1]
+        if float(routes.sum()) == 0:
+            return
+        mean_load = loads.mean(dim=1).clamp(min=1e-9)
+        trainer.loggers.log({
+            "moe/dropped_frac": float(dropped.sum() / routes.sum()),
+            "moe/max_load_ratio": float((loads.max(dim=1).values / mean_load).mean()),
+        }, step)
+        for (name, _), load in zip(layers, loads):
+            block = name.split(".")[1] if name.startswith("blocks.") else name
+            trainer.loggers.log_histogram(f"moe/expert_load/block{block}", load.tolist(), step)
+
+
+@register_extension
+def moe_extension(cfg) -> Extensions:
+    moe = getattr(cfg, "moe", None)
+    if moe is None or not moe.enabled:
+        return Extensions()
+    return Extensions(loss_terms=[moe_loss_terms(moe.aux_loss_coef, moe.z_loss_coef)], callbacks=[MoEMetrics()])

@@ -1,0 +1,98 @@
+"""Expert parallelism at world size 2 (CPU/gloo, through the real CLI) reproduces the single process.
+
+EP=2: each worker holds 2 of the 4 experts of every MoE block; tokens travel by all_to_all. The
+single-process reference sees the same micro-batches (micro 4 x accumulation 4 vs 2 ranks x micro
+4 x accumulation 2: BatchIterator hands rank r's i-th micro-batch to the single process as its
+(2i + r)-th), so gating, capacity, dropped tokens and the auxiliary loss are computed over the same
+token groups. Random routing choices are off (use_rts=false, no second-expert sampling: their
+random streams differ per rank).
+
+Tolerance: as tests/test_distributed.py (losses 2e-5 absolute, exported parameters 5e-5 over 10
+steps); the only differences are fp32 summation orders (gradients summed across ranks, and over the
+EP group by the all_to_all backward).
+"""
+
+import pytest
+import torch
+
+from tests.test_distributed import STEPS, common, run_and_read
+
+MOE = [
+    "moe.num_experts=4", "moe.k=2", "moe.expert_interval=1", "moe.use_rts=false",
+    "moe.top2_2nd_expert_sampling=false", "moe.capacity_factor=1.0", "moe.min_capacity=4",
+]
+
+
+@pytest.fixture(scope="module")
+def moe_single_process(tmp_path_factory, datasets_cache):
+    tmp = tmp_path_factory.mktemp("moe_single")
+    return run_and_read(tmp, "single", common(datasets_cache) + MOE + [
+        "launcher.nproc_per_node=1", "trainer.train_micro_batch_size_per_gpu=4", "trainer.gradient_accumulation_steps=4"])
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("zero", ["zero.stage=0", "zero.stage=3"])
+def test_expert_parallel_2_reproduces_single_process(tmp_path, datasets_cache, moe_single_process, zero):
+    ref_losses, ref_params = moe_single_process
+    losses, params = run_and_read(tmp_path, "ep2", common(datasets_cache) + MOE + [zero, "moe.ep_size=2",
+        "launcher.nproc_per_node=2", "trainer.train_micro_batch_size_per_gpu=4"])
+    assert len(losses) == len(ref_losses) == STEPS
+    assert ref_losses[-1] < ref_losses[0] - 0.3  # it trained
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=0, atol=2e-5)
+    assert params.keys() == ref_params.keys()
+    assert params["blocks.0.mlp.experts.w_in"].shape[0] == 4  # the export holds every expert
+    for name in ref_params:
+        torch.testing.assert_close(params[name], ref_params[name], rtol=0, atol=5e-5, msg=name)
+
+
+@pytest.mark.timeout(500)
+def test_ep2_checkpoint_resumes_in_a_single_process(tmp_path, datasets_cache):
+    """EP=2 saves at step 5 (experts as shards of global tensors); one process (EP=1) resumes it.
+
+    drop_tokens=false and no aux loss make every token's output independent of how tokens are
+    grouped, so an uninterrupted single-process run is the reference for the resumed steps.
+    """
+    base = common(datasets_cache) + MOE + ["moe.drop_tokens=false", "moe.aux_loss_coef=0", "checkpoint.interval=5"]
+    ref_losses, _ = run_and_read(tmp_path, "ref", base + ["launcher.nproc_per_node=1", "trainer.train_micro_batch_size_per_gpu=8"])
+    losses2, _ = run_and_read(tmp_path, "ep2", base + [
+        "moe.ep_size=2", "launcher.nproc_per_node=2", "trainer.train_micro_batch_size_per_gpu=4"])
+    torch.testing.assert_close(torch.tensor(losses2), torch.tensor(ref_losses), rtol=0, atol=2e-5)
+    (checkpoint,) = list((tmp_path / "ep2").glob("outputs/*/*/checkpoints/step_5"))
+    resumed, _ = run_and_read(tmp_path, "ep1", base + [
+        "launcher.nproc_per_node=1", "trainer.train_micro_batch_size_per_gpu=8", f"trainer.resume={checkpoint}"])
+    assert len(resumed) == STEPS - 5
+    torch.testing.assert_close(torch.tensor(resumed), torch.tensor(ref_losses[5:]), rtol=0, atol=2e-5)
+
+
+def test_bad_moe_layouts_fail_before_any_worker_starts(tmp_path, datasets_cache):
+    from tests.conftest import run_cli
+
+    cases = {
+        ("moe.num_experts=3", "moe.ep_size=2", "launcher.nproc_per_node=2"): "moe.num_experts=3 is not divisible by moe.ep_size=2",
+        ("moe.num_experts=4", "moe.k=5"): "moe.k=5 must be between 1 and moe.num_experts=4",
+        ("moe.num_experts=4", "moe.capacity_factor=0"): "moe.capacity_factor=0.0 must be > 0",
+        ("moe.num_experts=4", "moe.ep_size=2", "launcher.nproc_per_node=2", "zero.stage=1"): "zero.stage=1 is not supported",
+        ("moe.num_experts=4", "moe.ep_size=4", "launcher.nproc_per_node=2"): "moe.ep_size=4 must divide the world size 2",
+    }
+    for args, message in cases.items():
+        result = run_cli(common(datasets_cache) + list(args), cwd=tmp_path, timeout=120)
+        assert result.returncode == 2, (args, result.stderr[-2000:])
+        assert message in result.stderr, (args, result.stderr[-2000:])
+        assert "Traceback" not in result.stderr
+
+
+@pytest.mark.timeout(500)
+def test_expert_data_parallel_world_4_ep_2_reproduces_single_process(tmp_path, datasets_cache):
+    """World 4 = 2 expert-data-parallel replicas x EP 2: expert gradients also reduce across replicas.
+
+    Single-process reference: micro 2 x accumulation 8 sees rank r's i-th micro-batch (micro 2,
+    accumulation 2, 4 ranks) as its (4i + r)-th, the same token groups.
+    """
+    base = common(datasets_cache) + MOE
+    ref, ref_params = run_and_read(tmp_path, "single", base + [
+        "launcher.nproc_per_node=1", "trainer.train_micro_batch_size_per_gpu=2", "trainer.gradient_accumulation_steps=8"])
+    losses, params = run_and_read(tmp_path, "w4", base + [
+        "moe.ep_size=2", "launcher.nproc_per_node=4", "trainer.train_micro_batch_size_per_gpu=2"])
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref), rtol=0, atol=2e-5)
+    for name in ref_params:
+        torch.testing.assert_close(params[name], ref_params[name], rtol=0, atol=5e-5, msg=name)
