@@ -274,6 +274,10 @@ class SparsePruner:
                 mask = self.masks[name] = mask.to(device=w.device, dtype=w.dtype)
             w.mul_(mask)
 
+    def mask_pairs(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(weight, 0/1 mask) for every masked weight (e.g. to mask fp32 master copies as well)."""
+        return [(self._modules[n].weight, m) for n, m in self.masks.items()]
+
     def step(self, global_step: int) -> None:
         """`update(global_step)` then `apply_masks()`."""
         self.update(global_step)

@@ -48,6 +48,7 @@ __all__ = [
     "bits_at",
     "QuantizationAwareTraining",
     "match_module_names",
+    "quantize_codes",
 ]
 
 MIN_BITS = 2
@@ -199,24 +200,32 @@ def _round(x: torch.Tensor, rounding: str, generator: torch.Generator | None) ->
     raise ValueError(f"fake_quantize: rounding must be 'nearest' or 'stochastic', got {rounding!r}")
 
 
-def _fake_quantize_values(w: torch.Tensor, bits: int, symmetric: bool, groups: int, rounding: str,
-                          generator: torch.Generator | None) -> torch.Tensor:
+def quantize_codes(w: torch.Tensor, bits: int, symmetric: bool, groups: int, rounding: str = "nearest",
+                   generator: torch.Generator | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Integer codes of `w` per group: (q [groups, numel/groups] fp32 holding integers, scale [groups, 1],
+    zero_point [groups, 1] or None). Dequantized value: (q - zero_point) * scale. No gradient."""
     wg = w.detach().float().reshape(groups, -1)
     if symmetric:
         qmax = float(2 ** (bits - 1) - 1)
         scale = wg.abs().amax(-1, keepdim=True) / qmax
         scale = torch.where(scale == 0, torch.ones_like(scale), scale)
         q = _round(wg / scale, rounding, generator).clamp_(-qmax, qmax)
-        out = q * scale
-    else:
-        qmin, qmax = float(-(2 ** (bits - 1))), float(2 ** (bits - 1) - 1)
-        lo = wg.amin(-1, keepdim=True).clamp(max=0.0)
-        hi = wg.amax(-1, keepdim=True).clamp(min=0.0)
-        scale = (hi - lo) / float(2 ** bits - 1)
-        scale = torch.where(scale == 0, torch.ones_like(scale), scale)
-        zp = (torch.round(-lo / scale) + qmin).clamp_(qmin, qmax)
-        q = (_round(wg / scale, rounding, generator) + zp).clamp_(qmin, qmax)
-        out = (q - zp) * scale
+        return q, scale, None
+    qmin, qmax = float(-(2 ** (bits - 1))), float(2 ** (bits - 1) - 1)
+    lo = wg.amin(-1, keepdim=True).clamp(max=0.0)
+    hi = wg.amax(-1, keepdim=True).clamp(min=0.0)
+    scale = (hi - lo) / float(2 ** bits - 1)
+    scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+    zp = (torch.round(-lo / scale) + qmin).clamp_(qmin, qmax)
+    q = (_round(wg / scale, rounding, generator) + zp).clamp_(qmin, qmax)
+    return q, scale, zp
+
+
+def _fake_quantize_values(w: torch.Tensor, bits: int, symmetric: bool, groups: int, rounding: str,
+                          generator: torch.Generator | None) -> torch.Tensor:
+    q, scale, zp = quantize_codes(w, bits, symmetric, groups, rounding, generator)
+    out = q * scale if zp is None else (q - zp) * scale
     return out.reshape(w.shape).to(w.dtype)
 
 

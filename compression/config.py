@@ -1,0 +1,243 @@
+"""CompressionConfig: the `compression` config group (conf/compression/*.yaml), DeepSpeed's
+`compression_training` block with one module group per technique and an `enabled` switch each.
+
+Keys keep DeepSpeed's names (see each section); module selection is by name patterns (glob on the
+whole name, else regex search), matched against the model's module names (`blocks.0.attn.q_proj`,
+`blocks.3.mlp.fc_in`, ...). Deliberate differences from DeepSpeed, documented per field:
+  * one `different_groups` entry per technique (from_deepspeed refuses several, naming the key);
+  * head_pruning.num_heads may be null: the model's n_head;
+  * layer_reduction.teacher_path: the teacher (a dsrecipes export directory: model.safetensors +
+    config.json) is loaded from disk, as in DeepSpeed's KD tutorial; distillation keys live here too;
+  * export: run redundancy clean at the end of training and write the smaller model.
+
+`from_deepspeed(dict)` maps a DeepSpeed block onto this dataclass; `library_configs(cfg)` turns the
+enabled sections into the library's configs (validating them; errors name `compression.<section>`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, List, Optional
+
+from dsrecipes.compression.activation_quantization import ActivationQuantConfig
+from dsrecipes.compression.layer_reduction import DistillationConfig, LayerReductionConfig
+from dsrecipes.compression.pruning import SparsePruningConfig
+from dsrecipes.compression.quantization import WeightQuantConfig
+from dsrecipes.compression.structured_pruning import ChannelPruningConfig, HeadPruningConfig, RowPruningConfig
+
+__all__ = ["CompressionConfig", "from_deepspeed", "library_configs", "validate_compression_config"]
+
+
+@dataclass
+class WeightQuantizationSection:
+    enabled: bool = False
+    start_bits: int = 8
+    target_bits: int = 8  # <= start_bits; bits drop by one every quantization_period steps
+    quantization_period: int = 1
+    schedule_offset: int = 0
+    quantization_type: str = "symmetric"  # symmetric | asymmetric
+    rounding: str = "nearest"  # nearest | stochastic
+    quantize_groups: int = 1  # 1 = per tensor; out_features = per channel; more = per group
+    modules: List[str] = field(default_factory=lambda: ["blocks.*"])
+    excluded_modules: List[str] = field(default_factory=list)
+    seed: Optional[int] = None  # stochastic rounding generator seed
+
+
+@dataclass
+class ActivationQuantizationSection:
+    enabled: bool = False
+    bits: int = 8
+    quantization_type: str = "symmetric"
+    range_calibration: str = "dynamic"  # dynamic | static (DeepSpeed's code default: dynamic)
+    schedule_offset: int = 1000
+    momentum: float = 0.1  # static range EMA
+    modules: List[str] = field(default_factory=lambda: ["blocks.*"])
+    excluded_modules: List[str] = field(default_factory=list)
+
+
+@dataclass
+class SparsePruningSection:
+    enabled: bool = False
+    method: str = "l1"  # l1 | topk
+    dense_ratio: float = 0.1  # fraction kept, in (0, 1]
+    schedule_offset: int = 1000
+    schedule_offset_end: Optional[int] = None  # null = schedule_offset (one shot)
+    schedule_offset_stride: int = 1
+    block_pattern: str = "4x1"  # 1x1 | NxM | N:M
+    ramp: str = "linear"
+    modules: List[str] = field(default_factory=lambda: ["blocks.*"])
+    excluded_modules: List[str] = field(default_factory=list)
+
+
+@dataclass
+class RowPruningSection:
+    enabled: bool = False
+    method: str = "l1"
+    dense_ratio: float = 0.5
+    schedule_offset: int = 1000
+    modules: List[str] = field(default_factory=lambda: ["*mlp.fc_in"])
+    excluded_modules: List[str] = field(default_factory=list)
+    related_modules: List[str] = field(default_factory=lambda: ["fc_out"])  # consumers: columns pruned
+    sibling_modules: List[str] = field(default_factory=list)  # parallel producers: rows pruned (llama: up)
+
+
+@dataclass
+class HeadPruningSection:
+    enabled: bool = False
+    method: str = "topk"
+    dense_ratio: float = 0.5
+    schedule_offset: int = 1000
+    num_heads: Optional[int] = None  # null = model.n_head
+    modules: List[str] = field(default_factory=lambda: ["*attn.out_proj"])
+    excluded_modules: List[str] = field(default_factory=list)
+    related_modules: List[str] = field(default_factory=lambda: ["q_proj", "kv_proj"])
+
+
+@dataclass
+class ChannelPruningSection:
+    enabled: bool = False
+    method: str = "l1"
+    dense_ratio: float = 0.5
+    schedule_offset: int = 1000
+    modules: List[str] = field(default_factory=lambda: ["*"])
+    excluded_modules: List[str] = field(default_factory=list)
+    related_modules: List[str] = field(default_factory=list)
+
+
+@dataclass
+class LayerReductionSection:
+    enabled: bool = False
+    keep_number_layer: Optional[int] = None
+    teacher_layer: List[int] = field(default_factory=list)
+    module_name_prefix: str = "blocks"
+    other_module_name: List[str] = field(default_factory=list)
+    teacher_path: Optional[str] = None  # dsrecipes export dir of the trained teacher (required when enabled)
+    temperature: float = 2.0  # distillation: KL at temperature T, scaled by T^2
+    kd_weight: float = 1.0  # 0 = no logit distillation (layer reduction alone)
+    hidden_weight: float = 0.0  # > 0 adds MSE between student layer i and teacher layer teacher_layer[i]
+
+
+@dataclass
+class CompressionConfig:
+    weight_quantization: WeightQuantizationSection = field(default_factory=WeightQuantizationSection)
+    activation_quantization: ActivationQuantizationSection = field(default_factory=ActivationQuantizationSection)
+    sparse_pruning: SparsePruningSection = field(default_factory=SparsePruningSection)
+    row_pruning: RowPruningSection = field(default_factory=RowPruningSection)
+    head_pruning: HeadPruningSection = field(default_factory=HeadPruningSection)
+    channel_pruning: ChannelPruningSection = field(default_factory=ChannelPruningSection)
+    layer_reduction: LayerReductionSection = field(default_factory=LayerReductionSection)
+    export: bool = True  # at the end of training: redundancy clean, write <run dir>/<export_dirname>/
+    export_dirname: str = "export_compressed"
+
+    @property
+    def enabled(self) -> bool:
+        return any(getattr(self, f.name).enabled for f in fields(self) if f.name not in ("export", "export_dirname"))
+
+
+_LIBRARY = {
+    "weight_quantization": WeightQuantConfig,
+    "activation_quantization": ActivationQuantConfig,
+    "sparse_pruning": SparsePruningConfig,
+    "row_pruning": RowPruningConfig,
+    "head_pruning": HeadPruningConfig,
+    "channel_pruning": ChannelPruningConfig,
+}
+
+
+def _section_kwargs(section, lib_cls) -> dict[str, Any]:
+    names = {f.name for f in fields(lib_cls)}
+    return {f.name: _plain(getattr(section, f.name)) for f in fields(section) if f.name in names}
+
+
+def _plain(v):
+    return list(v) if isinstance(v, (list, tuple)) or type(v).__name__ == "ListConfig" else v
+
+
+def library_configs(cfg: CompressionConfig, num_heads: int | None = None,
+                    prefix: str = "compression") -> dict[str, Any]:
+    """{technique: library config or None} for the techniques init_compression builds (layer
+    reduction excluded); ValueError names `<prefix>.<section>` and the key."""
+    out: dict[str, Any] = {}
+    for name, lib_cls in _LIBRARY.items():
+        section = getattr(cfg, name)
+        if not section.enabled:
+            out[name] = None
+            continue
+        kwargs = _section_kwargs(section, lib_cls)
+        if name == "head_pruning" and kwargs.get("num_heads") is None:
+            kwargs["num_heads"] = num_heads
+        try:
+            out[name] = lib_cls(**kwargs)
+        except ValueError as err:
+            raise ValueError(f"{prefix}.{name}: {err}") from None
+    return out
+
+
+def layer_reduction_configs(cfg: CompressionConfig, prefix: str = "compression"
+                            ) -> tuple[LayerReductionConfig, DistillationConfig] | None:
+    section = cfg.layer_reduction
+    if not section.enabled:
+        return None
+    try:
+        lr = LayerReductionConfig(keep_number_layer=section.keep_number_layer,
+                                  teacher_layer=_plain(section.teacher_layer),
+                                  module_name_prefix=section.module_name_prefix,
+                                  other_module_name=_plain(section.other_module_name))
+        kd = DistillationConfig(section.temperature, section.kd_weight, section.hidden_weight)
+    except ValueError as err:
+        raise ValueError(f"{prefix}.layer_reduction: {err}") from None
+    return lr, kd
+
+
+def validate_compression_config(cfg: CompressionConfig, n_head: int | None = None, n_layer: int | None = None,
+                                prefix: str = "compression") -> None:
+    """Every check that needs no model: key values, bit order, ratios, layer indices."""
+    library_configs(cfg, num_heads=n_head, prefix=prefix)
+    hp = cfg.head_pruning
+    if hp.enabled and hp.num_heads is not None and n_head is not None and hp.num_heads != n_head:
+        raise ValueError(f"{prefix}.head_pruning.num_heads={hp.num_heads} but model.n_head={n_head}; set it to "
+                         f"{n_head} or null (the model's)")
+    red = layer_reduction_configs(cfg, prefix)
+    if red is not None and n_layer is not None:
+        try:
+            red[0].check_teacher_depth(n_layer)
+        except ValueError as err:
+            raise ValueError(f"{prefix}.layer_reduction: {err}") from None
+
+
+def from_deepspeed(ds: dict[str, Any]) -> CompressionConfig:
+    """Map a DeepSpeed `compression_training` block (or a whole ds_config holding one) onto CompressionConfig."""
+    block = ds.get("compression_training", ds)
+    unknown = set(block) - set(_LIBRARY) - {"layer_reduction"}
+    if unknown:
+        raise ValueError(f"compression_training: unknown technique(s) {sorted(unknown)}; valid: "
+                         f"{sorted(set(_LIBRARY) | {'layer_reduction'})}")
+    cfg = CompressionConfig()
+    for name, lib_cls in _LIBRARY.items():
+        if name not in block:
+            continue
+        tech = block[name]
+        groups = tech.get("different_groups", {})
+        if len(groups) > 1:
+            raise ValueError(f"compression_training.{name}.different_groups has {len(groups)} groups "
+                             f"{sorted(groups)}; dsrecipes supports one group per technique")
+        section = getattr(cfg, name)
+        section.enabled = bool(tech.get("shared_parameters", {}).get("enabled", False))
+        try:
+            lib = lib_cls.from_deepspeed(tech)
+        except ValueError as err:
+            raise ValueError(f"compression_training.{name}: {err}") from None
+        for f in fields(section):
+            if hasattr(lib, f.name) and f.name != "enabled":
+                setattr(section, f.name, getattr(lib, f.name))
+        if name == "head_pruning" and "num_heads" not in {**tech.get("shared_parameters", {})}:
+            section.num_heads = None
+    if "layer_reduction" in block:
+        lr = block["layer_reduction"]
+        section = cfg.layer_reduction
+        for k, v in lr.items():
+            if not hasattr(section, k):
+                raise ValueError(f"compression_training.layer_reduction.{k} is not a known key; valid: "
+                                 f"{[f.name for f in fields(section)]}")
+            setattr(section, k, list(v) if isinstance(v, list) else v)
+    return cfg
