@@ -9,8 +9,16 @@ its inputs to ``[:, :curriculum_seqlen]``. `SeqlenCurriculum` does that cut on t
     hook = SeqlenCurriculum(sched)
     batch = hook(batch, step=engine.global_steps + 1)
 
-Only ``input_ids`` and ``labels`` (the ``keys`` argument) are truncated along T; other entries pass
+Only ``input_ids`` and ``labels`` (the ``keys`` argument) are cut along T; other entries pass
 through unchanged, so add e.g. ``attention_mask`` / ``position_ids`` to ``keys`` if the batch has them.
+
+Modes:
+
+* ``truncate`` (DeepSpeed): keep ``[:, :d]`` of every row; the rest of each row is not trained on.
+* ``pack``: cut every row of T tokens into ``T // d`` rows of ``d`` tokens (``[B, T] -> [B * T//d, d]``), so
+  the step still trains on (almost) every token of the batch, each with at most ``d - 1`` tokens of context.
+  Only the remainder ``T % d`` of each row is dropped. Rows of packed blocks are contiguous text, so the
+  chunks are valid shorter sequences and ``labels`` stay aligned with ``input_ids``.
 """
 
 from __future__ import annotations
@@ -23,14 +31,14 @@ from .curriculum import CurriculumScheduler
 
 __all__ = ["SEQLEN_MODES", "SeqlenCurriculum"]
 
-SEQLEN_MODES = ("truncate",)
+SEQLEN_MODES = ("truncate", "pack")
 
 
 class SeqlenCurriculum:
     """Callable ``hook(batch, step) -> batch`` truncating [B, T] tensors to the scheduler's difficulty.
 
     Token accounting (cumulative over calls, counted on the first present key, normally ``input_ids``):
-    ``tokens_seen`` = B * kept length, ``tokens_saved`` = B * (T - kept length).
+    ``tokens_seen`` = tokens in the returned rows, ``tokens_saved`` = B * T minus that.
     """
 
     def __init__(self, scheduler: CurriculumScheduler, mode: str = "truncate",
@@ -45,6 +53,7 @@ class SeqlenCurriculum:
         self.tokens_seen = 0
         self.tokens_saved = 0
         self.difficulty: int = scheduler.get_current_difficulty()
+        self.last_shape: tuple[int, int] | None = None
 
     def __call__(self, batch: Mapping[str, Any], step: int) -> dict[str, Any]:
         difficulty = int(self.scheduler.update_difficulty(step))
@@ -69,12 +78,15 @@ class SeqlenCurriculum:
 
         batch_size, full_len = shape
         kept_len = min(difficulty, full_len)
+        chunks = full_len // kept_len if self.mode == "pack" else 1
         out = dict(batch)
         if kept_len < full_len:
             for key in present:
-                out[key] = batch[key][:, :kept_len].contiguous()
-        self.tokens_seen += batch_size * kept_len
-        self.tokens_saved += batch_size * (full_len - kept_len)
+                cut = batch[key][:, :chunks * kept_len]
+                out[key] = cut.reshape(batch_size * chunks, kept_len) if chunks > 1 else cut.contiguous()
+        self.last_shape = (batch_size * chunks, kept_len)
+        self.tokens_seen += batch_size * chunks * kept_len
+        self.tokens_saved += batch_size * (full_len - chunks * kept_len)
         return out
 
     def metrics(self) -> dict[str, int]:

@@ -7,7 +7,11 @@
 * batch_hooks: `fn(batch, step) -> batch`, applied to every micro-batch before the forward
   (curriculum truncation, token dropping schedules).
 * callbacks: `Callback` objects told about train start/end, every optimizer step and every
-  evaluation (pruning / quantization schedules, profilers).
+  evaluation (pruning / quantization schedules, profilers). A callback with a `state_key` has its
+  `state_dict()` saved in every checkpoint (client_state[state_key]) and restored on resume.
+* batch_sources: `fn(trainer, batches) -> batches`, applied once to the Trainer's training batch
+  iterator after it is built (a curriculum sampler replacing it). The result is what the Trainer
+  draws from and checkpoints: it needs `__next__`, `state_dict` and `load_state_dict`.
 
 A capability registers an `ExtensionBuilder` (`fn(cfg) -> Extensions`) with `register_extension`;
 the Trainer calls every registered builder with the recipe and concatenates what they return.
@@ -22,7 +26,12 @@ from torch import nn
 
 
 class Callback:
-    """Base class: override what you need. `trainer` is the running dsrecipes Trainer."""
+    """Base class: override what you need. `trainer` is the running dsrecipes Trainer.
+
+    Set `state_key` (and implement state_dict / load_state_dict) to be checkpointed with the run.
+    """
+
+    state_key: str | None = None
 
     def on_train_start(self, trainer: Any) -> None: ...
 
@@ -39,12 +48,14 @@ class Extensions:
     loss_terms: list[Callable[..., dict]] = field(default_factory=list)
     batch_hooks: list[Callable[[dict, int], dict]] = field(default_factory=list)
     callbacks: list[Callback] = field(default_factory=list)
+    batch_sources: list[Callable[[Any, Any], Any]] = field(default_factory=list)
 
     def extend(self, other: "Extensions") -> "Extensions":
         self.model_transforms += other.model_transforms
         self.loss_terms += other.loss_terms
         self.batch_hooks += other.batch_hooks
         self.callbacks += other.callbacks
+        self.batch_sources += other.batch_sources
         return self
 
 

@@ -1,0 +1,165 @@
+"""The ``data_efficiency`` config group: curriculum learning and random-LTD, DeepSpeed's key names, flattened.
+
+Plain dataclasses (OmegaConf-friendly field types) that double as the Hydra schema of
+``conf/data_efficiency/*.yaml`` and as a Python config:
+
+    data_efficiency:
+      seed: 1234
+      curriculum_learning: {enabled, metric: seqlen|vocab_rarity|"pkg.mod:fn", seqlen_mode: truncate|pack,
+                            difficulty_type: value|percentile, min_difficulty, max_difficulty,
+                            schedule_type, total_curriculum_step, difficulty_step, root_degree,
+                            difficulty, max_step, custom_fn}
+      random_ltd: {enabled, random_ltd_layer_id, min_value, max_value, require_steps, seq_per_step,
+                   layer_token_lr_schedule}
+
+``metric: seqlen`` is DeepSpeed's legacy sequence-length curriculum (batches are cut to the current
+difficulty); any other metric is a metric-based curriculum (the data analyzer scores every sample, the
+`CurriculumSampler` draws within the current difficulty). ``custom_fn`` is an import path ``"pkg.mod:fn"`` or
+a mapping ``{_target_: pkg.mod.fn, **kwargs}`` (kwargs bound with functools.partial).
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, List, Optional
+
+from .analyzer import BUILTIN_METRICS
+from .curriculum import SCHEDULE_TYPES, CurriculumConfig, CurriculumScheduler, resolve_custom_fn
+from .random_ltd import RandomLTDScheduler, validate_layer_ids
+from .sampler import DIFFICULTY_TYPES
+from .seqlen import SEQLEN_MODES
+
+__all__ = ["CurriculumLearningConfig", "DataEfficiencyConfig", "RandomLTDConfig", "build_curriculum_scheduler",
+           "build_random_ltd_scheduler", "validate_data_efficiency_config"]
+
+
+@dataclass
+class CurriculumLearningConfig:
+    enabled: bool = False
+    metric: str = "seqlen"  # seqlen (cut batches) | vocab_rarity | an import path "pkg.mod:fn(tokens) -> float"
+    seqlen_mode: str = "truncate"  # metric=seqlen: truncate | pack
+    difficulty_type: str = "value"  # metric curriculum: value | percentile
+    min_difficulty: Optional[int] = None
+    max_difficulty: Optional[int] = None  # metric=seqlen: null = data.block_size
+    schedule_type: str = "fixed_linear"  # fixed_linear | fixed_root | fixed_discrete | custom
+    total_curriculum_step: Optional[int] = None
+    difficulty_step: Optional[int] = None
+    root_degree: Optional[float] = None
+    difficulty: Optional[List[int]] = None
+    max_step: Optional[List[int]] = None
+    custom_fn: Any = None  # "pkg.mod:fn" or {_target_: pkg.mod.fn, ...kwargs}
+
+
+@dataclass
+class RandomLTDConfig:
+    enabled: bool = False
+    random_ltd_layer_id: Optional[List[int]] = None  # null = every layer but the first and the last
+    min_value: int = 32  # kept tokens per sequence at step 0
+    max_value: Optional[int] = None  # null = data.block_size
+    require_steps: int = 200  # steps to grow from min_value to max_value
+    seq_per_step: int = 16  # kept length is a multiple of this
+    layer_token_lr_schedule: bool = False  # drive the LR schedule by consumed layer-tokens
+
+
+@dataclass
+class DataEfficiencyConfig:
+    seed: int = 1234
+    curriculum_learning: CurriculumLearningConfig = field(default_factory=CurriculumLearningConfig)
+    random_ltd: RandomLTDConfig = field(default_factory=RandomLTDConfig)
+
+
+def _custom_fn(spec: Any, key: str):
+    if spec is None:
+        return None
+    if hasattr(spec, "items"):  # {_target_: ..., kwargs}
+        spec = dict(spec.items())
+        target = spec.pop("_target_", None)
+        spec.pop("_partial_", None)
+        if not target:
+            raise ValueError(f"{key}={spec!r}: a mapping needs _target_ (a dotted path to a function)")
+        try:
+            fn = resolve_custom_fn(target)
+        except ValueError as exc:
+            raise ValueError(f"{key}: {exc}") from exc
+        return functools.partial(fn, **spec) if spec else fn
+    try:
+        return resolve_custom_fn(spec)
+    except ValueError as exc:
+        raise ValueError(f"{key}: {exc}") from exc
+
+
+def build_curriculum_scheduler(cfg: CurriculumLearningConfig, block_size: int | None = None,
+                               prefix: str = "data_efficiency.curriculum_learning") -> CurriculumScheduler:
+    """The scheduler of ``cfg``; ValueError naming ``prefix.<key>`` for a bad or missing key."""
+    max_difficulty = cfg.max_difficulty
+    if max_difficulty is None and cfg.metric == "seqlen" and block_size is not None:
+        max_difficulty = block_size
+    for key, value in (("min_difficulty", cfg.min_difficulty), ("max_difficulty", max_difficulty)):
+        if value is None:
+            raise ValueError(f"{prefix}.{key} is missing: required when curriculum learning is enabled")
+    sched_cfg = CurriculumConfig(
+        min_difficulty=cfg.min_difficulty, max_difficulty=max_difficulty, schedule_type=cfg.schedule_type,
+        total_curriculum_step=cfg.total_curriculum_step, difficulty_step=cfg.difficulty_step,
+        root_degree=cfg.root_degree, difficulty=list(cfg.difficulty) if cfg.difficulty is not None else None,
+        max_step=list(cfg.max_step) if cfg.max_step is not None else None,
+        custom_fn=_custom_fn(cfg.custom_fn, f"{prefix}.custom_fn"))
+    try:
+        with warnings.catch_warnings():
+            if cfg.metric != "seqlen":  # the multiple-of-8 advice is about sequence lengths
+                warnings.simplefilter("ignore")
+            return CurriculumScheduler(sched_cfg)
+    except ValueError as exc:
+        raise ValueError(f"{prefix}.{exc}") from exc
+
+
+def build_random_ltd_scheduler(cfg: RandomLTDConfig, block_size: int,
+                               prefix: str = "data_efficiency.random_ltd") -> RandomLTDScheduler:
+    max_value = cfg.max_value if cfg.max_value is not None else block_size
+    if max_value > block_size:
+        raise ValueError(f"{prefix}.max_value={max_value} exceeds data.block_size={block_size}")
+    return RandomLTDScheduler(cfg.min_value, max_value, cfg.require_steps, cfg.seq_per_step, prefix=prefix)
+
+
+def validate_data_efficiency_config(cfg: DataEfficiencyConfig, n_layer: int, block_size: int,
+                                    lr_scheduler_target: str | None = None, prefix: str = "data_efficiency") -> None:
+    """Every check the group needs, before any work starts; ValueError naming the key, value and choices.
+
+    lr_scheduler_target: the recipe's ``lr_scheduler._target_`` (the layer-token LR schedule needs one of
+    dsrecipes' closed-form schedules, which can be evaluated at any step).
+    """
+    cl = cfg.curriculum_learning
+    if cl.enabled:
+        p = f"{prefix}.curriculum_learning"
+        if cl.schedule_type not in SCHEDULE_TYPES:
+            raise ValueError(f"{p}.schedule_type={cl.schedule_type!r} is not valid; choose one of: "
+                             f"{', '.join(SCHEDULE_TYPES)}")
+        if cl.metric not in BUILTIN_METRICS and ":" not in cl.metric:
+            raise ValueError(f"{p}.metric={cl.metric!r} is not valid; choose one of: {', '.join(BUILTIN_METRICS)}, "
+                             "or an import path 'pkg.mod:fn' of fn(tokens) -> float")
+        if cl.metric == "seqlen":
+            if cl.seqlen_mode not in SEQLEN_MODES:
+                raise ValueError(f"{p}.seqlen_mode={cl.seqlen_mode!r} is not valid; choose one of: {', '.join(SEQLEN_MODES)}")
+        elif ":" in cl.metric:
+            _custom_fn(cl.metric, f"{p}.metric")
+        if cl.difficulty_type not in DIFFICULTY_TYPES:
+            raise ValueError(f"{p}.difficulty_type={cl.difficulty_type!r} is not valid; choose one of: "
+                             f"{', '.join(DIFFICULTY_TYPES)}")
+        sched = build_curriculum_scheduler(cl, block_size, p)
+        if cl.metric == "seqlen":
+            if sched.cfg.min_difficulty < 1:
+                raise ValueError(f"{p}.min_difficulty={sched.cfg.min_difficulty}: a sequence length must be >= 1")
+            if sched.cfg.max_difficulty > block_size:
+                raise ValueError(f"{p}.max_difficulty={sched.cfg.max_difficulty} exceeds data.block_size={block_size}")
+        elif cl.difficulty_type == "percentile" and not (0 <= sched.cfg.min_difficulty and sched.cfg.max_difficulty <= 100):
+            raise ValueError(f"{p}: difficulty_type=percentile needs 0 <= min_difficulty ({sched.cfg.min_difficulty}) "
+                             f"and max_difficulty ({sched.cfg.max_difficulty}) <= 100")
+    ltd = cfg.random_ltd
+    if ltd.enabled:
+        p = f"{prefix}.random_ltd"
+        validate_layer_ids(ltd.random_ltd_layer_id, n_layer, f"{p}.random_ltd_layer_id")
+        build_random_ltd_scheduler(ltd, block_size, p)
+        if ltd.layer_token_lr_schedule and lr_scheduler_target:
+            raise ValueError(f"{p}.layer_token_lr_schedule=true needs one of dsrecipes' closed-form schedules "
+                             f"(lr_scheduler.name), not lr_scheduler._target_={lr_scheduler_target!r}")
