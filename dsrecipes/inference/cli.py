@@ -1,0 +1,147 @@
+"""`python -m dsrecipes mode=generate ...` and `mode=serve-bench ...`: the recipe side of inference.
+
+    python -m dsrecipes mode=generate checkpoint=outputs/<date>/<time>_gpt prompt="Once upon a time"
+    python -m dsrecipes mode=generate checkpoint=<run dir> generate.prompts_file=prompts.txt generate.output_file=out.jsonl
+    torchrun --nproc-per-node 2 -m dsrecipes mode=generate checkpoint=<run dir> prompt="Hi" generate.tp_size=2
+    python -m dsrecipes mode=serve-bench checkpoint=<run dir>          # or model=gpt_1_3b without a checkpoint
+
+Options are the `generate` group (dsrecipes.inference.config). Model overrides on the command line
+(model=..., model.n_head=...) are checked against the checkpoint's own config: a mismatch is an error.
+Output goes to the console (rank 0) and, with generate.output_file, to JSON lines; serve-bench writes
+serve_bench.csv/json into the run directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from omegaconf import DictConfig, OmegaConf
+
+from dsrecipes.inference.config import INFERENCE_MODES, GenerateConfig, validate_generate_config
+
+ALIASES = {"checkpoint": "generate.checkpoint", "prompt": "generate.prompt"}
+
+
+def rewrite_aliases(argv: list[str]) -> list[str]:
+    """Let `checkpoint=PATH prompt=TEXT` stand for generate.checkpoint / generate.prompt in inference modes."""
+    if not any(a in (f"mode={m}" for m in INFERENCE_MODES) for a in argv):
+        return argv
+    out = []
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        out.append(f"{ALIASES[key]}={value}" if sep and key in ALIASES else arg)
+    return out
+
+
+def _read_prompts(g: GenerateConfig) -> list[str]:
+    if g.prompt is not None:
+        return [g.prompt]
+    path = Path(g.prompts_file)
+    if not path.is_file():
+        raise FileNotFoundError(f"generate.prompts_file={g.prompts_file!r} does not exist")
+    prompts = [line.rstrip("\n") for line in path.read_text().splitlines() if line.strip()]
+    if not prompts:
+        raise ValueError(f"generate.prompts_file={g.prompts_file!r} holds no prompts (one per line)")
+    return prompts
+
+
+def _model_overrides(overrides: list[str]) -> bool:
+    return any(o.lstrip("+~").split("=")[0].split(".")[0] == "model" for o in overrides)
+
+
+def _load(cfg: DictConfig, overrides: list[str], device):
+    from dsrecipes.data.tokenizers import build_tokenizer
+    from dsrecipes.inference.loading import load_model
+    from dsrecipes.models.config import ModelConfig
+
+    g = cfg.generate
+    model_cfg = None
+    if _model_overrides(overrides):
+        model_cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), cfg.model))
+    if g.checkpoint is None:  # serve-bench on random weights of the recipe's model
+        from dsrecipes.models import GPT
+        from dsrecipes.training.trainer import padded_vocab_size
+
+        model_cfg = model_cfg or OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), cfg.model))
+        tokenizer = build_tokenizer(cfg.data.tokenizer)
+        model_cfg.vocab_size = model_cfg.vocab_size or padded_vocab_size(tokenizer.vocab_size)
+        torch.manual_seed(0)
+        return GPT(model_cfg).eval(), tokenizer, "random weights"
+    if model_cfg is not None and model_cfg.vocab_size is None:
+        from dsrecipes.inference.loading import read_source
+
+        model_cfg.vocab_size = read_source(g.checkpoint)[0].model_cfg.vocab_size
+    model, info = load_model(g.checkpoint, model_cfg, device=device)
+    return model, build_tokenizer(info.tokenizer), f"{info.kind} {info.path}"
+
+
+def run_inference_mode(cfg: DictConfig, run_dir: str, overrides: list[str]) -> dict:
+    g: GenerateConfig = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(GenerateConfig), cfg.generate))
+    validate_generate_config(g, cfg.mode)
+    world = dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", "1"))
+    if g.tp_size != world:
+        raise ValueError(f"generate.tp_size={g.tp_size} needs exactly that many processes, but {world} are running; "
+                         f"use torchrun --nproc-per-node {g.tp_size} -m dsrecipes mode={cfg.mode} ...")
+    if world > 1 and not dist.is_initialized():
+        from dsrecipes.launch import init_distributed
+
+        init_distributed()
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    device = torch.device(f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu")
+    prompts = _read_prompts(g) if cfg.mode == "generate" else []
+    model, tokenizer, source = _load(cfg, overrides, device)
+    say = print if rank == 0 else (lambda *a, **k: None)
+    if cfg.mode == "serve-bench":
+        return _serve_bench(model, g, device, run_dir, say, source)
+
+    from dsrecipes.inference.engine import init_inference
+
+    quant = None if g.quant == "none" else {"bits": 8 if g.quant == "int8" else 4,
+                                            "group_size": g.quant_group_size or (64 if g.quant == "int4" else 0)}
+    engine = init_inference(model, dtype=g.dtype, tensor_parallel=g.tp_size, kernel_inject=g.kernel_inject,
+                            quant=quant, tokenizer=tokenizer, device=device)
+    say(f"dsrecipes generate: {source}")
+    for line in engine.describe():
+        say(f"  {line}")
+    records = []
+    for first in range(0, len(prompts), g.batch_size):
+        batch = prompts[first:first + g.batch_size]
+        stream = g.stream and len(batch) == 1
+        if stream:
+            say(batch[0], end="", flush=True)
+        out = engine.generate(batch, max_new_tokens=g.max_new_tokens, temperature=g.temperature, top_k=g.top_k,
+                              top_p=g.top_p, repetition_penalty=g.repetition_penalty, stop_tokens=g.stop_tokens,
+                              seed=g.seed, stream=stream)
+        for prompt, text, reason in zip(batch, out.texts, out.finish_reasons):
+            if not stream:
+                say(f"--- {prompt!r}\n{prompt}{text}")
+            records.append({"prompt": prompt, "completion": text, "finish_reason": reason})
+        n_new = out.new_token_count
+        decode_rate = (n_new - len(batch)) / out.decode_s if out.decode_s else float("nan")
+        say(f"[{len(batch)} prompt(s): {n_new} new tokens, time to first token {out.prefill_s * 1e3:.1f} ms, "
+            f"decode {decode_rate:.1f} tokens/s]")
+    if g.output_file and rank == 0:
+        with open(g.output_file, "w") as f:
+            for record in records:
+                f.write(json.dumps(record) + "\n")
+        say(f"wrote {g.output_file}")
+    return {"generations": records}
+
+
+def _serve_bench(model, g: GenerateConfig, device, run_dir: str, say, source: str) -> dict:
+    from dsrecipes.benchmarks.inference import DTYPES, print_table, run_benchmark
+    from dsrecipes.benchmarks.results import write_rows
+
+    dtype = DTYPES.get(g.dtype, torch.float32)
+    prompt_len = min(g.bench_prompt_len, model.cfg.max_seq_len - g.bench_new_tokens)
+    rows = run_benchmark(model, list(g.bench_batch_sizes), prompt_len, g.bench_new_tokens, dtype, str(device),
+                         g.bench_repeats, list(g.bench_impls))
+    print_table(rows, f"serve-bench: {source}, {device}, {g.dtype}, prompt {prompt_len}, {g.bench_new_tokens} new tokens")
+    out = Path(run_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    say(f"wrote {write_rows(out, 'serve_bench', rows)}")
+    return {"serve_bench": rows}

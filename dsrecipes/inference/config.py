@@ -1,0 +1,71 @@
+"""The `generate` config group: what `python -m dsrecipes mode=generate` and `mode=serve-bench` run.
+
+    python -m dsrecipes mode=generate checkpoint=outputs/<date>/<time>_gpt prompt="Once upon a time"
+    python -m dsrecipes mode=generate generate.checkpoint=<run dir> generate.prompts_file=prompts.txt generate.batch_size=8
+    python -m dsrecipes mode=serve-bench generate.checkpoint=<run dir> generate.bench_batch_sizes=[1,8]
+
+(`checkpoint=` and `prompt=` are accepted as short forms of generate.checkpoint / generate.prompt
+when mode is generate or serve-bench; `checkpoint` alone otherwise names the checkpoint config group.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+INFERENCE_MODES = ("generate", "serve-bench")
+RECIPE_MODES = ("train", *INFERENCE_MODES)
+QUANT_CHOICES = ("none", "int8", "int4")
+DTYPE_CHOICES = ("fp32", "bf16", "fp16", "int8")
+
+
+@dataclass
+class GenerateConfig:
+    checkpoint: Optional[str] = None  # run dir, checkpoints folder, checkpoints/step_N or safetensors export
+    prompt: Optional[str] = None  # one prompt (text)
+    prompts_file: Optional[str] = None  # one prompt per line (empty lines skipped), generated in batches
+    batch_size: int = 8  # prompts per batch from prompts_file
+    max_new_tokens: int = 64
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
+    repetition_penalty: float = 1.0  # 1 = off
+    stop_tokens: Optional[List[int]] = None  # None = the tokenizer's end-of-sequence id
+    seed: int = 0
+    stream: bool = True  # print a single prompt's tokens as they are generated
+    output_file: Optional[str] = None  # also write {"prompt", "completion", "finish_reason"} JSON lines
+    dtype: str = "fp32"  # fp32 | bf16 | fp16 | int8 (fp16/bf16 activations + int8 weights)
+    kernel_inject: bool = False  # fused kernels (needs CUDA; on CPU they fall back to torch references)
+    quant: str = "none"  # none | int8 | int4 weight-only
+    quant_group_size: int = 0  # 0 = per output channel (int8); int4 defaults to 64 when 0
+    tp_size: int = 1  # tensor-parallel degree: run under torchrun --nproc-per-node tp_size
+    # serve-bench
+    bench_batch_sizes: List[int] = field(default_factory=lambda: [1, 8])
+    bench_prompt_len: int = 32
+    bench_new_tokens: int = 32
+    bench_repeats: int = 3
+    bench_impls: List[str] = field(default_factory=lambda: ["plain", "engine", "kernels", "int8", "int4", "hf"])
+
+
+def validate_generate_config(cfg: GenerateConfig, mode: str, prefix: str = "generate") -> None:
+    """ValueError naming the key, its value and the valid choices."""
+    if mode not in RECIPE_MODES:
+        raise ValueError(f"mode={mode!r} is not valid; choose one of: {', '.join(RECIPE_MODES)}")
+    if mode == "train":
+        return
+    if cfg.dtype not in DTYPE_CHOICES:
+        raise ValueError(f"{prefix}.dtype={cfg.dtype!r} is not valid; choose one of: {', '.join(DTYPE_CHOICES)}")
+    if cfg.quant not in QUANT_CHOICES:
+        raise ValueError(f"{prefix}.quant={cfg.quant!r} is not valid; choose one of: {', '.join(QUANT_CHOICES)}")
+    for key in ("batch_size", "tp_size", "bench_prompt_len", "bench_new_tokens", "bench_repeats"):
+        if getattr(cfg, key) < 1:
+            raise ValueError(f"{prefix}.{key}={getattr(cfg, key)} must be >= 1")
+    if cfg.max_new_tokens < 0:
+        raise ValueError(f"{prefix}.max_new_tokens={cfg.max_new_tokens} must be >= 0")
+    if mode == "generate":
+        if cfg.checkpoint is None:
+            raise ValueError(f"mode=generate needs {prefix}.checkpoint (a run dir, checkpoint or export), e.g. "
+                             "checkpoint=outputs/<date>/<time>_gpt")
+        if (cfg.prompt is None) == (cfg.prompts_file is None):
+            raise ValueError(f"mode=generate needs exactly one of {prefix}.prompt and {prefix}.prompts_file "
+                             f"(got prompt={cfg.prompt!r}, prompts_file={cfg.prompts_file!r})")

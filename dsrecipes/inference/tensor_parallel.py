@@ -1,0 +1,120 @@
+"""Tensor-parallel inference: shard a GPT's attention heads and MLP across the ranks of a group.
+
+    shard_for_inference(model, tp_group)     # in place, on every rank, with the full weights loaded
+
+Megatron layout, as DeepSpeed-Inference's kernel-injection/AutoTP path does it: q_proj and the key
+and value halves of kv_proj are split by heads (column parallel: each rank keeps its heads' rows),
+fc_in / gate / up by rows of the hidden layer; out_proj and fc_out are split by input columns (row
+parallel) and their partial outputs are summed with one all-reduce each, after which the bias is
+added once. Embeddings, norms and the LM head stay replicated, so every rank ends with the full,
+identical logits. Two all-reduces per block, none in the attention itself.
+
+The sharding slices plain tensors (no DTensor), because kv_proj packs keys and values in one
+weight: its rows are [k heads | v heads], and each rank needs its heads from both halves.
+
+Requires n_head and the kv head count divisible by the group size (clear ValueError otherwise, raised
+by `check_tp_size` before anything is built). Quantization runs after sharding (each rank quantizes its
+shard); with a quant.group_size dividing the shard widths the result equals single-device quantization
+exactly, while per-channel scales of row-parallel shards cover only that rank's columns.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from dsrecipes.models.config import ModelConfig
+from dsrecipes.models.layers import CausalSelfAttention, GeluMLP, SwiGLUMLP
+
+
+def check_tp_size(cfg: ModelConfig, tp_size: int, world_size: int | None = None, key: str = "tensor_parallel.tp_size") -> None:
+    """ValueError naming the key when tp_size cannot shard this model (or this launch)."""
+    if tp_size < 1:
+        raise ValueError(f"{key}={tp_size} must be >= 1")
+    if cfg.n_head % tp_size:
+        valid = [d for d in range(1, cfg.n_head + 1) if cfg.n_head % d == 0 and cfg.kv_heads % d == 0]
+        raise ValueError(f"{key}={tp_size} does not divide model.n_head={cfg.n_head}; valid sizes: {valid}")
+    if cfg.kv_heads % tp_size:
+        valid = [d for d in range(1, cfg.n_head + 1) if cfg.n_head % d == 0 and cfg.kv_heads % d == 0]
+        raise ValueError(f"{key}={tp_size} does not divide the kv heads (model.n_kv_head={cfg.kv_heads}); "
+                         f"valid sizes: {valid}")
+    if world_size is not None and tp_size > 1 and world_size != tp_size:
+        raise ValueError(f"{key}={tp_size} needs exactly {tp_size} processes, but the world size is {world_size}; "
+                         f"launch with torchrun --nproc-per-node {tp_size}")
+
+
+class RowParallelLinear(nn.Module):
+    """A rank's input-column shard of a linear; partial outputs are all-reduced, then the bias added once."""
+
+    def __init__(self, shard: nn.Module, bias: torch.Tensor | None, group):
+        super().__init__()
+        self.shard = shard  # nn.Linear without bias (or a quantized linear built from it)
+        self.bias = nn.Parameter(bias, requires_grad=False) if bias is not None else None
+        self.group = group
+
+    @property
+    def out_features(self) -> int:
+        return self.shard.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.shard(x)
+        dist.all_reduce(y, group=self.group)
+        return y + self.bias if self.bias is not None else y
+
+
+def _linear_from(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
+    out_f, in_f = weight.shape
+    linear = nn.Linear(in_f, out_f, bias=bias is not None, device="meta")
+    linear.weight = nn.Parameter(weight.clone(), requires_grad=False)
+    if bias is not None:
+        linear.bias = nn.Parameter(bias.clone(), requires_grad=False)
+    return linear
+
+
+def _rows(linear: nn.Linear, index: torch.Tensor) -> nn.Linear:
+    return _linear_from(linear.weight.detach()[index], linear.bias.detach()[index] if linear.bias is not None else None)
+
+
+def _column_chunk(linear: nn.Linear, rank: int, size: int, group) -> RowParallelLinear:
+    width = linear.in_features // size
+    weight = linear.weight.detach()[:, rank * width:(rank + 1) * width]
+    return RowParallelLinear(_linear_from(weight, None), linear.bias.detach() if linear.bias is not None else None, group)
+
+
+def _chunk_index(total: int, rank: int, size: int, device) -> torch.Tensor:
+    width = total // size
+    return torch.arange(rank * width, (rank + 1) * width, device=device)
+
+
+@torch.no_grad()
+def shard_for_inference(model: nn.Module, group=None) -> int:
+    """Shard `model` (a dsrecipes GPT with full weights) over `group`; returns the tp size. In place."""
+    size = dist.get_world_size(group)
+    rank = dist.get_rank(group)
+    check_tp_size(model.cfg, size)
+    if size == 1:
+        return 1
+    if getattr(model, "moe_cfg", None) is not None:
+        raise ValueError(f"tensor-parallel inference (tp_size={size}) does not shard MoE layers yet; "
+                         "generate from an MoE model with tp_size=1")
+    for module in model.modules():
+        if isinstance(module, CausalSelfAttention):
+            dev = module.q_proj.weight.device
+            hd, n_kv = module.head_dim, module.n_kv_head
+            module.q_proj = _rows(module.q_proj, _chunk_index(module.n_head * hd, rank, size, dev))
+            kv_rows = _chunk_index(n_kv * hd, rank, size, dev)
+            module.kv_proj = _rows(module.kv_proj, torch.cat([kv_rows, kv_rows + n_kv * hd]))
+            module.out_proj = _column_chunk(module.out_proj, rank, size, group)
+            module.n_head //= size
+            module.n_kv_head //= size
+        elif isinstance(module, GeluMLP):
+            dev = module.fc_in.weight.device
+            module.fc_in = _rows(module.fc_in, _chunk_index(module.fc_in.out_features, rank, size, dev))
+            module.fc_out = _column_chunk(module.fc_out, rank, size, group)
+        elif isinstance(module, SwiGLUMLP):
+            dev = module.gate.weight.device
+            index = _chunk_index(module.gate.out_features, rank, size, dev)
+            module.gate, module.up = _rows(module.gate, index), _rows(module.up, index)
+            module.fc_out = _column_chunk(module.fc_out, rank, size, group)
+    return size
