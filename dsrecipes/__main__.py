@@ -5,6 +5,7 @@
     python -m dsrecipes model=llama_debug precision=bf16 optimizer.lr=3e-4 trainer.max_steps=200
     python -m dsrecipes -m optimizer.lr=1e-3,3e-3 trainer.max_steps=20   # Hydra multirun sweep
     python -m dsrecipes --help                              # config groups and their options
+    python -m dsrecipes mode=generate checkpoint=outputs/<date>/<time>_gpt prompt="Once upon"   # inference
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ def run(cfg: DictConfig) -> dict:
     from dsrecipes.launch import spawn_workers, under_launcher, worker_main
 
     try:
+        if cfg.mode != "train":  # generate / serve-bench: the inference engine, no training
+            from dsrecipes.inference.cli import run_inference_mode
+
+            return run_inference_mode(cfg, HydraConfig.get().runtime.output_dir, list(HydraConfig.get().overrides.task))
         validate_launcher_config(cfg.launcher)
         joined = under_launcher()
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -78,6 +83,9 @@ def main() -> None:
         os.environ[RUN_STAMP_ENV] = stamp[0]
         if torch.distributed.get_rank() != 0:
             sys.argv.append("hydra.output_subdir=null")  # .hydra/ is written once, by rank 0
+    from dsrecipes.inference.cli import rewrite_aliases
+
+    sys.argv[1:] = rewrite_aliases(sys.argv[1:])  # mode=generate checkpoint=PATH prompt=TEXT
     run()
 
 

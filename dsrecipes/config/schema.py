@@ -10,11 +10,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from dsrecipes.compression.config import CompressionConfig
 from dsrecipes.data.config import DataConfig
+from dsrecipes.data_efficiency.config import DataEfficiencyConfig
 from dsrecipes.distributed.activation_checkpoint import ActivationCheckpointConfig
 from dsrecipes.distributed.config import LauncherConfig, ZeroConfig
+from dsrecipes.inference.config import GenerateConfig
 from dsrecipes.models.config import ModelConfig
 from dsrecipes.models.kernels_config import KernelsConfig, validate_kernels_config
+from dsrecipes.models.moe_config import MoEConfig
 from dsrecipes.training.config import (
     CheckpointConfig,
     LoggerConfig,
@@ -25,12 +29,13 @@ from dsrecipes.training.config import (
 )
 
 # Config groups, in the order the README documents them.
-CONFIG_GROUPS = ("model", "data", "optimizer", "lr_scheduler", "precision", "trainer", "checkpoint", "logger", "zero", "launcher", "kernels", "activation_checkpointing")
+CONFIG_GROUPS = ("model", "data", "optimizer", "lr_scheduler", "precision", "trainer", "checkpoint", "logger", "zero", "launcher", "kernels", "activation_checkpointing", "moe", "data_efficiency", "compression", "generate")
 
 
 @dataclass
 class RootConfig:
     name: str = "gpt"  # run name: appended to the run directory and used by loggers
+    mode: str = "train"  # train | generate | serve-bench (dsrecipes.inference.cli)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
@@ -43,6 +48,10 @@ class RootConfig:
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     kernels: KernelsConfig = field(default_factory=KernelsConfig)
     activation_checkpointing: ActivationCheckpointConfig = field(default_factory=ActivationCheckpointConfig)
+    moe: MoEConfig = field(default_factory=MoEConfig)
+    data_efficiency: DataEfficiencyConfig = field(default_factory=DataEfficiencyConfig)
+    compression: CompressionConfig = field(default_factory=CompressionConfig)
+    generate: GenerateConfig = field(default_factory=GenerateConfig)
 
 
 __all__ = ["CONFIG_GROUPS", "RootConfig", "KernelsConfig", "validate_kernels_config"]

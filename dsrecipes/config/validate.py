@@ -13,10 +13,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from dsrecipes.config.schema import RootConfig, validate_kernels_config
 from dsrecipes.data.config import validate_data_config
+from dsrecipes.data_efficiency.config import validate_data_efficiency_config
 from dsrecipes.distributed.activation_checkpoint import validate_activation_checkpoint_config
 from dsrecipes.distributed.config import validate_zero_config
 from dsrecipes.distributed.parallel_dims import ParallelDims
 from dsrecipes.models.config import validate_model_config
+from dsrecipes.models.moe_config import validate_moe_config
 from dsrecipes.training.batch import BatchSizes, resolve_batch_sizes
 from dsrecipes.training.lr_schedules import validate_lr_scheduler_config
 from dsrecipes.training.optimizers import validate_optimizer_config
@@ -79,6 +81,38 @@ def validate_engine_config(cfg: RootConfig, dp_world_size: int) -> BatchSizes:
     return batch
 
 
+def validate_moe_layout(root: RootConfig, world_size: int) -> None:
+    """The moe group's own checks, then what expert parallelism composes with (docs: README, MoE)."""
+    validate_moe_config(root.moe, root.model, world_size)
+    if not root.moe.enabled or root.moe.ep_size == 1 or world_size == 1:
+        return
+    if root.zero.stage == 1:
+        raise ValueError(
+            f"moe.ep_size={root.moe.ep_size} with zero.stage=1 is not supported (ZeRO-1's optimizer shards "
+            "would mix different ranks' experts); use zero.stage 0, 2 or 3"
+        )
+    if root.precision.master_weights and root.zero.stage == 0:
+        raise ValueError(
+            f"moe.ep_size={root.moe.ep_size} with precision.master_weights=true and zero.stage=0 is not "
+            "supported (full-state checkpoints hold one rank's experts); use precision=bf16 (autocast) or "
+            "zero.stage 2/3, whose sharded fp32 parameters are the master weights"
+        )
+
+
+def validate_compression_recipe(root: RootConfig, dp_world_size: int) -> None:
+    """The compression group's values, and the layouts its masks can follow (not FSDP-sharded parameters)."""
+    from dsrecipes.compression.config import validate_compression_config
+
+    comp = root.compression
+    validate_compression_config(comp, n_head=root.model.n_head, n_layer=root.model.n_layer)
+    pruning = [k for k in ("sparse_pruning", "row_pruning", "head_pruning", "channel_pruning") if getattr(comp, k).enabled]
+    if pruning and root.zero.stage >= 2 and dp_world_size > 1:
+        raise ValueError(
+            f"compression.{pruning[0]}.enabled=true with zero.stage={root.zero.stage} at world size {dp_world_size}: "
+            "pruning masks need unsharded parameters; use zero.stage 0 or 1"
+        )
+
+
 def validate_recipe(cfg: RootConfig | DictConfig, dp_world_size: int | None = None) -> tuple[RootConfig, BatchSizes]:
     """Every check a training recipe needs; returns the typed config and the batch sizes."""
     root = to_root(cfg)
@@ -91,5 +125,9 @@ def validate_recipe(cfg: RootConfig | DictConfig, dp_world_size: int | None = No
     _choice("logger.wandb_mode", root.logger.wandb_mode, WANDB_MODES)
     validate_kernels_config(root.kernels)
     validate_activation_checkpoint_config(root.activation_checkpointing)
+    validate_moe_layout(root, dp_world_size or data_parallel_world_size())
+    validate_data_efficiency_config(root.data_efficiency, root.model.n_layer, root.data.block_size,
+                                    lr_scheduler_target=root.lr_scheduler._target_)
+    validate_compression_recipe(root, dp_world_size or data_parallel_world_size())
     batch = validate_engine_config(root, dp_world_size or data_parallel_world_size())
     return root, batch

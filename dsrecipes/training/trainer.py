@@ -28,7 +28,7 @@ from dsrecipes.models import GPT, export_safetensors
 from dsrecipes.training.batch import BatchSizes
 from dsrecipes.training.checkpoint import find_resume_checkpoint
 from dsrecipes.training.extensions import Extensions, build_extensions
-from dsrecipes.training import activation_checkpoint_extension, kernel_extension  # noqa: F401  (register extensions)
+from dsrecipes.training import activation_checkpoint_extension, compression_extension, data_efficiency_extension, kernel_extension, moe_extension  # noqa: F401  (register extensions)
 from dsrecipes.training.initialize import build_engine
 from dsrecipes.training.loggers import MetricLoggers
 from dsrecipes.training.progress import TrainingProgress
@@ -87,6 +87,8 @@ class Trainer:
             rank=self.rank,
             world_size=self.batch.dp_world_size,
         )
+        for batch_source in self.extensions.batch_sources:  # e.g. a curriculum sampler
+            self.train_batches = batch_source(self, self.train_batches)
 
         model_cfg = cfg.model
         if model_cfg.vocab_size is None:
@@ -97,7 +99,7 @@ class Trainer:
                 f"{self.data.tokenizer.vocab_size} tokens; set it to null to take it from the tokenizer"
             )
         with torch.device(self.device):
-            model = GPT(model_cfg)
+            model = GPT(model_cfg, moe=cfg.moe)
         self.gpt = model
         for transform in self.extensions.model_transforms:
             model = transform(model)
@@ -194,7 +196,11 @@ class Trainer:
 
     def save_checkpoint(self) -> Path:
         save_dir = self.run_dir / self.cfg.checkpoint.dirname
-        path = self.engine.save_checkpoint(save_dir, client_state={"data": self.train_batches.state_dict()})
+        client_state = {"data": self.train_batches.state_dict()}
+        for callback in self.extensions.callbacks:
+            if getattr(callback, "state_key", None):
+                client_state[callback.state_key] = callback.state_dict()
+        path = self.engine.save_checkpoint(save_dir, client_state=client_state)
         self.log.info("checkpoint: %s", path)
         return path
 
@@ -211,6 +217,9 @@ class Trainer:
         _, client_state = self.engine.load_checkpoint(path.parent, tag=path.name)
         if "data" in client_state:
             self.train_batches.load_state_dict(client_state["data"])
+        for callback in self.extensions.callbacks:
+            if getattr(callback, "state_key", None) in client_state:
+                callback.load_state_dict(client_state[callback.state_key])
         self.log.info("resumed from %s at step %d", path, self.engine.global_steps)
 
     def fit(self) -> dict:
@@ -288,7 +297,9 @@ class Trainer:
         out = self.run_dir / "export"
         state = self.engine.module_state_dict()  # a collective under FSDP2: every rank takes part
         if self.is_logging_rank:
-            export_safetensors(state, self.cfg.model, out, extra={"tokenizer": self.cfg.data.tokenizer})
+            export_safetensors(
+                state, self.cfg.model, out, extra={"tokenizer": self.cfg.data.tokenizer}, moe_cfg=self.cfg.moe
+            )
             self.log.info("export: %s", out)
         return out
 
