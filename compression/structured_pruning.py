@@ -10,8 +10,9 @@ units) (at least 1) are kept; the 0/1 keep-vector is then applied to every tenso
                      (the consumer, e.g. `fc_out` after `fc_in`) input columns.
     head_pruning     module = the attention output projection (`out_proj`, as DeepSpeed); its input
                      columns, grouped in `num_heads` heads of head_dim columns; `related_modules`
-                     (q_proj, the fused kv_proj) rows, laid out as r stacked [num_heads, head_dim] blocks
-                     (r = 1 for q, 2 for fused k,v). Grouped-query attention is refused.
+                     (q_proj, the fused kv_proj) rows: q as [num_heads, head_dim], the fused kv_proj
+                     as [num_heads, k|v, head_dim] (its parts interleaved per head). Grouped-query
+                     attention is refused.
     channel_pruning  module (nn.Conv1d/2d) output channels and bias; related nn.BatchNorm's vectors and
                      the next conv's input channels.
 
@@ -145,6 +146,7 @@ class PrunedTarget:
     dim: int  # 0 = output rows/channels (and bias), 1 = input columns/channels; -1 = a norm's vectors
     repeat: int = 1
     unit_size: int = 1
+    interleaved: bool = False  # laid out [units, repeat, unit_size] (dsrecipes' fused kv_proj: [head, k|v, dim])
 
 
 @dataclass
@@ -158,6 +160,8 @@ class UnitGroup:
     heads: bool = False  # the units are attention heads (clean updates the attention's head counts)
 
     def element_mask(self, target: PrunedTarget) -> torch.Tensor:
+        if target.interleaved:
+            return self.keep.view(self.units, 1, 1).expand(self.units, target.repeat, target.unit_size).reshape(-1)
         keep = self.keep.view(1, self.units, 1).expand(target.repeat, self.units, target.unit_size)
         return keep.reshape(-1)
 
@@ -231,7 +235,9 @@ class StructuredPruner:
             if rows % (h * head_dim):
                 raise ValueError(f"{key}.related_modules: {rm} has {rows} rows, not a multiple of "
                                  f"num_heads * head_dim = {h * head_dim}")
-            targets.append(PrunedTarget(rm, 0, rows // (h * head_dim), head_dim))
+            repeat = rows // (h * head_dim)
+            # a fused projection of dsrecipes' attention (kv_proj) interleaves its parts per head
+            targets.append(PrunedTarget(rm, 0, repeat, head_dim, interleaved=repeat > 1))
         return UnitGroup(name, h, targets, heads=True)
 
     def _channel_group(self, name: str, key: str) -> UnitGroup:

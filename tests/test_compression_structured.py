@@ -130,8 +130,8 @@ def test_head_pruning_masks_whole_heads_in_q_kv_and_out():
     for h in range(4):
         cols = attn.out_proj.weight[:, h * d:(h + 1) * d]
         qrows = attn.q_proj.weight[h * d:(h + 1) * d]
-        krows = attn.kv_proj.weight[h * d:(h + 1) * d]
-        vrows = attn.kv_proj.weight[32 + h * d:32 + (h + 1) * d]
+        krows = attn.kv_proj.weight[2 * h * d:(2 * h + 1) * d]  # kv_proj rows: [head, k|v, head_dim]
+        vrows = attn.kv_proj.weight[(2 * h + 1) * d:(2 * h + 2) * d]
         for t in (cols, qrows, krows, vrows):
             assert bool((t == 0).all()) == (not keep[h])
 

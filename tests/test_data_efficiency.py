@@ -163,7 +163,7 @@ def _reference_llama_block(block, x, idx, cos, sin):
     bsz, seq, _ = x.shape
     h = block.attn_norm(x)
     q = attn.q_proj(h).view(bsz, seq, attn.n_head, attn.head_dim).transpose(1, 2)
-    k, v = attn.kv_proj(h).view(bsz, seq, 2, attn.n_kv_head, attn.head_dim).unbind(2)
+    k, v = attn.kv_proj(h).view(bsz, seq, attn.n_kv_head, 2, attn.head_dim).unbind(3)
     k, v = k.transpose(1, 2), v.transpose(1, 2)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)  # every position rotated by its own angle
     q, k, v = q[:, :, idx], k[:, :, idx], v[:, :, idx]

@@ -47,8 +47,8 @@ def test_grouped_query_attention_matches_repeated_heads():
     mha = GPT(small("llama")).eval()
     state = gqa.state_dict()
     for i in range(2):
-        w = state[f"blocks.{i}.attn.kv_proj.weight"].view(2, 2, 8, 32)  # (k|v, kv_head, head_dim, d)
-        state[f"blocks.{i}.attn.kv_proj.weight"] = w.repeat_interleave(2, dim=1).reshape(2 * 4 * 8, 32)
+        w = state[f"blocks.{i}.attn.kv_proj.weight"].view(2, 2, 8, 32)  # (kv_head, k|v, head_dim, d)
+        state[f"blocks.{i}.attn.kv_proj.weight"] = w.repeat_interleave(2, dim=0).reshape(4 * 2 * 8, 32)
     mha.load_state_dict(state)
     ids = torch.randint(0, 50, (2, 16))
     torch.testing.assert_close(gqa(ids).logits, mha(ids).logits)

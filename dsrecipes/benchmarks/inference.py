@@ -101,10 +101,13 @@ def _hf_model(model: GPT):
     for i, b in enumerate(model.blocks):
         p = f"transformer.h.{i}."
         q, kv = b.attn.q_proj, b.attn.kv_proj
+        n_kv, hd = b.attn.n_kv_head, b.attn.head_dim  # kv rows [kv_head, k|v, head_dim] -> HF's [k; v]
+        kv_w = kv.weight.view(n_kv, 2, hd, -1).transpose(0, 1).reshape(2 * n_kv * hd, -1)
+        kv_b = kv.bias.view(n_kv, 2, hd).transpose(0, 1).reshape(-1)
         sd.update({
             p + "ln_1.weight": b.attn_norm.weight, p + "ln_1.bias": b.attn_norm.bias,
             p + "ln_2.weight": b.mlp_norm.weight, p + "ln_2.bias": b.mlp_norm.bias,
-            p + "attn.c_attn.weight": torch.cat([q.weight, kv.weight]).T, p + "attn.c_attn.bias": torch.cat([q.bias, kv.bias]),
+            p + "attn.c_attn.weight": torch.cat([q.weight, kv_w]).T, p + "attn.c_attn.bias": torch.cat([q.bias, kv_b]),
             p + "attn.c_proj.weight": b.attn.out_proj.weight.T, p + "attn.c_proj.bias": b.attn.out_proj.bias,
             p + "mlp.c_fc.weight": b.mlp.fc_in.weight.T, p + "mlp.c_fc.bias": b.mlp.fc_in.bias,
             p + "mlp.c_proj.weight": b.mlp.fc_out.weight.T, p + "mlp.c_proj.bias": b.mlp.fc_out.bias,

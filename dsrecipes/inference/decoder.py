@@ -125,7 +125,7 @@ class CachedDecoder:
         bsz, seq_len, _ = h.shape
         n_head, n_kv, head_dim = attn.n_head, attn.n_kv_head, attn.head_dim
         q = attn.q_proj(h).view(bsz, seq_len, n_head, head_dim).transpose(1, 2)
-        k, v = attn.kv_proj(h).view(bsz, seq_len, 2, n_kv, head_dim).unbind(2)
+        k, v = attn.kv_proj(h).view(bsz, seq_len, n_kv, 2, head_dim).unbind(3)  # rows [kv_head, k|v, head_dim]
         k, v = k.transpose(1, 2), v.transpose(1, 2)
         if rope is not None:
             q, k = rotate(q, *rope), rotate(k, *rope)

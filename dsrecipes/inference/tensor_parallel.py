@@ -2,15 +2,16 @@
 
     shard_for_inference(model, tp_group)     # in place, on every rank, with the full weights loaded
 
-Megatron layout, as DeepSpeed-Inference's kernel-injection/AutoTP path does it: q_proj and the key
-and value halves of kv_proj are split by heads (column parallel: each rank keeps its heads' rows),
+Megatron layout, as DeepSpeed-Inference's kernel-injection/AutoTP path does it: q_proj and kv_proj
+are split by heads (column parallel: each rank keeps its heads' rows; kv_proj's rows are laid out
+[kv_head, k|v, head_dim], so a contiguous chunk holds whole kv heads with their keys and values),
 fc_in / gate / up by rows of the hidden layer; out_proj and fc_out are split by input columns (row
 parallel) and their partial outputs are summed with one all-reduce each, after which the bias is
 added once. Embeddings, norms and the LM head stay replicated, so every rank ends with the full,
 identical logits. Two all-reduces per block, none in the attention itself.
 
-The sharding slices plain tensors (no DTensor), because kv_proj packs keys and values in one
-weight: its rows are [k heads | v heads], and each rank needs its heads from both halves.
+The sharding slices plain tensors (no DTensor): inference keeps no optimizer state or checkpoints,
+and plain modules let the quantized and kernel-injected paths run unchanged on every rank.
 
 Requires n_head and the kv head count divisible by the group size (clear ValueError otherwise, raised
 by `check_tp_size` before anything is built). Quantization runs after sharding (each rank quantizes its
@@ -103,8 +104,8 @@ def shard_for_inference(model: nn.Module, group=None) -> int:
             dev = module.q_proj.weight.device
             hd, n_kv = module.head_dim, module.n_kv_head
             module.q_proj = _rows(module.q_proj, _chunk_index(module.n_head * hd, rank, size, dev))
-            kv_rows = _chunk_index(n_kv * hd, rank, size, dev)
-            module.kv_proj = _rows(module.kv_proj, torch.cat([kv_rows, kv_rows + n_kv * hd]))
+            # kv_proj rows are [kv_head, k|v, head_dim]: a contiguous chunk holds whole kv heads
+            module.kv_proj = _rows(module.kv_proj, _chunk_index(2 * n_kv * hd, rank, size, dev))
             module.out_proj = _column_chunk(module.out_proj, rank, size, group)
             module.n_head //= size
             module.n_kv_head //= size

@@ -97,7 +97,13 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class CausalSelfAttention(nn.Module):
-    """Multi-head (or grouped-query) causal self-attention via torch SDPA."""
+    """Multi-head (or grouped-query) causal self-attention via torch SDPA.
+
+    kv_proj fuses keys and values head by head: its output rows are laid out [kv_head, (k|v), head_dim],
+    so any contiguous slice of whole kv heads holds both their keys and values (tensor parallelism
+    shards it column-wise like q_proj). Head counts are read from the projections' outputs, so the
+    same forward runs on a tensor-parallel rank that holds n_head/tp heads.
+    """
 
     # Hooks. attention_fn(q [B,H,T,D], k, v [B,Hkv,T,D]) -> causal attention [B,H,T,D] (handles GQA
     # itself, no dropout); None = SDPA. rope_fn(x, cos, sin) -> rotated x; None = apply_rope.
@@ -115,22 +121,22 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         bsz, seq_len, _ = x.shape
-        q = self.q_proj(x).view(bsz, seq_len, self.n_head, self.head_dim).transpose(1, 2)
-        k, v = self.kv_proj(x).view(bsz, seq_len, 2, self.n_kv_head, self.head_dim).unbind(2)
+        q = self.q_proj(x).view(bsz, seq_len, -1, self.head_dim).transpose(1, 2)
+        k, v = self.kv_proj(x).view(bsz, seq_len, -1, 2, self.head_dim).unbind(3)
         k, v = k.transpose(1, 2), v.transpose(1, 2)
         if self.use_rope:
             rope_fn = self.rope_fn if self.rope_fn is not None else apply_rope
             q, k = rope_fn(q, *rope), rope_fn(k, *rope)
         if self.attention_fn is not None:
             y = self.attention_fn(q, k, v)
-            return self.out_proj(y.transpose(1, 2).reshape(bsz, seq_len, self.n_head * self.head_dim))
-        if self.n_kv_head != self.n_head:
-            repeat = self.n_head // self.n_kv_head
+            return self.out_proj(y.transpose(1, 2).reshape(bsz, seq_len, -1))
+        if k.shape[1] != q.shape[1]:
+            repeat = q.shape[1] // k.shape[1]
             k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
         y = F.scaled_dot_product_attention(
             q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
         )
-        return self.out_proj(y.transpose(1, 2).reshape(bsz, seq_len, self.n_head * self.head_dim))
+        return self.out_proj(y.transpose(1, 2).reshape(bsz, seq_len, -1))
 
 
 class Block(nn.Module):
