@@ -1,0 +1,190 @@
+"""The `sparse_attention` config group and the model hook that runs a GPT's attention block-sparse.
+
+Why: long sequences (1-2k tokens and up) make dense attention's T^2 scores dominate; DeepSpeed's
+sparse attention lets each query block see only a few key blocks (dsrecipes.models.sparsity_config).
+Select a layout per recipe:
+
+    python -m dsrecipes sparse_attention=bigbird data.block_size=1024 model.max_seq_len=1024
+    python -m dsrecipes +experiment=gpt_sparse_long
+
+`SparseAttentionConfig` is the group's schema (DeepSpeed's keys, flat; each mode reads its own).
+`apply_sparse_attention(model, cfg)` sets `CausalSelfAttention.attention_fn` on every attention
+module to a `BlockSparseAttention` callable: the layout is built once per sequence length (and
+device) from the *global* head count, intersected with the causal block triangle, and the
+within-block causal mask applies on diagonal blocks. Nothing is added to the state dict, so
+checkpoints move freely between sparse and dense recipes. Sequences that are not a multiple of the
+block (generation) are right-padded to one: padded keys lie after every real query, so the causal
+mask hides them and the real rows are exact.
+
+impl: auto (Triton kernel on CUDA, the gathered pure-torch path otherwise — both ~linear in T),
+triton (the kernel; falls back to the dense reference with a warning where Triton cannot run),
+gathered, reference (dense masked attention, O(T^2), for checking). The inference engine's KV-cache
+decoder keeps dense attention (it does not call `attention_fn`).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field, fields
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dsrecipes.models.sparsity_config import LAYOUT_CLASSES, ATTENTION_TYPES, SparsityConfig
+
+SPARSE_MODES = ("none",) + tuple(LAYOUT_CLASSES)
+SPARSE_IMPLS = ("auto", "triton", "gathered", "reference")
+_COMMON_KEYS = ("mode", "block", "impl", "different_layout_per_head", "attention")
+
+
+@dataclass
+class SparseAttentionConfig:
+    """DeepSpeed's `sparse_attention` block (same keys and defaults except where noted).
+
+    Deliberate differences: `attention` defaults to unidirectional (our models are causal decoders;
+    DeepSpeed's JSON default is bidirectional), `mode` defaults to none (off), `seed` makes random
+    blocks reproducible, `impl` picks the implementation.
+    """
+
+    mode: str = "none"  # none | dense | fixed | variable | bigbird | bslongformer | sliding_window
+    block: int = 16  # tokens per layout block side; data.block_size must be a multiple
+    impl: str = "auto"  # auto | triton | gathered | reference
+    different_layout_per_head: bool = False
+    attention: str = "unidirectional"  # unidirectional (causal) | bidirectional (layouts only; the model is causal)
+    num_local_blocks: int = 4  # fixed
+    num_global_blocks: int = 1  # fixed, bigbird
+    horizontal_global_attention: bool = False  # fixed, variable (bidirectional only)
+    num_different_global_patterns: int = 1  # fixed
+    num_random_blocks: int = 0  # variable, bigbird (conf/sparse_attention/bigbird.yaml sets BigBird's 1)
+    local_window_blocks: list[int] = field(default_factory=lambda: [4])  # variable
+    global_block_indices: list[int] = field(default_factory=lambda: [0])  # variable, bslongformer
+    global_block_end_indices: Optional[list[int]] = None  # variable, bslongformer
+    num_sliding_window_blocks: int = 3  # bigbird, bslongformer, sliding_window
+    seed: int = 0  # random blocks (variable, bigbird): same layout on every rank and after resume
+
+
+def build_sparsity_config(cfg: SparseAttentionConfig, num_heads: int, prefix: str = "sparse_attention") -> SparsityConfig:
+    """The layout object for cfg.mode (keys the mode does not use are ignored; see `unused_keys`)."""
+    if cfg.mode not in LAYOUT_CLASSES:
+        raise ValueError(f"{prefix}.mode={cfg.mode!r} has no layout; choose one of: {', '.join(LAYOUT_CLASSES)}")
+    cls = LAYOUT_CLASSES[cfg.mode]
+    names = {f.name for f in fields(cls)} - {"num_heads", "prefix"}
+    kwargs = {name: getattr(cfg, name) for name in names if hasattr(cfg, name)}
+    for key in ("local_window_blocks", "global_block_indices", "global_block_end_indices"):
+        if key in kwargs and kwargs[key] is not None:
+            kwargs[key] = [int(x) for x in kwargs[key]]
+    return cls(num_heads=num_heads, prefix=prefix, **kwargs)
+
+
+def unused_keys(cfg: SparseAttentionConfig) -> list[str]:
+    """Keys set away from their defaults that cfg.mode does not read (they would be silently ignored)."""
+    if cfg.mode not in LAYOUT_CLASSES:
+        return []
+    used = {f.name for f in fields(LAYOUT_CLASSES[cfg.mode])} | set(_COMMON_KEYS)
+    default = SparseAttentionConfig()
+    return [f.name for f in fields(SparseAttentionConfig)
+            if f.name not in used and getattr(cfg, f.name) != getattr(default, f.name)]
+
+
+def validate_sparse_attention_config(cfg: SparseAttentionConfig, n_head: int, seq_len: int, dropout: float = 0.0,
+                                     prefix: str = "sparse_attention") -> None:
+    """ValueError naming the key unless the layout can be built for `seq_len` (data.block_size) and n_head."""
+    if cfg.mode not in SPARSE_MODES:
+        raise ValueError(f"{prefix}.mode={cfg.mode!r} is not valid; choose one of: {', '.join(SPARSE_MODES)}")
+    if cfg.mode == "none":
+        return
+    if cfg.impl not in SPARSE_IMPLS:
+        raise ValueError(f"{prefix}.impl={cfg.impl!r} is not valid; choose one of: {', '.join(SPARSE_IMPLS)}")
+    if cfg.attention not in ATTENTION_TYPES:
+        raise ValueError(f"{prefix}.attention={cfg.attention!r} is not valid; choose one of: "
+                         f"{', '.join(ATTENTION_TYPES)}")
+    if cfg.block < 1:
+        raise ValueError(f"{prefix}.block={cfg.block} must be >= 1")
+    if seq_len % cfg.block != 0:
+        raise ValueError(f"data.block_size={seq_len} must be a multiple of {prefix}.block={cfg.block} "
+                         f"(e.g. {max(cfg.block, seq_len - seq_len % cfg.block)})")
+    build_sparsity_config(cfg, n_head, prefix).make_layout(seq_len)  # raises on layout-specific problems
+    if dropout > 0:
+        warnings.warn(f"{prefix}.mode={cfg.mode} with model.dropout={dropout}: block-sparse attention applies no "
+                      "attention-probability dropout (residual dropout still applies)", stacklevel=2)
+    ignored = unused_keys(cfg)
+    if ignored:
+        warnings.warn(f"{prefix}.mode={cfg.mode} does not use {', '.join(prefix + '.' + k for k in ignored)}; "
+                      "they are ignored", stacklevel=2)
+
+
+class BlockSparseAttention:
+    """`attention_fn(q [B,H,T,D], k, v [B,Hkv,T,D]) -> [B,H,T,D]`: causal attention over a block layout.
+
+    A plain object (not an nn.Module), so assigning it to attention modules adds no state. Layouts
+    and their kernel indices are cached per (T, device). When q carries fewer heads than the layout
+    (tensor or sequence parallelism shards heads), identical per-head layouts are broadcast; distinct
+    per-head layouts need the full head count (ValueError otherwise).
+    """
+
+    def __init__(self, layout_config: SparsityConfig, impl: str = "auto"):
+        if impl not in SPARSE_IMPLS:
+            raise ValueError(f"sparse_attention.impl={impl!r} is not valid; choose one of: {', '.join(SPARSE_IMPLS)}")
+        self.layout_config = layout_config
+        self.block = layout_config.block
+        self.impl = impl
+        self._cache: dict = {}
+
+    def layout(self, seq_len: int, num_heads: int, device) -> tuple[torch.Tensor, object]:
+        key = (seq_len, num_heads, str(device))
+        if key not in self._cache:
+            layout = torch.tril(self.layout_config.make_layout(seq_len))
+            if num_heads != layout.shape[0]:
+                if not bool((layout == layout[:1]).all()):
+                    raise ValueError(
+                        f"sparse_attention.different_layout_per_head=true needs all {layout.shape[0]} heads in one "
+                        f"attention call, got {num_heads} (heads sharded by tensor/sequence parallelism)")
+                layout = layout[:1].expand(num_heads, -1, -1)
+            layout = layout.contiguous().to(device)
+            self._cache[key] = (layout, {})
+        return self._cache[key]
+
+    def _prepared(self, extras: dict, what: str, build):
+        """Per-layout derived data (kernel index, gather plan), built on first use."""
+        if what not in extras:
+            extras[what] = build()
+        return extras[what]
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        from dsrecipes.kernels import block_sparse_attention as bsa
+
+        T = q.shape[2]
+        pad = (-T) % self.block
+        if pad:  # right-pad to a whole block: padded keys come after every real query (causal hides them)
+            q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
+        layout, extras = self.layout(T + pad, q.shape[1], q.device)
+        impl = self.impl
+        if impl == "auto":
+            impl = "triton" if q.is_cuda else "gathered"
+        if impl == "triton":
+            index = self._prepared(extras, "index", lambda: bsa.BlockSparseIndex.from_layout(layout, True, q.device))
+            out = bsa.block_sparse_attention(q, k, v, layout, self.block, causal=True, index=index)
+        elif impl == "gathered":
+            plan = self._prepared(extras, ("plan", k.shape[1]),
+                                  lambda: bsa.GatherPlan.from_layout(layout, self.block, True, k.shape[1], q.device))
+            out = bsa.block_sparse_attention_gathered(q, k, v, layout, self.block, causal=True, plan=plan)
+        else:
+            out = bsa.block_sparse_attention_reference(q, k, v, layout, self.block, causal=True)
+        return out[:, :, :T] if pad else out
+
+
+def apply_sparse_attention(model: nn.Module, cfg: SparseAttentionConfig, num_heads: int) -> int:
+    """Route every CausalSelfAttention of `model` through one BlockSparseAttention; returns how many."""
+    from dsrecipes.models.layers import CausalSelfAttention
+
+    if cfg.mode == "none":
+        return 0
+    fn = BlockSparseAttention(build_sparsity_config(cfg, num_heads), cfg.impl)
+    count = 0
+    for module in model.modules():
+        if isinstance(module, CausalSelfAttention):
+            module.attention_fn = fn
+            count += 1
+    return count
