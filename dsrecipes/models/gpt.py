@@ -86,16 +86,30 @@ class GPT(nn.Module):
             self.rope_cos.copy_(cos)
             self.rope_sin.copy_(sin)
 
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> GPTOutput:
-        """input_ids, labels: [batch, seq] token ids; the loss is mean cross-entropy over all labels != -100."""
+    def forward(
+        self, input_ids: torch.Tensor, labels: torch.Tensor | None = None, position_offset: int = 0
+    ) -> GPTOutput:
+        """input_ids, labels: [batch, seq] token ids; the loss is mean cross-entropy over all labels != -100.
+
+        position_offset: position of input_ids' first token (positions offset .. offset+seq-1 for the
+        position embedding / rotary tables); a sequence-parallel rank holding chunk r of T/P tokens
+        passes r*T/P (dsrecipes.distributed.sequence_parallel).
+        """
         seq_len = input_ids.shape[1]
-        if seq_len > self.cfg.max_seq_len:
-            raise ValueError(f"sequence length {seq_len} exceeds model.max_seq_len={self.cfg.max_seq_len}")
+        position_offset = int(position_offset)
+        if position_offset < 0 or position_offset + seq_len > self.cfg.max_seq_len:
+            raise ValueError(
+                f"positions {position_offset}..{position_offset + seq_len - 1} (sequence length {seq_len}, "
+                f"position_offset {position_offset}) exceed model.max_seq_len={self.cfg.max_seq_len}"
+            )
         x = self.tok_emb(input_ids)
         if self.pos_emb is not None:
-            x = x + self.pos_emb(torch.arange(seq_len, device=input_ids.device))
+            x = x + self.pos_emb(torch.arange(position_offset, position_offset + seq_len, device=input_ids.device))
         x = self.emb_dropout(x)
-        rope = (self.rope_cos, self.rope_sin) if self.cfg.style == "llama" else None
+        rope = None
+        if self.cfg.style == "llama":  # tables sliced from the offset: blocks see rows 0.. as positions offset..
+            end = position_offset + seq_len
+            rope = (self.rope_cos[position_offset:end], self.rope_sin[position_offset:end])
         for block in self.blocks:
             x = block(x, rope)
         logits = self.lm_head(self.final_norm(x))

@@ -1,0 +1,345 @@
+"""Ulysses sequence parallelism (SP=2, CPU/gloo) reproduces the single process on the full sequence.
+
+Every worker builds the same seeded model and batch, runs the single-process reference on the whole
+sequence itself, then the SP=2 copy on its half (all-to-alls around attention, position offset r*T/2)
+and compares: its logits with the reference's rows for its chunk, the mean of the two ranks' losses
+with the full-sequence loss, and every parameter gradient averaged over the two ranks (as DDP does)
+with the reference gradient; then a few AdamW steps under DDP against single-process steps, at
+SP=2 (world 2) and at dp 2 x sp 2 (world 4, sp groups {0,1} and {2,3}).
+
+Tolerance (fp32): logits/loss 1e-5 absolute + 1e-5 relative, gradients 1e-5 / 1e-4; the optimizer
+run's losses 2e-5 absolute over 6 steps (tests/test_distributed.py's). The math is the same; only
+summation orders differ (attention over a re-assembled sequence, gradients summed across ranks by
+the all-to-all backward and by the gradient all-reduce).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from dsrecipes.distributed.sequence_parallel import (
+    SequenceParallel,
+    UlyssesAttention,
+    apply_sequence_parallel,
+    heads_to_seq,
+    seq_to_heads,
+    sequence_parallel_disabled,
+    sequence_parallel_extensions,
+    shard_sequence,
+    validate_sequence_parallel,
+    validate_sequence_parallel_recipe,
+)
+from dsrecipes.models import GPT
+from dsrecipes.models.config import ModelConfig
+from tests.distributed_harness import run_distributed
+
+FWD = dict(rtol=1e-5, atol=1e-5)
+GRAD = dict(rtol=1e-4, atol=1e-5)
+SEQ = 16
+VOCAB = 64
+
+STYLES = {
+    "gpt2": dict(style="gpt2", n_head=4),
+    "llama_gqa2": dict(style="llama", n_head=4, n_kv_head=2),  # kv heads split over sp
+    "llama_mqa": dict(style="llama", n_head=4, n_kv_head=1),  # 1 kv head < sp=2: repeated first
+}
+
+
+def _model(style: str, **extra) -> GPT:
+    torch.manual_seed(0)
+    cfg = ModelConfig(n_layer=2, d_model=64, vocab_size=VOCAB, max_seq_len=32, **STYLES[style], **extra)
+    return GPT(cfg)
+
+
+def _batch(bsz: int = 2, seed: int = 1) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, VOCAB, (bsz, SEQ + 1), generator=g)
+    return {"input_ids": ids[:, :-1].contiguous(), "labels": ids[:, 1:].contiguous()}
+
+
+def _mean_over_group(t: torch.Tensor) -> torch.Tensor:
+    t = t.detach().clone()
+    dist.all_reduce(t)
+    return t / dist.get_world_size()
+
+
+def _check_forward_backward(rank: int, world: int, style: str, local_attention=None, ignore_labels: bool = False) -> None:
+    ref = _model(style)
+    batch = _batch()
+    if ignore_labels:  # uneven counts per chunk: 5 ignored in chunk 0, 1 in chunk 1
+        batch["labels"][0, :5] = -100
+        batch["labels"][1, SEQ - 1] = -100
+    ref_out = ref(batch["input_ids"], labels=batch["labels"])
+    ref_out.loss.backward()
+
+    model = copy.deepcopy(ref)
+    model.zero_grad(set_to_none=True)
+    if local_attention is not None:
+        for block in model.blocks:
+            block.attn.attention_fn = local_attention
+    sp = SequenceParallel(dist.group.WORLD)
+    sp.install(model)
+    assert all(isinstance(b.attn.attention_fn, UlyssesAttention) for b in model.blocks)
+    local = sp.shard(batch)
+    chunk = SEQ // world
+    assert local["input_ids"].shape == (2, chunk) and local["position_offset"] == rank * chunk
+    out = model(local["input_ids"], labels=local["labels"], position_offset=local["position_offset"])
+    loss = sp.loss(out.loss, local["labels"]) if ignore_labels else out.loss
+    torch.testing.assert_close(out.logits, ref_out.logits[:, rank * chunk:(rank + 1) * chunk], **FWD)
+    torch.testing.assert_close(_mean_over_group(loss), ref_out.loss.detach(), **FWD)
+    loss.backward()
+    for (name, p), (_, p_ref) in zip(model.named_parameters(), ref.named_parameters()):
+        torch.testing.assert_close(_mean_over_group(p.grad), p_ref.grad, **GRAD, msg=lambda m, n=name: f"{n}: {m}")
+    with sequence_parallel_disabled(model):  # whole sequence on one rank, no collectives (sampling)
+        torch.testing.assert_close(model(batch["input_ids"]).logits, ref_out.logits, **FWD)
+    assert all(isinstance(b.attn.attention_fn, UlyssesAttention) for b in model.blocks)  # restored
+
+
+def _worker_styles(rank: int, world: int) -> None:
+    for style in STYLES:
+        _check_forward_backward(rank, world, style)
+    # the Trainer's pieces: a model transform and a batch hook
+    ext = sequence_parallel_extensions(SequenceParallel(dist.group.WORLD))
+    model = ext.model_transforms[0](_model("gpt2"))
+    assert all(isinstance(b.attn.attention_fn, UlyssesAttention) for b in model.blocks)
+    local = ext.batch_hooks[0](_batch(), 0)
+    assert local["position_offset"] == rank * SEQ // world and local["input_ids"].shape[1] == SEQ // world
+    _check_forward_backward(rank, world, "llama_gqa2", ignore_labels=True)
+    _check_forward_backward(rank, world, "gpt2", ignore_labels=True)
+
+
+@pytest.mark.timeout(120)
+def test_sp2_forward_and_gradients_match_single_process():
+    """gpt2 (learned positions) and llama (rope; GQA and MQA) at SP=2; also -100 labels, reweighted."""
+    run_distributed(_worker_styles, 2, timeout_s=110)
+
+
+def _worker_local_attention(rank: int, world: int) -> None:
+    seen = []
+
+    def recording_sdpa(q, k, v):  # any fn(q, k, v) works; it sees the whole sequence for H/P heads
+        seen.append((tuple(q.shape), tuple(k.shape)))
+        rep = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    _check_forward_backward(rank, world, "llama_gqa2", local_attention=recording_sdpa)
+    # 2 layers under Ulysses (whole sequence, H/P heads), then 2 with SP disabled (every head, one rank)
+    assert seen == [((2, 2, SEQ, 16), (2, 1, SEQ, 16))] * 2 + [((2, 4, SEQ, 16), (2, 2, SEQ, 16))] * 2, seen
+
+    os.environ["TRITON_INTERPRET"] = "1"  # before the kernel module is imported in this worker
+    from dsrecipes.kernels.flash_attention import flash_attention
+
+    paths = []
+
+    def flash(q, k, v):
+        out = flash_attention(q, k, v)
+        paths.append(type(out.grad_fn).__name__)
+        return out
+
+    _check_forward_backward(rank, world, "llama_mqa", local_attention=flash)
+    assert paths[:2] == ["FlashAttentionFunctionBackward"] * 2, paths  # the Triton kernel ran, not its fallback
+
+
+@pytest.mark.timeout(150)
+def test_sp2_wraps_any_local_attention_including_the_triton_flash_kernel():
+    run_distributed(_worker_local_attention, 2, timeout_s=140)
+
+
+def _worker_all_to_all(rank: int, world: int) -> None:
+    # x[b, h, t, d] = global position * 100 + head: easy to read which piece went where.
+    heads, seq = 4, 6
+    pos = torch.arange(rank * seq // world, (rank + 1) * seq // world).view(1, 1, -1, 1)
+    x = (pos * 100 + torch.arange(heads).view(1, -1, 1, 1)).float().expand(2, heads, seq // world, 3).contiguous()
+    y = seq_to_heads(x.requires_grad_(), dist.group.WORLD)
+    expect = torch.arange(seq).view(1, 1, -1, 1) * 100 + torch.arange(rank * 2, rank * 2 + 2).view(1, -1, 1, 1)
+    torch.testing.assert_close(y, expect.float().expand(2, 2, seq, 3), rtol=0, atol=0)
+    back = heads_to_seq(y, dist.group.WORLD)
+    torch.testing.assert_close(back, x, rtol=0, atol=0)
+    g = torch.randn_like(back)
+    back.backward(g)
+    torch.testing.assert_close(x.grad, g, rtol=0, atol=0)  # the round trip is the identity, so is its backward
+
+
+@pytest.mark.timeout(60)
+def test_all_to_all_swaps_sequence_and_head_sharding():
+    run_distributed(_worker_all_to_all, 2, timeout_s=55)
+
+
+STEPS = 6
+
+
+def _worker_training(rank: int, world: int) -> None:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    for style in ("gpt2", "llama_gqa2"):
+        ref = _model(style)
+        model = copy.deepcopy(ref)
+        ref_opt = torch.optim.AdamW(ref.parameters(), lr=3e-3, weight_decay=0.1)
+        sp = SequenceParallel(dist.group.WORLD)
+        ddp = DDP(sp.install(model))
+        opt = torch.optim.AdamW(ddp.parameters(), lr=3e-3, weight_decay=0.1)
+        ref_losses, losses = [], []
+        for step in range(STEPS):
+            batch = _batch(bsz=2, seed=10 + step % 2)  # two batches in turn: the loss falls as they are learnt
+            ref_opt.zero_grad()
+            ref_loss = ref(**batch).loss
+            ref_loss.backward()
+            ref_opt.step()
+            ref_losses.append(float(ref_loss.detach()))
+            local = sp.shard(batch)
+            opt.zero_grad()
+            loss = ddp(local["input_ids"], labels=local["labels"], position_offset=local["position_offset"]).loss
+            loss.backward()
+            opt.step()
+            losses.append(float(_mean_over_group(loss)))
+        assert ref_losses[-1] < ref_losses[0]  # it trained
+        torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=0, atol=2e-5)
+        for (name, p), (_, p_ref) in zip(model.named_parameters(), ref.named_parameters()):
+            torch.testing.assert_close(p.detach(), p_ref.detach(), rtol=0, atol=5e-5, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.timeout(120)
+def test_sp2_ddp_training_reproduces_single_process_losses():
+    run_distributed(_worker_training, 2, timeout_s=110)
+
+
+def _worker_dp2_sp2(rank: int, world: int) -> None:
+    """World 4 = dp 2 x sp 2 (sp innermost: sp groups {0,1} and {2,3}, as ParallelDims lays them out).
+    dp rank d reads its own batch; the reference is one process on both batches (micro-batch 2 x dp 2)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    sp_size, dp_rank = 2, rank // 2
+    groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]  # every rank creates every group
+    sp = SequenceParallel(groups[dp_rank])
+    assert (sp.rank, sp.size) == (rank % sp_size, sp_size)
+    ref = _model("llama_gqa2")
+    model = copy.deepcopy(ref)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=3e-3)
+    ddp = DDP(sp.install(model))  # gradients averaged over dp x sp = the whole world
+    opt = torch.optim.AdamW(ddp.parameters(), lr=3e-3)
+    ref_losses, losses = [], []
+    for step in range(3):
+        per_dp = [_batch(bsz=2, seed=100 + 2 * step + d) for d in range(2)]
+        full = {k: torch.cat([b[k] for b in per_dp]) for k in per_dp[0]}
+        ref_opt.zero_grad()
+        ref_loss = ref(**full).loss
+        ref_loss.backward()
+        ref_opt.step()
+        ref_losses.append(float(ref_loss.detach()))
+        local = sp.shard(per_dp[dp_rank])
+        opt.zero_grad()
+        loss = ddp(local["input_ids"], labels=local["labels"], position_offset=local["position_offset"]).loss
+        loss.backward()
+        opt.step()
+        losses.append(float(_mean_over_group(loss)))
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=0, atol=2e-5)
+    for (name, p), (_, p_ref) in zip(model.named_parameters(), ref.named_parameters()):
+        torch.testing.assert_close(p.detach(), p_ref.detach(), rtol=0, atol=5e-5, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.timeout(150)
+def test_dp2_x_sp2_at_world_size_4_reproduces_single_process_losses():
+    run_distributed(_worker_dp2_sp2, 4, timeout_s=140)
+
+
+# ------------------------------------------------------------------ single process
+
+
+def test_bad_layouts_raise_errors_naming_the_keys():
+    with pytest.raises(ValueError, match=r"parallel.sp=3 does not divide model.n_head=4"):
+        validate_sequence_parallel(3, n_head=4, n_kv_head=4, block_size=48)
+    with pytest.raises(ValueError, match=r"data.block_size=30 is not divisible by parallel.sp=4"):
+        validate_sequence_parallel(4, n_head=8, n_kv_head=2, block_size=30)
+    with pytest.raises(ValueError, match=r"model.n_kv_head=3 must divide model.n_head=4"):
+        validate_sequence_parallel(2, n_head=4, n_kv_head=3, block_size=32)
+    with pytest.raises(ValueError, match=r"parallel.sp=0 must be >= 1"):
+        validate_sequence_parallel(0, n_head=4)
+    validate_sequence_parallel(2, n_head=4, n_kv_head=1, block_size=32)  # MQA: kv heads repeated, fine
+    validate_sequence_parallel(1, n_head=3, block_size=7)  # sp=1 constrains nothing
+    with pytest.raises(ValueError, match=r"sequence length 15 \(data.block_size\) is not divisible by parallel.sp=2"):
+        shard_sequence({"input_ids": torch.zeros(1, 15)}, 0, 2)
+
+
+def _recipe(sp=2, tp=1, n_head=4, n_kv_head=None, block_size=32, dropout=0.0, random_ltd=False, seqlen_cl=False):
+    from types import SimpleNamespace
+
+    from dsrecipes.data_efficiency.config import DataEfficiencyConfig
+
+    de = DataEfficiencyConfig()
+    de.random_ltd.enabled = random_ltd
+    de.curriculum_learning.enabled = seqlen_cl
+    return SimpleNamespace(
+        parallel=SimpleNamespace(sp=sp, tp=tp, pp=1),
+        model=ModelConfig(n_head=n_head, n_kv_head=n_kv_head, d_model=16 * n_head, dropout=dropout),
+        data=SimpleNamespace(block_size=block_size),
+        data_efficiency=de,
+    )
+
+
+def test_recipe_validation_names_the_keys():
+    validate_sequence_parallel_recipe(_recipe())
+    validate_sequence_parallel_recipe(_recipe(sp=1, dropout=0.1, random_ltd=True))  # sp=1: nothing applies
+    for kwargs, message in [
+        (dict(n_head=6, sp=4), "parallel.sp=4 does not divide model.n_head=6"),
+        (dict(block_size=31), "data.block_size=31 is not divisible by parallel.sp=2"),
+        (dict(tp=4), "model.n_head=4 is not divisible by parallel.tp=4 x parallel.sp=2"),
+        (dict(dropout=0.1), "model.dropout=0.1 with parallel.sp=2"),
+        (dict(random_ltd=True), "data_efficiency.random_ltd.enabled=true is not supported with parallel.sp=2"),
+        (dict(seqlen_cl=True), "data_efficiency.curriculum_learning.metric=seqlen is not supported"),
+    ]:
+        with pytest.raises(ValueError) as err:
+            validate_sequence_parallel_recipe(_recipe(**kwargs))
+        assert message in str(err.value), (kwargs, str(err.value))
+
+
+def test_shard_sequence_slices_ids_and_labels_and_returns_the_offset():
+    batch = _batch()
+    batch["doc_ids"] = torch.tensor([7, 8])
+    parts = [shard_sequence(batch, r, 4) for r in range(4)]
+    assert [offset for _, offset in parts] == [0, 4, 8, 12]
+    torch.testing.assert_close(torch.cat([p["input_ids"] for p, _ in parts], 1), batch["input_ids"])
+    torch.testing.assert_close(torch.cat([p["labels"] for p, _ in parts], 1), batch["labels"])
+    assert all(p["doc_ids"] is batch["doc_ids"] for p, _ in parts)  # other entries pass through
+
+
+@pytest.mark.parametrize("style", ["gpt2", "llama_gqa2"])
+def test_position_offset_shifts_positions_and_defaults_to_unchanged(style):
+    """With a token-local attention (output = q + v), a chunk run at offset o equals the full run's rows
+    o..: position embeddings / rotary tables are read from the offset. Offset 0 is the old forward."""
+    model = _model(style).eval()
+
+    def token_local(q, k, v):  # q carries the rotary position (llama), both the learned one (gpt2)
+        return q + v.repeat_interleave(q.shape[1] // v.shape[1], 1)
+
+    for block in model.blocks:
+        block.attn.attention_fn = token_local
+    ids = _batch()["input_ids"]
+    full = model(ids).logits
+    torch.testing.assert_close(model(ids[:, 6:], position_offset=6).logits, full[:, 6:], rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(model(ids[:, 6:]).logits, full[:, 6:], atol=1e-3)  # positions matter
+    torch.testing.assert_close(model(ids, position_offset=0).logits, full, rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"exceed model.max_seq_len=32"):
+        model(ids, position_offset=20)
+
+
+def test_install_rejects_attention_dropout():
+    """attention_fn has no dropout; silently dropping model.dropout under SP would change the recipe."""
+
+    class OneRankGroup:  # apply_sequence_parallel only asks the group's size
+        pass
+
+    model = _model("gpt2", dropout=0.1)
+    import unittest.mock as mock
+
+    with mock.patch("torch.distributed.get_world_size", return_value=2):
+        with pytest.raises(ValueError, match=r"model.dropout=0.1.*set model.dropout=0"):
+            apply_sequence_parallel(model, OneRankGroup())
+        with pytest.raises(ValueError, match=r"parallel.sp=2 does not divide model.n_head=3"):
+            apply_sequence_parallel(GPT(ModelConfig(n_layer=1, n_head=3, d_model=48, vocab_size=VOCAB)), OneRankGroup())
