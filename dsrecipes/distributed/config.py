@@ -30,6 +30,21 @@ class ZeroConfig:
 
 
 @dataclass
+class ParallelConfig:
+    """Model-parallel degrees (the `parallel` group); data parallelism takes what is left:
+    dp = world_size / (tp * pp * sp). Batch arithmetic (the batch triple) uses dp.
+
+    tp: tensor parallelism (Megatron column/row sharding of attention and MLP, vocab-parallel
+        embedding / LM head) over consecutive ranks; composes with ZeRO-2/3 (FSDP2) on the dp axis.
+    sp: Ulysses sequence parallelism; pp: pipeline parallelism (see README's compatibility matrix).
+    """
+
+    tp: int = 1
+    pp: int = 1
+    sp: int = 1
+
+
+@dataclass
 class LauncherConfig:
     """How `python -m dsrecipes` starts its workers (torch's elastic agent, as torchrun does).
 

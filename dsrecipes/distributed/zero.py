@@ -19,6 +19,7 @@ import inspect
 
 import torch
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel
@@ -29,8 +30,9 @@ from dsrecipes.distributed.parallel_dims import ParallelDims, device_type_of
 _DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def uses_fsdp(zero: ZeroConfig, world_size: int) -> bool:
-    return world_size > 1 and zero.stage >= 2
+def uses_fsdp(zero: ZeroConfig, dp_size: int) -> bool:
+    """FSDP2 shards the parameters: ZeRO-2/3 with more than one data-parallel rank."""
+    return dp_size > 1 and zero.stage >= 2
 
 
 def _repeated_blocks(model: nn.Module) -> list[nn.Module]:
@@ -49,13 +51,14 @@ def shard_model(
     device: torch.device,
     dtype: str,
     ignored_params: set[nn.Parameter] | None = None,
+    mesh: DeviceMesh | None = None,
 ) -> nn.Module:
     """Wrap `model` for its ZeRO stage (the model must already be on `device`).
 
     ignored_params (expert-parallel MoE experts) stay outside DDP / FSDP2: they differ across ranks
     and the engine reduces their gradients over the expert-data-parallel group itself.
     """
-    if dims.world_size == 1:
+    if dims.dp == 1:  # nothing to replicate or shard over (model-parallel axes are applied elsewhere)
         return model
     if zero.stage < 2:
         device_ids = [device.index] if device.type == "cuda" else None
@@ -63,8 +66,11 @@ def shard_model(
             names = [name for name, p in model.named_parameters() if p in ignored_params]
             DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, names)
         return DistributedDataParallel(model, device_ids=device_ids)
-    mesh = dims.build_mesh(device_type_of(device))
-    fsdp_mesh = mesh if dims.dp_replicate > 1 else mesh["dp_shard"]
+    mesh = mesh if mesh is not None else dims.build_mesh(device_type_of(device))
+    if dims.dp_replicate > 1:  # HSDP: replicate across groups, shard within
+        fsdp_mesh = mesh["dp_replicate", "dp_shard"] if dims.model_parallel else mesh
+    else:
+        fsdp_mesh = mesh["dp_shard"]
     offload = zero.offload_param == "cpu" or zero.offload_optimizer == "cpu"
     kwargs = dict(
         mesh=fsdp_mesh,

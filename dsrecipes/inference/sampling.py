@@ -7,6 +7,7 @@ fused kernels, tensor parallel) is a separate, faster path.
 from __future__ import annotations
 
 import torch
+from torch.distributed.tensor import DTensor
 from torch import nn
 
 
@@ -29,7 +30,10 @@ def sample_tokens(
     ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
     new_ids: list[int] = []
     for _ in range(max_new_tokens):
-        logits = model(ids[:, -max_seq_len:]).logits[0, -1].float()
+        logits = model(ids[:, -max_seq_len:]).logits
+        if isinstance(logits, DTensor):  # vocab-sharded logits of a tensor-parallel model
+            logits = logits.full_tensor()
+        logits = logits[0, -1].float()
         if temperature <= 0:
             next_id = int(logits.argmax())
         else:

@@ -185,7 +185,7 @@ def data_efficiency_extension(cfg) -> Extensions:
                 index = analyze_metric(trainer.data.train, cl.metric, cfg.data.num_proc, trainer.run_dir / "data_analysis")
             callback.sampler = CurriculumSampler(
                 trainer.data.train, index.values, build_curriculum_scheduler(cl, block_size),
-                trainer.batch.micro_batch_size, seed=de.seed, rank=trainer.rank,
+                trainer.batch.micro_batch_size, seed=de.seed, rank=trainer.data_rank,
                 world_size=trainer.batch.dp_world_size,
                 gradient_accumulation_steps=trainer.batch.gradient_accumulation_steps,
                 difficulty_type=cl.difficulty_type)

@@ -33,10 +33,12 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import loss_parallel as tp_loss_parallel
 from torch.nn.parallel import DistributedDataParallel
 
 from dsrecipes.training.batch import BatchSizes
 from dsrecipes.distributed.expert_parallel import ExpertParallel, is_expert_param
+from dsrecipes.distributed.sequence_parallel import SequenceParallel
 from dsrecipes.distributed.zero import unwrap
 from dsrecipes.training.checkpoint import (
     COMPLETE_MARKER,
@@ -61,6 +63,43 @@ def _single_process_dcp_quiet():
         yield
 
 
+def grad_groups(params: list[torch.Tensor], expert_parallel: ExpertParallel | None = None) -> dict[tuple, list[torch.Tensor]]:
+    """Gradients grouped by how their norm combines across ranks (and so they can share foreach calls):
+
+    ("plain",): replicated tensors (DDP / single process), identical on the ranks that share them;
+    ("expert",): expert-parallel experts, different on every EP rank;
+    ("dtensor", mesh, placements): FSDP2 / tensor-parallel shards, one group per layout.
+    """
+    groups: dict[tuple, list[torch.Tensor]] = {}
+    for p in params:
+        g = p.grad
+        if expert_parallel is not None and is_expert_param(p):
+            key = ("expert",)
+        elif isinstance(g, DTensor):
+            key = ("dtensor", id(g.device_mesh), tuple(g.placements))
+        else:
+            key = ("plain",)
+        groups.setdefault(key, []).append(g)
+    return groups
+
+
+def global_grad_norm(groups: dict[tuple, list[torch.Tensor]], expert_parallel: ExpertParallel | None = None) -> torch.Tensor:
+    """The L2 norm of the whole model's gradient, the same value on every rank."""
+    squares = []
+    for key, grads in groups.items():
+        if key[0] == "expert":  # summed over the expert-parallel group, each rank holding other experts
+            squares.append(expert_parallel.global_sq_norm(grads))
+            continue
+        norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
+        if isinstance(norm, DTensor):  # sharded gradients: reduce the partial norms
+            norm = norm.full_tensor()
+        squares.append(norm.float().pow(2))
+    if not squares:
+        return torch.zeros(())
+    device = squares[0].device
+    return torch.stack([sq.to(device) for sq in squares]).sum().sqrt()
+
+
 class Engine:
     def __init__(
         self,
@@ -75,6 +114,8 @@ class Engine:
         rank: int = 0,
         sharded_params: bool = False,
         expert_parallel: ExpertParallel | None = None,
+        loss_parallel: bool = False,
+        sequence_parallel: SequenceParallel | None = None,
     ):
         self.module = module
         self.optimizer = optimizer
@@ -94,6 +135,9 @@ class Engine:
         self.rank = rank
         self.is_writer = rank == 0
         self.expert_parallel = expert_parallel  # MoE experts sharded over ranks (None: no expert parallelism)
+        self.sequence_parallel = sequence_parallel  # Ulysses: the loop feeds this rank's sequence chunk
+        # tensor parallelism: the vocab-parallel loss's forward and backward run under torch's loss_parallel
+        self._loss_context = tp_loss_parallel if loss_parallel else contextlib.nullcontext
         if not sharded_params:  # under FSDP2 the sharded fp32 parameters already are the masters
             precision.attach(unwrap(module))
 
@@ -118,7 +162,7 @@ class Engine:
         if isinstance(self.module, DistributedDataParallel):
             # gradients are all-reduced only at the accumulation boundary (ZeRO 0/1, as DeepSpeed)
             self.module.require_backward_grad_sync = self.is_gradient_accumulation_boundary()
-        with self.precision.autocast():
+        with self.precision.autocast(), self._loss_context():
             return self.module(*args, **kwargs)
 
     def train(self, mode: bool = True) -> "Engine":
@@ -134,7 +178,8 @@ class Engine:
             loss = loss / self.gradient_accumulation_steps
         if self.precision.loss_scaler is not None:
             loss = loss * self.precision.loss_scale
-        loss.backward()
+        with self._loss_context():
+            loss.backward()
 
     def step(self) -> None:
         """Call after every micro-batch; at the accumulation boundary take (or skip) the optimizer step."""
@@ -155,17 +200,9 @@ class Engine:
         params = [p for group in self.optimizer.param_groups for p in group["params"] if p.grad is not None]
         if ep is not None:
             ep.reduce_gradients(params)
-        # Expert-parallel experts (plain tensors, different on every EP rank) are kept apart from the
-        # shared parameters (replicated, or FSDP2 DTensors): their norms combine differently, and the
-        # two kinds cannot share one foreach call.
-        experts = [p.grad for p in params if ep is not None and is_expert_param(p)]
-        shared = [p.grad for p in params if ep is None or not is_expert_param(p)]
+        groups = grad_groups(params, ep)
         scale = precision.loss_scale  # the scale the backward used, before this step's update
-        norm = torch.nn.utils.get_total_norm(shared, norm_type=2.0) if shared else torch.zeros(())
-        if isinstance(norm, DTensor):  # FSDP2 sharded gradients: reduce the partial norms
-            norm = norm.full_tensor()
-        if ep is not None:  # summed over the expert-parallel group, each rank holding other experts
-            norm = (norm.float().pow(2) + ep.global_sq_norm(experts).to(norm.device)).sqrt()
+        norm = global_grad_norm(groups, ep)
         # Every rank sees the same norm (DDP/ZeRO-1 gradients are already all-reduced, FSDP2's partial
         # norms are reduced by full_tensor), so all ranks reach the same overflow verdict together
         # without another collective.
@@ -191,9 +228,8 @@ class Engine:
                 if clip > 1:
                     combined_scale = clip * scale
             if combined_scale != 1.0:
-                for same_kind in (shared, experts):
-                    if same_kind:
-                        torch._foreach_mul_(same_kind, 1.0 / combined_scale)
+                for grads in groups.values():
+                    torch._foreach_mul_(grads, 1.0 / combined_scale)
             self.optimizer.step()
             if self.lr_scheduler is not None:
                 self.lr_scheduler.step()

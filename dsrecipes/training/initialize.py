@@ -19,6 +19,8 @@ lr_scheduler, precision, checkpoint, zero) matter here.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from omegaconf import OmegaConf
 from torch import nn
@@ -27,14 +29,16 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSamp
 from dsrecipes.config.loading import load_config
 from dsrecipes.config.schema import RootConfig
 from dsrecipes.config.validate import data_parallel_world_size, to_root, validate_engine_config
-from dsrecipes.distributed.parallel_dims import ParallelDims
+from dsrecipes.distributed.parallel_dims import ParallelDims, device_type_of
+from dsrecipes.distributed.sequence_parallel import SequenceParallel
+from dsrecipes.distributed.tensor_parallel import apply_tensor_parallel
 from dsrecipes.distributed.utils import is_distributed
 from dsrecipes.distributed.expert_parallel import setup_expert_parallel, split_expert_param_groups
 from dsrecipes.distributed.zero import shard_model, shard_optimizer, unwrap, uses_fsdp
 from dsrecipes.training.batch import BatchSizes
 from dsrecipes.training.engine import Engine
 from dsrecipes.training.lr_schedules import build_lr_scheduler
-from dsrecipes.training.optimizers import build_optimizer
+from dsrecipes.training.optimizers import build_optimizer, optimizer_class, supported_impls
 from dsrecipes.training.precision import Precision
 from dsrecipes.utils.device import resolve_device
 
@@ -50,20 +54,36 @@ def build_engine(
     """Place and shard the model (its ZeRO stage), build what the user did not pass, wrap it in an Engine."""
     device = resolve_device(cfg.trainer.device)
     world = data_parallel_world_size()
-    dims = ParallelDims.from_zero(world, cfg.zero.stage, cfg.zero.hybrid_shard_size)
-    fsdp = uses_fsdp(cfg.zero, world)
+    par = cfg.parallel
+    dims = ParallelDims.from_zero(world, cfg.zero.stage, cfg.zero.hybrid_shard_size, tp=par.tp, sp=par.sp, pp=par.pp)
+    fsdp = uses_fsdp(cfg.zero, dims.dp)
     if optimizer is not None and fsdp:
         raise ValueError(
             f"zero.stage={cfg.zero.stage} shards the parameters, so dsrecipes must build the optimizer after "
             "sharding: pass the optimizer through config (optimizer.name or optimizer._target_), not as an object"
         )
     model.to(device)
+    mesh = dims.build_mesh(device_type_of(device)) if dims.model_parallel else None
+    if dims.tp > 1:
+        apply_tensor_parallel(model, mesh["tp"])
+    sequence_parallel = None
+    if dims.sp > 1:  # after kernel injection (the recipe's model transforms): Ulysses wraps its attention
+        sequence_parallel = SequenceParallel(mesh["sp"].get_group())
+        sequence_parallel.install(model)
+        # ZeRO / DDP then reduce over dp x sp: every rank's loss is its chunk's mean, so the mean over
+        # all of them is the global batch mean (sequence parallelism composes with tp = pp = 1 here)
+        dims, mesh = ParallelDims.from_zero(world, cfg.zero.stage, cfg.zero.hybrid_shard_size), None
+        fsdp = uses_fsdp(cfg.zero, dims.dp)
     expert_parallel = setup_expert_parallel(model, cfg.moe.ep_size if cfg.moe.enabled else 1, device)
     ignored = expert_parallel.ignored_params if expert_parallel is not None else None
-    model = shard_model(model, cfg.zero, dims, device, cfg.precision.dtype, ignored_params=ignored)
-    optimizer = optimizer or build_optimizer(cfg.optimizer, unwrap(model))
+    model = shard_model(model, cfg.zero, dims, device, cfg.precision.dtype, ignored_params=ignored, mesh=mesh)
+    optimizer_cfg = cfg.optimizer
+    if dims.tp > 1 and optimizer_cfg.impl == "auto" and "for_loop" in supported_impls(optimizer_class(optimizer_cfg)):
+        # tensor-parallel DTensor and replicated plain parameters cannot share torch's foreach kernels
+        optimizer_cfg = dataclasses.replace(optimizer_cfg, impl="for_loop")
+    optimizer = optimizer or build_optimizer(optimizer_cfg, unwrap(model))
     split_expert_param_groups(optimizer, unwrap(model))
-    optimizer = shard_optimizer(optimizer, cfg.zero, world)
+    optimizer = shard_optimizer(optimizer, cfg.zero, dims.dp)
     if lr_scheduler is None:
         lr_scheduler = build_lr_scheduler(cfg.lr_scheduler, optimizer, cfg.trainer.max_steps)
     elif callable(lr_scheduler) and not hasattr(lr_scheduler, "step"):
@@ -80,6 +100,8 @@ def build_engine(
         rank=torch.distributed.get_rank() if is_distributed() else 0,
         sharded_params=fsdp,
         expert_parallel=expert_parallel,
+        loss_parallel=dims.tp > 1,
+        sequence_parallel=sequence_parallel,
     )
 
 
