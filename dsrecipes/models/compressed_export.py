@@ -15,17 +15,15 @@ Public: `export_compressed`, `load_compressed`.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from torch import nn
 
 from dsrecipes.compression.clean import _set_module, state_dict_bytes
 from dsrecipes.compression.quantized_linear import QuantizedLinear
 from dsrecipes.models.config import ModelConfig
-from dsrecipes.models.export import CONFIG_FILE, WEIGHTS_FILE, export_safetensors
+from dsrecipes.models.export import export_safetensors, load_weights_into, read_config
 from dsrecipes.models.gpt import GPT
 
 __all__ = ["export_compressed", "load_compressed"]
@@ -62,11 +60,7 @@ def export_compressed(model: GPT, out_dir: str | Path, extra: dict | None = None
 
 def load_compressed(path: str | Path, device: str | torch.device = "cpu") -> tuple[GPT, dict]:
     """(model in eval mode, config dict) from an `export_compressed` directory."""
-    path = Path(path)
-    for required in (WEIGHTS_FILE, CONFIG_FILE):
-        if not (path / required).exists():
-            raise FileNotFoundError(f"{path} is not a dsrecipes compressed export: {required} is missing")
-    config = json.loads((path / CONFIG_FILE).read_text())
+    config = read_config(path, "dsrecipes compressed export")
     structure = config.get("compression", {"layers": {}, "attention": {}})
     with torch.device("meta"):
         model = GPT(ModelConfig(**config["model"]))
@@ -81,16 +75,5 @@ def load_compressed(path: str | Path, device: str | torch.device = "cpu") -> tup
     for name, (n_head, n_kv) in structure["attention"].items():
         attn = model.get_submodule(name)
         attn.n_head, attn.n_kv_head = n_head, n_kv
-    with safe_open(str(path / WEIGHTS_FILE), framework="pt", device=str(device)) as f:
-        aliases = json.loads((f.metadata() or {}).get("aliases", "{}"))
-        state = {name: f.get_tensor(name) for name in f.keys()}
-    for alias, owner in aliases.items():
-        state[alias] = state[owner]
-    model.load_state_dict(state, assign=True)
-    if model.cfg.tie_embeddings and not isinstance(model.lm_head, QuantizedLinear):
-        model.lm_head.weight = model.tok_emb.weight
-    if model.cfg.style == "llama":
-        model.rope_cos = torch.empty_like(model.rope_cos, device=device)
-        model.rope_sin = torch.empty_like(model.rope_sin, device=device)
-        model.init_rope()
-    return model.to(device).eval(), config
+    model = load_weights_into(model, path, device, tie=not isinstance(model.lm_head, QuantizedLinear))
+    return model.eval(), config

@@ -50,26 +50,36 @@ def export_safetensors(
     return weights
 
 
-def load_exported(path: str | Path, device: str | torch.device = "cpu") -> tuple[GPT, dict]:
-    """(model, config dict) from an export directory; errors name the missing file."""
+def read_config(path: str | Path, what: str = "dsrecipes export") -> dict:
+    """config.json of an export directory; FileNotFoundError naming the missing file."""
     path = Path(path)
     for required in (WEIGHTS_FILE, CONFIG_FILE):
         if not (path / required).exists():
-            raise FileNotFoundError(f"{path} is not a dsrecipes export: {required} is missing")
-    config = json.loads((path / CONFIG_FILE).read_text())
-    with torch.device("meta"):
-        moe = MoEConfig(**config["moe"]) if config.get("moe") else None
-        model = GPT(ModelConfig(**config["model"]), moe=moe)
-    with safe_open(str(path / WEIGHTS_FILE), framework="pt", device=str(device)) as f:
+            raise FileNotFoundError(f"{path} is not a {what}: {required} is missing")
+    return json.loads((path / CONFIG_FILE).read_text())
+
+
+def load_weights_into(model: GPT, path: str | Path, device: str | torch.device = "cpu", tie: bool = True) -> GPT:
+    """Assign the export's tensors (aliases restored) to a meta-built `model`; re-tie and rebuild rope."""
+    with safe_open(str(Path(path) / WEIGHTS_FILE), framework="pt", device=str(device)) as f:
         aliases = json.loads((f.metadata() or {}).get("aliases", "{}"))
         state = {name: f.get_tensor(name) for name in f.keys()}
     for alias, owner in aliases.items():
         state[alias] = state[owner]
     model.load_state_dict(state, assign=True)
-    if model.cfg.tie_embeddings:
+    if model.cfg.tie_embeddings and tie:
         model.lm_head.weight = model.tok_emb.weight
     if model.cfg.style == "llama":
         model.rope_cos = torch.empty_like(model.rope_cos, device=device)
         model.rope_sin = torch.empty_like(model.rope_sin, device=device)
         model.init_rope()
-    return model.to(device), config
+    return model.to(device)
+
+
+def load_exported(path: str | Path, device: str | torch.device = "cpu") -> tuple[GPT, dict]:
+    """(model, config dict) from an export directory; errors name the missing file."""
+    config = read_config(path)
+    with torch.device("meta"):
+        moe = MoEConfig(**config["moe"]) if config.get("moe") else None
+        model = GPT(ModelConfig(**config["model"]), moe=moe)
+    return load_weights_into(model, path, device), config
