@@ -14,11 +14,12 @@ from dsrecipes.compression.config import CompressionConfig
 from dsrecipes.data.config import DataConfig
 from dsrecipes.data_efficiency.config import DataEfficiencyConfig
 from dsrecipes.distributed.activation_checkpoint import ActivationCheckpointConfig
-from dsrecipes.distributed.config import LauncherConfig, ZeroConfig
+from dsrecipes.distributed.config import LauncherConfig, ParallelConfig, ZeroConfig
 from dsrecipes.inference.config import GenerateConfig
 from dsrecipes.models.config import ModelConfig
 from dsrecipes.models.kernels_config import KernelsConfig, validate_kernels_config
 from dsrecipes.models.moe_config import MoEConfig
+from dsrecipes.models.sparse_attention import SparseAttentionConfig
 from dsrecipes.training.config import (
     CheckpointConfig,
     LoggerConfig,
@@ -29,7 +30,7 @@ from dsrecipes.training.config import (
 )
 
 # Config groups, in the order the README documents them.
-CONFIG_GROUPS = ("model", "data", "optimizer", "lr_scheduler", "precision", "trainer", "checkpoint", "logger", "zero", "launcher", "kernels", "activation_checkpointing", "moe", "data_efficiency", "compression", "generate")
+CONFIG_GROUPS = ("model", "data", "optimizer", "lr_scheduler", "precision", "trainer", "checkpoint", "logger", "zero", "parallel", "launcher", "kernels", "activation_checkpointing", "moe", "data_efficiency", "compression", "sparse_attention", "generate")
 
 
 @dataclass
@@ -45,12 +46,14 @@ class RootConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     zero: ZeroConfig = field(default_factory=ZeroConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     kernels: KernelsConfig = field(default_factory=KernelsConfig)
     activation_checkpointing: ActivationCheckpointConfig = field(default_factory=ActivationCheckpointConfig)
     moe: MoEConfig = field(default_factory=MoEConfig)
     data_efficiency: DataEfficiencyConfig = field(default_factory=DataEfficiencyConfig)
     compression: CompressionConfig = field(default_factory=CompressionConfig)
+    sparse_attention: SparseAttentionConfig = field(default_factory=SparseAttentionConfig)
     generate: GenerateConfig = field(default_factory=GenerateConfig)
 
 

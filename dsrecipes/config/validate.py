@@ -17,8 +17,10 @@ from dsrecipes.data_efficiency.config import validate_data_efficiency_config
 from dsrecipes.distributed.activation_checkpoint import validate_activation_checkpoint_config
 from dsrecipes.distributed.config import validate_zero_config
 from dsrecipes.distributed.parallel_dims import ParallelDims
+from dsrecipes.distributed.sequence_parallel import validate_sequence_parallel_recipe
 from dsrecipes.models.config import validate_model_config
 from dsrecipes.models.moe_config import validate_moe_config
+from dsrecipes.models.sparse_attention import validate_sparse_attention_config
 from dsrecipes.training.batch import BatchSizes, resolve_batch_sizes
 from dsrecipes.training.lr_schedules import validate_lr_scheduler_config
 from dsrecipes.training.optimizers import validate_optimizer_config
@@ -52,9 +54,23 @@ def data_parallel_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def validate_engine_config(cfg: RootConfig, dp_world_size: int) -> BatchSizes:
-    """Checks of everything the Engine consumes; returns the resolved batch sizes."""
+def parallel_dims(cfg: RootConfig, world_size: int) -> ParallelDims:
+    """The run's layout: raises naming parallel.* / zero.* when the degrees do not fit the world size."""
+    par = getattr(cfg, "parallel", None)
+    degrees = dict(tp=par.tp, sp=par.sp, pp=par.pp) if par is not None else {}
+    return ParallelDims.from_zero(world_size, cfg.zero.stage, cfg.zero.hybrid_shard_size, **degrees)
+
+
+def validate_engine_config(cfg: RootConfig, world_size: int) -> BatchSizes:
+    """Checks of everything the Engine consumes; returns the resolved batch sizes.
+
+    world_size is the number of processes; the batch triple uses the data-parallel part of it,
+    world_size / (parallel.tp x parallel.sp x parallel.pp).
+    """
     t = cfg.trainer
+    validate_zero_config(cfg.zero)
+    dims = parallel_dims(cfg, world_size)
+    dp_world_size = dims.dp
     batch = resolve_batch_sizes(
         t.train_batch_size, t.train_micro_batch_size_per_gpu, t.gradient_accumulation_steps, dp_world_size
     )
@@ -70,9 +86,7 @@ def validate_engine_config(cfg: RootConfig, dp_world_size: int) -> BatchSizes:
     validate_precision_config(cfg.precision)
     _positive("checkpoint.interval", cfg.checkpoint.interval, allow_zero=True)
     _positive("checkpoint.keep_last", cfg.checkpoint.keep_last, allow_zero=True)
-    validate_zero_config(cfg.zero)
-    ParallelDims.from_zero(dp_world_size, cfg.zero.stage, cfg.zero.hybrid_shard_size)  # degrees vs world size
-    if cfg.zero.stage > 0 and dp_world_size == 1:
+    if cfg.zero.stage > 0 and dp_world_size == 1 and not dims.model_parallel:
         warnings.warn(
             f"zero.stage={cfg.zero.stage} with a data-parallel world size of 1: there is nothing to shard, "
             "the run trains as stage 0",
@@ -113,8 +127,54 @@ def validate_compression_recipe(root: RootConfig, dp_world_size: int) -> None:
         )
 
 
+def validate_parallel_layout(root: RootConfig, world_size: int) -> None:
+    """Model-parallel degrees against the model, the data and the other groups (README: compatibility matrix)."""
+    dims = parallel_dims(root, world_size)
+    par, model = root.parallel, root.model
+    if par.pp > 1:
+        raise ValueError(f"parallel.pp={par.pp}: pipeline parallelism is not implemented yet; use parallel.pp=1")
+    if par.sp > 1:
+        validate_sequence_parallel_recipe(root)
+        if par.tp > 1:
+            raise ValueError(f"parallel.sp={par.sp} with parallel.tp={par.tp} is not supported yet; use one of them")
+        if root.moe.enabled:
+            raise ValueError(f"parallel.sp={par.sp} with moe.num_experts={root.moe.num_experts} is not supported yet")
+    if par.tp == 1:
+        return
+    tp = par.tp
+    for key, value in (("model.n_head", model.n_head), ("model.n_kv_head", model.kv_heads), ("model.d_ff", model.ffn_dim)):
+        if value % tp:
+            raise ValueError(f"parallel.tp={tp} does not divide {key}={value}: every rank must hold whole heads / equal MLP shards")
+    if dims.dp > 1 and root.zero.stage < 2:
+        raise ValueError(
+            f"parallel.tp={tp} with {dims.dp} data-parallel ranks needs zero.stage 2 or 3 (FSDP2 composes with "
+            f"tensor-parallel DTensors on the data-parallel axis); got zero.stage={root.zero.stage}"
+        )
+    if root.moe.enabled:
+        raise ValueError(f"parallel.tp={tp} with moe.num_experts={root.moe.num_experts}: MoE layers have no "
+                         "tensor-parallel plan; shard experts with moe.ep_size instead")
+    if root.precision.master_weights and dims.dp == 1:
+        raise ValueError(f"parallel.tp={tp} with precision.master_weights=true is not supported; use precision=bf16 "
+                         "(autocast over fp32 parameters)")
+    if root.optimizer.impl in ("fused", "foreach"):
+        raise ValueError(f"parallel.tp={tp} with optimizer.impl={root.optimizer.impl}: tensor-parallel and replicated "
+                         "parameters cannot share one fused/foreach kernel; use optimizer.impl auto or for_loop")
+    comp = root.compression
+    enabled = [k for k, v in vars(comp).items() if getattr(v, "enabled", False)]
+    if enabled:
+        raise ValueError(f"parallel.tp={tp} with compression.{enabled[0]}.enabled=true is not supported "
+                         "(masks and quantizers expect whole weights)")
+    ltd = getattr(root.data_efficiency, "random_ltd", None)
+    if ltd is not None and getattr(ltd, "enabled", False):
+        raise ValueError(f"parallel.tp={tp} with data_efficiency.random_ltd.enabled=true is not supported yet")
+
+
 def validate_recipe(cfg: RootConfig | DictConfig, dp_world_size: int | None = None) -> tuple[RootConfig, BatchSizes]:
-    """Every check a training recipe needs; returns the typed config and the batch sizes."""
+    """Every check a training recipe needs; returns the typed config and the batch sizes.
+
+    dp_world_size: the number of processes the run will have (default: the current process group's
+    or WORLD_SIZE); the data-parallel size is derived from it and the `parallel` degrees.
+    """
     root = to_root(cfg)
     validate_model_config(root.model)
     validate_data_config(root.data)
@@ -125,9 +185,11 @@ def validate_recipe(cfg: RootConfig | DictConfig, dp_world_size: int | None = No
     _choice("logger.wandb_mode", root.logger.wandb_mode, WANDB_MODES)
     validate_kernels_config(root.kernels)
     validate_activation_checkpoint_config(root.activation_checkpointing)
+    validate_parallel_layout(root, dp_world_size or data_parallel_world_size())
     validate_moe_layout(root, dp_world_size or data_parallel_world_size())
     validate_data_efficiency_config(root.data_efficiency, root.model.n_layer, root.data.block_size,
                                     lr_scheduler_target=root.lr_scheduler._target_)
     validate_compression_recipe(root, dp_world_size or data_parallel_world_size())
+    validate_sparse_attention_config(root.sparse_attention, root.model.n_head, root.data.block_size, root.model.dropout)
     batch = validate_engine_config(root, dp_world_size or data_parallel_world_size())
     return root, batch

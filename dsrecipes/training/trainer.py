@@ -22,13 +22,15 @@ from rich.table import Table
 
 from dsrecipes.config.schema import RootConfig
 from dsrecipes.data import BatchIterator, eval_batches, prepare_data
-from dsrecipes.distributed.utils import maybe_inject_failure, mean_over_ranks, rank_zero_first
+from dsrecipes.config.validate import parallel_dims
+from dsrecipes.distributed.sequence_parallel import sequence_parallel_disabled
+from dsrecipes.distributed.utils import is_distributed, maybe_inject_failure, mean_over_ranks, rank_zero_first
 from dsrecipes.inference.sampling import sample_tokens
 from dsrecipes.models import GPT, export_safetensors
 from dsrecipes.training.batch import BatchSizes
 from dsrecipes.training.checkpoint import find_resume_checkpoint
 from dsrecipes.training.extensions import Extensions, build_extensions
-from dsrecipes.training import activation_checkpoint_extension, compression_extension, data_efficiency_extension, kernel_extension, moe_extension  # noqa: F401  (register extensions)
+from dsrecipes.training import activation_checkpoint_extension, compression_extension, data_efficiency_extension, kernel_extension, moe_extension, sparse_attention_extension  # noqa: F401  (register extensions)
 from dsrecipes.training.initialize import build_engine
 from dsrecipes.training.loggers import MetricLoggers
 from dsrecipes.training.progress import TrainingProgress
@@ -80,11 +82,14 @@ class Trainer:
 
         with rank_zero_first():  # rank 0 fills datasets' cache; the others then read it
             self.data = prepare_data(cfg.data, status=lambda msg: self.log.info("data: %s", msg))
+        world = torch.distributed.get_world_size() if is_distributed() else 1
+        self.dims = parallel_dims(cfg, world)
+        self.data_rank = self.dims.dp_rank(self.rank)  # model-parallel peers read the same data shard
         self.train_batches = BatchIterator(
             self.data.train,
             self.batch.micro_batch_size,
             seed=cfg.trainer.seed,
-            rank=self.rank,
+            rank=self.data_rank,
             world_size=self.batch.dp_world_size,
         )
         for batch_source in self.extensions.batch_sources:  # e.g. a curriculum sampler
@@ -134,7 +139,16 @@ class Trainer:
         batch = {k: v.to(self.device, non_blocking=True) for k, v in next(self.train_batches).items()}
         for hook in self.extensions.batch_hooks:
             batch = hook(batch, step)
-        return batch
+        return self._shard_sequence(batch)
+
+    def _shard_sequence(self, batch: dict) -> dict:
+        """Under Ulysses sequence parallelism: this rank's chunk of every sequence (+ position_offset)."""
+        sp = self.engine.sequence_parallel
+        return sp.shard(batch) if sp is not None else batch
+
+    def _forward(self, batch: dict):
+        extra = {"position_offset": batch["position_offset"]} if "position_offset" in batch else {}
+        return self.engine(batch["input_ids"], labels=batch["labels"], **extra)
 
     def train_step(self, step: int, reduce_across_ranks: bool = True) -> dict:
         """One optimizer step over gradient_accumulation_steps micro-batches; returns its metrics.
@@ -148,7 +162,7 @@ class Trainer:
         totals: dict[str, torch.Tensor] = {}
         for _ in range(engine.gradient_accumulation_steps):
             batch = self._micro_batch(step)
-            output = engine(batch["input_ids"], labels=batch["labels"])
+            output = self._forward(batch)
             loss, terms = output.loss, {}
             if self.extensions.loss_terms:
                 terms["lm_loss"] = output.loss
@@ -179,10 +193,12 @@ class Trainer:
         losses = []
         max_batches = self.cfg.trainer.eval_batches or None
         for batch in eval_batches(self.data.validation, self.batch.micro_batch_size, max_batches=max_batches):
-            output = engine(batch["input_ids"].to(self.device), labels=batch["labels"].to(self.device))
-            losses.append(float(output.loss))
+            batch = self._shard_sequence({k: v.to(self.device) for k, v in batch.items()})
+            losses.append(float(self._forward(batch).loss))
         engine.train()
         val_loss = sum(losses) / max(1, len(losses))
+        if engine.sequence_parallel is not None:  # each rank scored its chunk: the mean is the full loss
+            val_loss = float(mean_over_ranks(torch.tensor([val_loss], device=self.device))[0])
         return {"val/loss": val_loss, "val/ppl": math.exp(min(val_loss, 50.0))}
 
     def _perf_metrics(self, steps: int, seconds: float) -> dict:
@@ -317,7 +333,7 @@ class Trainer:
             return None
         tokenizer = self.data.tokenizer
         prompt = tokenizer.encode(t.sample_prompt)
-        with self.engine.precision.autocast():
+        with self.engine.precision.autocast(), sequence_parallel_disabled(self.engine.module):
             new_ids = sample_tokens(
                 self.engine.module,
                 prompt,
