@@ -46,6 +46,26 @@ def backend_for(configured: str) -> str:
     return "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
 
 
+def attempt_store(timeout: timedelta) -> dist.Store | None:
+    """Under the elastic agent's shared TCPStore: a client of it whose keys are scoped to this restart attempt.
+
+    The c10d rendezvous hands every attempt's workers the same store (TORCHELASTIC_USE_AGENT_STORE=True,
+    same MASTER_PORT), and torch's env:// init uses it without an attempt prefix. The keys a process group
+    writes there (gloo's per-rank listening addresses) therefore outlive the workers that wrote them: a
+    restarted rank that reads its peer's key before the restarted peer rewrote it gets the dead worker's
+    address, and gloo's connectFullMesh fails with "connection refused" (pytorch/pytorch#135712). A prefix
+    with the restart count gives every attempt fresh keys, so a rank waits for its new peer instead.
+    None when the agent's store is not shared (torchrun opt-out, SLURM, plain env://).
+    """
+    env = os.environ
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") != str(True):
+        return None
+    store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), int(env["WORLD_SIZE"]),
+                          is_master=False, timeout=timeout)
+    attempt = env.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"dsrecipes/{env.get('TORCHELASTIC_RUN_ID', '')}/attempt_{attempt}/", store)
+
+
 def init_distributed(backend: str = "auto", timeout_s: int = 600) -> None:
     """Join the process group described by the launcher's environment (idempotent)."""
     if dist.is_initialized():
@@ -55,7 +75,13 @@ def init_distributed(backend: str = "auto", timeout_s: int = 600) -> None:
     else:  # share the cores between the workers of this node
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
-    dist.init_process_group(backend=backend_for(backend), timeout=timedelta(seconds=timeout_s))
+    timeout = timedelta(seconds=timeout_s)
+    store = attempt_store(timeout)
+    if store is None:
+        dist.init_process_group(backend=backend_for(backend), timeout=timeout)
+    else:
+        dist.init_process_group(backend=backend_for(backend), timeout=timeout, store=store,
+                                rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
 
 
 @record

@@ -137,6 +137,28 @@ def test_offline_export_of_a_zero3_checkpoint_loads_into_a_plain_model(tmp_path,
     torch.testing.assert_close(model(ids).logits, reference(ids).logits, rtol=0, atol=0)
 
 
+@pytest.mark.timeout(400)
+def test_max_restarts_restarts_failed_workers_which_resume(tmp_path, datasets_cache, single_process):
+    """Rank 1 dies at step 7 while rank 0 waits in a gloo collective; with one restart allowed the agent
+    restarts both workers, they resume from step 5 and end where an uninterrupted run ends."""
+    ref_losses, _ = single_process
+    cwd = tmp_path / "restart"
+    cwd.mkdir()
+    result = run_cli(common(datasets_cache) + ["launcher.nproc_per_node=2", "trainer.train_micro_batch_size_per_gpu=4",
+                                               "launcher.max_restarts=1", "checkpoint.interval=5"],
+                     cwd=cwd, timeout=300, env_extra={"DSRECIPES_TEST_FAIL_RANK": "1", "DSRECIPES_TEST_FAIL_STEP": "7"})
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "connectFullMesh" not in result.stderr
+    (run_dir,) = [p for p in (cwd / "outputs").glob("*/*") if p.is_dir()]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in records if "train/loss" in r]
+    assert steps[:5] == list(range(1, 6)) and steps[-5:] == list(range(6, 11))  # resumed after step 5
+    assert len(steps) > 10  # the first attempt got past step 5 before rank 1 died
+    final = [r["train/loss"] for r in records if r.get("step") == STEPS and "train/loss" in r][-1]
+    assert final == pytest.approx(ref_losses[-1], abs=2e-5)
+    assert "resumed from" in (run_dir / "logs" / "rank0.log").read_text()
+
+
 def test_bad_layouts_fail_before_any_worker_starts(tmp_path):
     from dsrecipes.config import validate_recipe
     from dsrecipes.config.store import compose
