@@ -22,8 +22,9 @@ Public: `LayerReductionConfig`, `DistillationConfig`, `init_student_from_teacher
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -147,11 +148,15 @@ class DistillationLoss:
     `teacher`: the trained teacher (same vocabulary); it is put in eval mode and frozen.
     `layer_map`: student layer i -> teacher layer layer_map[i] for the hidden-state loss.
     `student`: the student module whose layer outputs are compared (needed when hidden_weight > 0).
+    `autocast`: a context-manager factory the teacher's forward runs under, so that it computes at the
+    student's precision (the Trainer sets it to the engine's `precision.autocast`); default: none.
     """
 
     def __init__(self, teacher: nn.Module, cfg: DistillationConfig, student: nn.Module | None = None,
-                 layer_map: list[int] | None = None, module_name_prefix: str = "blocks"):
+                 layer_map: list[int] | None = None, module_name_prefix: str = "blocks",
+                 autocast: Callable[[], Any] | None = None):
         self.teacher, self.cfg = teacher.eval(), cfg
+        self.autocast = autocast or contextlib.nullcontext
         for p in teacher.parameters():
             p.requires_grad_(False)
         self._student_h: dict[int, torch.Tensor] = {}
@@ -174,7 +179,7 @@ class DistillationLoss:
         return hook
 
     def __call__(self, model: nn.Module, batch: dict, output: Any) -> dict[str, torch.Tensor]:
-        with torch.no_grad():
+        with torch.no_grad(), self.autocast():
             t_out = self.teacher(batch["input_ids"])
         t_logits = t_out.logits if hasattr(t_out, "logits") else t_out
         s_logits = output.logits if hasattr(output, "logits") else output

@@ -9,7 +9,9 @@ Registered at import (dsrecipes.training.trainer imports this module). What it a
     `teacher_layer` layers in place, so model.n_layer and the export follow), then
     `init_compression` (fake-quantized forwards, activation hooks, pruners) on the model.
   * loss term: distillation against the frozen teacher (kd_loss, hidden_loss), logged as train/*.
-    The teacher is a trained model loaded from disk, as in DeepSpeed's layer-reduction tutorial.
+    The teacher is a trained model loaded from disk, as in DeepSpeed's layer-reduction tutorial;
+    it stays in eval mode without gradients and runs under the engine's autocast (the student's
+    compute dtype).
   * callback: on_train_start brings the schedules to the engine's step; on_step_end (after the
     optimizer step) advances bits / masks to the next step and multiplies the masks into the
     parameters the optimizer updates (also the fp32 masters when precision.master_weights); under
@@ -122,6 +124,8 @@ class CompressionCallback(Callback):
         self._apply_masks(trainer)
 
     def on_train_start(self, trainer) -> None:
+        if self.kd is not None:  # the teacher's forward at the student's precision (autocast dtype)
+            self.kd.autocast = trainer.engine.precision.autocast
         self._advance(trainer, trainer.engine.global_steps)
 
     def on_step_end(self, trainer, step: int, metrics: dict) -> None:
