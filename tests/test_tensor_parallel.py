@@ -63,7 +63,7 @@ def test_bad_parallel_layouts_fail_before_any_worker_starts(tmp_path, datasets_c
         ("parallel.tp=2", "model.n_head=3", "model.d_model=96", "launcher.nproc_per_node=2"): "parallel.tp=2 does not divide model.n_head=3",
         ("parallel.tp=2", "launcher.nproc_per_node=4"): "parallel.tp=2 with 2 data-parallel ranks needs zero.stage 2 or 3",
         ("parallel.tp=2", "moe=top2", "launcher.nproc_per_node=2"): "MoE layers have no tensor-parallel plan",
-        ("parallel.pp=2", "launcher.nproc_per_node=2"): "parallel.pp=2: pipeline parallelism is not implemented yet",
+        ("parallel.tp=2", "optimizer.impl=foreach", "launcher.nproc_per_node=2"): "parallel.tp=2 with optimizer.impl=foreach",
     }
     for args, message in cases.items():
         result = run_cli(common(datasets_cache) + list(args), cwd=tmp_path, timeout=120)

@@ -127,12 +127,46 @@ def validate_compression_recipe(root: RootConfig, dp_world_size: int) -> None:
         )
 
 
+def validate_pipeline_layout(root: RootConfig, dims: ParallelDims) -> None:
+    """parallel.pp > 1: schedule, partition, stages vs blocks, micro-batches vs stages, and what composes."""
+    from dsrecipes.distributed.pipeline_parallel import PP_PARTITIONS, PP_SCHEDULES, stages_per_rank
+
+    par, t = root.parallel, root.trainer
+    _choice("parallel.pp_schedule", par.pp_schedule, PP_SCHEDULES)
+    _choice("parallel.pp_partition", par.pp_partition, PP_PARTITIONS)
+    stages = par.pp * stages_per_rank(par.pp_schedule)
+    if root.model.n_layer < stages:
+        raise ValueError(f"parallel.pp={par.pp} with pp_schedule={par.pp_schedule} makes {stages} stages, more than "
+                         f"model.n_layer={root.model.n_layer} blocks")
+    gas = resolve_batch_sizes(t.train_batch_size, t.train_micro_batch_size_per_gpu, t.gradient_accumulation_steps,
+                              dims.dp).gradient_accumulation_steps
+    if gas < par.pp:
+        raise ValueError(f"parallel.pp={par.pp} needs at least {par.pp} micro-batches per step (micro-batches = "
+                         f"trainer.gradient_accumulation_steps, as in DeepSpeed); got {gas}")
+    if par.pp_schedule == "interleaved_1f1b" and gas % par.pp:
+        raise ValueError(f"parallel.pp_schedule=interleaved_1f1b needs micro-batches (gradient_accumulation_steps={gas}) "
+                         f"divisible by parallel.pp={par.pp}")
+    others = {"parallel.tp": par.tp > 1, "parallel.sp": par.sp > 1, "moe.num_experts": root.moe.enabled,
+              "precision.dtype=fp16 (loss scaling)": root.precision.dtype == "fp16",
+              "precision.master_weights": root.precision.master_weights,
+              "data_efficiency.random_ltd": root.data_efficiency.random_ltd.enabled,
+              "compression": any(getattr(v, "enabled", False) for v in vars(root.compression).values())}
+    for key, used in others.items():
+        if used:
+            raise ValueError(f"parallel.pp={par.pp} with {key} is not supported yet")
+    if dims.dp > 1 and root.zero.stage > 0:
+        raise ValueError(f"parallel.pp={par.pp} with {dims.dp} data-parallel ranks needs zero.stage=0 (each stage's "
+                         f"gradients are averaged over its data-parallel ranks; ZeRO sharding of stages is not "
+                         f"implemented); "
+                         f"got zero.stage={root.zero.stage}")
+
+
 def validate_parallel_layout(root: RootConfig, world_size: int) -> None:
     """Model-parallel degrees against the model, the data and the other groups (README: compatibility matrix)."""
     dims = parallel_dims(root, world_size)
     par, model = root.parallel, root.model
     if par.pp > 1:
-        raise ValueError(f"parallel.pp={par.pp}: pipeline parallelism is not implemented yet; use parallel.pp=1")
+        validate_pipeline_layout(root, dims)
     if par.sp > 1:
         validate_sequence_parallel_recipe(root)
         if par.tp > 1:

@@ -42,6 +42,8 @@ class ParallelConfig:
     tp: int = 1
     pp: int = 1
     sp: int = 1
+    pp_schedule: str = "1f1b"  # gpipe | 1f1b | interleaved_1f1b (two stages per rank)
+    pp_partition: str = "uniform"  # uniform (equal block counts) | parameters (balanced parameter counts)
 
 
 @dataclass

@@ -94,13 +94,15 @@ class ExpertParallel:
     def to_checkpoint(self, model_state: dict, optimizer_state: dict | None = None) -> tuple[dict, dict | None]:
         """Copies of the state dicts with expert entries as DTensors (sharing the local storage)."""
         model_state = {k: self._as_dtensor(v) if k in self.expert_names else v for k, v in model_state.items()}
-        if optimizer_state is not None:
-            state = {
-                fqn: ({k: self._as_dtensor(v) for k, v in entry.items()} if fqn in self.expert_names else entry)
-                for fqn, entry in optimizer_state.get("state", {}).items()
-            }
-            optimizer_state = {**optimizer_state, "state": state}
+        if optimizer_state is not None:  # flattened: "state.<fqn>.<name>" keys
+            optimizer_state = {k: self._as_dtensor(v) if self._is_expert_state(k) else v for k, v in optimizer_state.items()}
         return model_state, optimizer_state
+
+    def _is_expert_state(self, key: str) -> bool:
+        if not key.startswith("state."):
+            return False
+        fqn = key[len("state."):].rsplit(".", 1)[0]
+        return fqn in self.expert_names
 
     def gather_full(self, state: dict, module: nn.Module) -> dict:
         """`state` with each expert tensor replaced by the full [E, ...] tensor, gathered from the

@@ -119,10 +119,11 @@ def read_checkpoint(path: Path, name: str, map_location="cpu"):
         raise ValueError(f"checkpoint file {file} is truncated or corrupt ({error}); load an older checkpoint") from error
 
 
-def check_state_dict_matches(expected: dict, loaded: dict, source: Path) -> None:
-    """Refuse partial or mismatched loads: every tensor present, none extra, every shape equal."""
+def check_state_dict_matches(expected: dict, loaded: dict, source: Path, allow_extra: bool = False) -> None:
+    """Refuse partial or mismatched loads: every tensor present, none extra (unless allow_extra: a
+    pipeline stage reading its part of a whole-model checkpoint), every shape equal."""
     missing = [k for k in expected if k not in loaded]
-    unexpected = [k for k in loaded if k not in expected]
+    unexpected = [] if allow_extra else [k for k in loaded if k not in expected]
     if missing or unexpected:
         parts = []
         if missing:

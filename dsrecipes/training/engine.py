@@ -20,6 +20,7 @@ import warnings
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch import nn
@@ -38,6 +39,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from dsrecipes.training.batch import BatchSizes
 from dsrecipes.distributed.expert_parallel import ExpertParallel, is_expert_param
+from dsrecipes.distributed.pipeline_parallel import PipelineParallel
 from dsrecipes.distributed.sequence_parallel import SequenceParallel
 from dsrecipes.distributed.zero import unwrap
 from dsrecipes.training.checkpoint import (
@@ -53,6 +55,10 @@ from dsrecipes.training.precision import Precision
 from dsrecipes.utils.seed import rng_state, set_rng_state
 
 DCP_DIR = "dcp"
+# Sharded (DCP) checkpoints key every optimizer value by parameter name ("state.<fqn>.exp_avg",
+# "param_groups.<fqn>.lr"), not by position in a param-group list: pipeline stages (which hold
+# different parameters) then write disjoint keys, and any layout reads back the entries it needs.
+SHARDED_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
 @contextlib.contextmanager
@@ -63,17 +69,23 @@ def _single_process_dcp_quiet():
         yield
 
 
-def grad_groups(params: list[torch.Tensor], expert_parallel: ExpertParallel | None = None) -> dict[tuple, list[torch.Tensor]]:
+def grad_groups(
+    params: list[torch.Tensor], expert_parallel: ExpertParallel | None = None, duplicates: set[int] | None = None
+) -> dict[tuple, list[torch.Tensor]]:
     """Gradients grouped by how their norm combines across ranks (and so they can share foreach calls):
 
-    ("plain",): replicated tensors (DDP / single process), identical on the ranks that share them;
+    ("plain",): replicated tensors (DDP / single process), identical on the ranks that share them
+    (under pipeline parallelism: this stage's, different on every stage);
+    ("duplicate",): copies counted elsewhere (a pipeline's second copy of a tied weight): scaled, not counted;
     ("expert",): expert-parallel experts, different on every EP rank;
     ("dtensor", mesh, placements): FSDP2 / tensor-parallel shards, one group per layout.
     """
     groups: dict[tuple, list[torch.Tensor]] = {}
     for p in params:
         g = p.grad
-        if expert_parallel is not None and is_expert_param(p):
+        if duplicates and id(p) in duplicates:
+            key = ("duplicate",)
+        elif expert_parallel is not None and is_expert_param(p):
             key = ("expert",)
         elif isinstance(g, DTensor):
             key = ("dtensor", id(g.device_mesh), tuple(g.placements))
@@ -83,17 +95,33 @@ def grad_groups(params: list[torch.Tensor], expert_parallel: ExpertParallel | No
     return groups
 
 
-def global_grad_norm(groups: dict[tuple, list[torch.Tensor]], expert_parallel: ExpertParallel | None = None) -> torch.Tensor:
-    """The L2 norm of the whole model's gradient, the same value on every rank."""
+def global_grad_norm(
+    groups: dict[tuple, list[torch.Tensor]], expert_parallel: ExpertParallel | None = None, stage_group=None
+) -> torch.Tensor:
+    """The L2 norm of the whole model's gradient, the same value on every rank.
+
+    stage_group: the pipeline group, over which the plain (per-stage) squares are summed.
+    """
     squares = []
     for key, grads in groups.items():
+        if key[0] == "duplicate":
+            continue
         if key[0] == "expert":  # summed over the expert-parallel group, each rank holding other experts
             squares.append(expert_parallel.global_sq_norm(grads))
+            continue
+        if key[0] == "plain" and stage_group is not None:
+            square = torch.nn.utils.get_total_norm(grads, norm_type=2.0).float().pow(2).reshape(1)
+            dist.all_reduce(square, group=stage_group)
+            squares.append(square[0])
             continue
         norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
         if isinstance(norm, DTensor):  # sharded gradients: reduce the partial norms
             norm = norm.full_tensor()
         squares.append(norm.float().pow(2))
+    if stage_group is not None and not any(k[0] == "plain" for k in groups):  # a stage without plain grads
+        square = torch.zeros(1)
+        dist.all_reduce(square, group=stage_group)
+        squares.append(square[0])
     if not squares:
         return torch.zeros(())
     device = squares[0].device
@@ -116,6 +144,7 @@ class Engine:
         expert_parallel: ExpertParallel | None = None,
         loss_parallel: bool = False,
         sequence_parallel: SequenceParallel | None = None,
+        pipeline: PipelineParallel | None = None,
     ):
         self.module = module
         self.optimizer = optimizer
@@ -136,6 +165,7 @@ class Engine:
         self.is_writer = rank == 0
         self.expert_parallel = expert_parallel  # MoE experts sharded over ranks (None: no expert parallelism)
         self.sequence_parallel = sequence_parallel  # Ulysses: the loop feeds this rank's sequence chunk
+        self.pipeline = pipeline  # pipeline parallel: `module` holds this rank's stages, the schedule runs them
         # tensor parallelism: the vocab-parallel loss's forward and backward run under torch's loss_parallel
         self._loss_context = tp_loss_parallel if loss_parallel else contextlib.nullcontext
         if not sharded_params:  # under FSDP2 the sharded fp32 parameters already are the masters
@@ -181,6 +211,17 @@ class Engine:
         with self._loss_context():
             loss.backward()
 
+    def pipeline_train_step(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Pipeline parallelism: all gradient_accumulation_steps micro-batches ([gas x micro, T]) through the
+        schedule (forward + backward, gradients averaged over them), then the optimizer step; returns
+        the mean loss (the same value on every rank)."""
+        with self.precision.autocast():
+            loss = self.pipeline.train_step(input_ids, labels)
+        self.micro_steps += self.gradient_accumulation_steps - 1
+        self._take_model_step()
+        self.micro_steps += 1
+        return loss
+
     def step(self) -> None:
         """Call after every micro-batch; at the accumulation boundary take (or skip) the optimizer step."""
         if self.is_gradient_accumulation_boundary():
@@ -200,9 +241,10 @@ class Engine:
         params = [p for group in self.optimizer.param_groups for p in group["params"] if p.grad is not None]
         if ep is not None:
             ep.reduce_gradients(params)
-        groups = grad_groups(params, ep)
+        pipe = self.pipeline
+        groups = grad_groups(params, ep, duplicates=pipe.norm_duplicates() if pipe is not None else None)
         scale = precision.loss_scale  # the scale the backward used, before this step's update
-        norm = global_grad_norm(groups, ep)
+        norm = global_grad_norm(groups, ep, stage_group=pipe.group if pipe is not None else None)
         # Every rank sees the same norm (DDP/ZeRO-1 gradients are already all-reduced, FSDP2's partial
         # norms are reduced by full_tensor), so all ranks reach the same overflow verdict together
         # without another collective.
@@ -261,6 +303,8 @@ class Engine:
             state = get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True, broadcast_from_rank0=False))
         if self.expert_parallel is not None:
             state = self.expert_parallel.gather_full(state, unwrap(self.module))
+        if self.pipeline is not None:  # every stage's tensors, gathered from the pipeline group
+            state = self.pipeline.full_state_dict()
         return state
 
     def _engine_state(self, client_state: dict | None) -> dict:
@@ -286,7 +330,7 @@ class Engine:
         tag = tag or f"step_{self.global_steps}"
         tmp = begin_checkpoint(save_dir, tag, self.is_writer)
         if self._uses_dcp:
-            model_state, optimizer_state = get_state_dict(self.module, self.optimizer)
+            model_state, optimizer_state = get_state_dict(self.module, self.optimizer, options=SHARDED_OPTIONS)
             if self.expert_parallel is not None:  # experts as DTensors: DCP stores the global [E, ...] tensors
                 model_state, optimizer_state = self.expert_parallel.to_checkpoint(model_state, optimizer_state)
             with _single_process_dcp_quiet():
@@ -340,7 +384,7 @@ class Engine:
                 f"checkpoint {path} is sharded (dcp/), which ZeRO-1 and precision.master_weights cannot load; "
                 "resume it with zero.stage 0, 2 or 3 and without master weights"
             )
-        model_state, optimizer_state = get_state_dict(self.module, self.optimizer)
+        model_state, optimizer_state = get_state_dict(self.module, self.optimizer, options=SHARDED_OPTIONS)
         try:
             stored = dcp.FileSystemReader(str(path / DCP_DIR)).read_metadata().state_dict_metadata
         except Exception as error:  # a missing or truncated .metadata file
@@ -351,7 +395,8 @@ class Engine:
         global_model, global_optimizer = model_state, optimizer_state
         if self.expert_parallel is not None:
             global_model, global_optimizer = self.expert_parallel.to_checkpoint(model_state, optimizer_state)
-        check_state_dict_matches(global_model, loaded, path / DCP_DIR)
+        # a pipeline stage loads its own part of a checkpoint that holds the whole model
+        check_state_dict_matches(global_model, loaded, path / DCP_DIR, allow_extra=self.pipeline is not None)
         to_load = {"model": global_model}
         if load_optimizer_states:
             to_load["optimizer"] = global_optimizer
@@ -363,7 +408,10 @@ class Engine:
             reason = "; ".join(f"rank {r}: {type(e).__name__} {e}".strip() for r, e in causes.items())
             raise ValueError(f"checkpoint {path / DCP_DIR} could not be read, it may be truncated or corrupt ({reason})") from error
         if load_optimizer_states:
-            set_state_dict(self.module, self.optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state)
+            # values DCP replaced rather than filled in place (hyperparameters) live in the loaded copy
+            optimizer_state.update({k: v for k, v in global_optimizer.items() if not isinstance(v, torch.Tensor)})
+            set_state_dict(self.module, self.optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state,
+                           options=SHARDED_OPTIONS)
         else:
             set_model_state_dict(self.module, model_state)
 

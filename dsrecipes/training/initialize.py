@@ -30,6 +30,7 @@ from dsrecipes.config.loading import load_config
 from dsrecipes.config.schema import RootConfig
 from dsrecipes.config.validate import data_parallel_world_size, to_root, validate_engine_config
 from dsrecipes.distributed.parallel_dims import ParallelDims, device_type_of
+from dsrecipes.distributed.pipeline_parallel import PipelineParallel
 from dsrecipes.distributed.sequence_parallel import SequenceParallel
 from dsrecipes.distributed.tensor_parallel import apply_tensor_parallel
 from dsrecipes.distributed.utils import is_distributed
@@ -74,9 +75,17 @@ def build_engine(
         # all of them is the global batch mean (sequence parallelism composes with tp = pp = 1 here)
         dims, mesh = ParallelDims.from_zero(world, cfg.zero.stage, cfg.zero.hybrid_shard_size), None
         fsdp = uses_fsdp(cfg.zero, dims.dp)
+    pipeline = None
+    if dims.pp > 1:  # this rank keeps its stages; each stage's gradients are averaged over its dp group
+        all_pipelines = mesh.mesh.reshape(dims.pp, -1).t().tolist()
+        dp_group = mesh["dp_replicate"].get_group() if dims.dp > 1 else None
+        pipeline = PipelineParallel(model, mesh["pp"].get_group(), par.pp_schedule, batch.gradient_accumulation_steps,
+                                    par.pp_partition, device, all_pipelines=all_pipelines, dp_group=dp_group)
+        model = pipeline.local_module(model)
     expert_parallel = setup_expert_parallel(model, cfg.moe.ep_size if cfg.moe.enabled else 1, device)
     ignored = expert_parallel.ignored_params if expert_parallel is not None else None
-    model = shard_model(model, cfg.zero, dims, device, cfg.precision.dtype, ignored_params=ignored, mesh=mesh)
+    if pipeline is None:
+        model = shard_model(model, cfg.zero, dims, device, cfg.precision.dtype, ignored_params=ignored, mesh=mesh)
     optimizer_cfg = cfg.optimizer
     if dims.tp > 1 and optimizer_cfg.impl == "auto" and "for_loop" in supported_impls(optimizer_class(optimizer_cfg)):
         # tensor-parallel DTensor and replicated plain parameters cannot share torch's foreach kernels
@@ -102,6 +111,7 @@ def build_engine(
         expert_parallel=expert_parallel,
         loss_parallel=dims.tp > 1,
         sequence_parallel=sequence_parallel,
+        pipeline=pipeline,
     )
 
 

@@ -160,7 +160,11 @@ class Trainer:
         engine.train()
         lr = engine.get_lr()[0]
         totals: dict[str, torch.Tensor] = {}
-        for _ in range(engine.gradient_accumulation_steps):
+        if engine.pipeline is not None:  # the schedule runs every micro-batch of the step at once
+            micro = [self._micro_batch(step) for _ in range(engine.gradient_accumulation_steps)]
+            input_ids, labels = (torch.cat([b[key] for b in micro]) for key in ("input_ids", "labels"))
+            totals["loss"] = engine.pipeline_train_step(input_ids, labels) * engine.gradient_accumulation_steps
+        for _ in range(engine.gradient_accumulation_steps if engine.pipeline is None else 0):
             batch = self._micro_batch(step)
             output = self._forward(batch)
             loss, terms = output.loss, {}
@@ -192,7 +196,10 @@ class Trainer:
         engine.eval()
         losses = []
         max_batches = self.cfg.trainer.eval_batches or None
-        for batch in eval_batches(self.data.validation, self.batch.micro_batch_size, max_batches=max_batches):
+        batches = eval_batches(self.data.validation, self.batch.micro_batch_size, max_batches=max_batches)
+        if engine.pipeline is not None:  # groups of gradient_accumulation_steps micro-batches per schedule run
+            losses = self._pipeline_eval(batches)
+        for batch in batches if engine.pipeline is None else []:
             batch = self._shard_sequence({k: v.to(self.device) for k, v in batch.items()})
             losses.append(float(self._forward(batch).loss))
         engine.train()
@@ -200,6 +207,18 @@ class Trainer:
         if engine.sequence_parallel is not None:  # each rank scored its chunk: the mean is the full loss
             val_loss = float(mean_over_ranks(torch.tensor([val_loss], device=self.device))[0])
         return {"val/loss": val_loss, "val/ppl": math.exp(min(val_loss, 50.0))}
+
+    def _pipeline_eval(self, batches) -> list[float]:
+        """Validation through the pipeline schedule, gradient_accumulation_steps micro-batches at a time
+        (a last incomplete group is left out)."""
+        gas, group, losses = self.engine.gradient_accumulation_steps, [], []
+        for batch in batches:
+            group.append(batch)
+            if len(group) == gas:
+                input_ids, labels = (torch.cat([b[k] for b in group]).to(self.device) for k in ("input_ids", "labels"))
+                losses.append(self.engine.pipeline.eval_loss(input_ids, labels))
+                group = []
+        return losses
 
     def _perf_metrics(self, steps: int, seconds: float) -> dict:
         tokens_per_s = steps * self.tokens_per_step / max(seconds, 1e-9)
@@ -330,6 +349,9 @@ class Trainer:
     def sample_text(self) -> str | None:
         t = self.cfg.trainer
         if not t.sample_tokens:
+            return None
+        if self.engine.pipeline is not None:
+            self.log.info("sample: skipped under pipeline parallelism (generate from the export instead)")
             return None
         tokenizer = self.data.tokenizer
         prompt = tokenizer.encode(t.sample_prompt)

@@ -1,0 +1,228 @@
+"""Pipeline parallelism for the GPT with torch.distributed.pipelining (DeepSpeed's PipelineEngine idea).
+
+    pipe = PipelineParallel(gpt, pp_group, schedule="1f1b", n_microbatches=gas, partition="uniform")
+    pipe.stage_modules              # this rank's GPTStage(s); the optimizer is built over them
+    loss = pipe.train_step(input_ids [gas*micro, T], labels)   # all micro-batches, forward + backward
+
+* Stages: the blocks are cut into pp (x 2 for interleaved 1F1B) contiguous stages, `uniform`ly by
+  count or balanced by `parameters` (embeddings counted on the first stage, the LM head on the
+  last). A GPTStage keeps its GPT's module names (tok_emb, blocks.<i>, final_norm, lm_head), so its
+  state dict keys are the single-process model's and DCP checkpoints move between layouts.
+* Schedules: gpipe (ScheduleGPipe), 1f1b (Schedule1F1B, DeepSpeed's TrainSchedule),
+  interleaved_1f1b (ScheduleInterleaved1F1B, two stages per rank). Micro-batches = gradient
+  accumulation steps, as in DeepSpeed; the schedule averages the gradients over them.
+* Tied embeddings: the first stage's tok_emb and the last stage's lm_head hold copies of the one
+  tied weight; after the backward their gradients are summed between the two ranks
+  (DeepSpeed's ReduceTiedGrads), so both copies stay equal; the last stage's copy is left out of
+  the gradient norm so it counts once.
+* Data parallelism: each stage's gradients are averaged over its data-parallel group after the
+  schedule (one flat all-reduce per step, as DDP would at the accumulation boundary).
+* The loss (mean over micro-batches) is computed on the last stage and broadcast to the group.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
+from dsrecipes.models.gpt import GPT
+
+PP_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
+PP_PARTITIONS = ("uniform", "parameters")
+
+
+def stages_per_rank(schedule: str) -> int:
+    return 2 if schedule == "interleaved_1f1b" else 1
+
+
+def partition_blocks(gpt: GPT, num_stages: int, method: str) -> list[range]:
+    """Contiguous block ranges, one per stage: equal counts, or balanced trainable-parameter counts."""
+    n = len(gpt.blocks)
+    if num_stages > n:
+        raise ValueError(f"{num_stages} pipeline stages need at least as many blocks; model.n_layer={n}")
+    if method == "uniform":
+        bounds = [round(i * n / num_stages) for i in range(num_stages + 1)]
+        return [range(bounds[i], bounds[i + 1]) for i in range(num_stages)]
+    sizes = [sum(p.numel() for p in b.parameters()) for b in gpt.blocks]
+    sizes[0] += sum(p.numel() for p in gpt.tok_emb.parameters()) + (gpt.pos_emb.weight.numel() if gpt.pos_emb is not None else 0)
+    sizes[-1] += gpt.lm_head.weight.numel() if gpt.lm_head.weight is not gpt.tok_emb.weight else 0
+    ranges, start, remaining = [], 0, sum(sizes)
+    for stage in range(num_stages):
+        left = num_stages - stage
+        target, end, acc = remaining / left, start, 0
+        while end < n - (left - 1) and (end == start or acc + sizes[end] / 2 <= target):
+            acc += sizes[end]
+            end += 1
+        ranges.append(range(start, end))
+        remaining -= acc
+        start = end
+    return ranges
+
+
+class GPTStage(nn.Module):
+    """The part of a GPT one pipeline stage runs: [embeddings] -> blocks[i..j) -> [final norm, LM head]."""
+
+    def __init__(self, gpt: GPT, blocks: range, first: bool, last: bool):
+        super().__init__()
+        self.first, self.last, self.style = first, last, gpt.cfg.style
+        if first:
+            self.tok_emb, self.pos_emb, self.emb_dropout = gpt.tok_emb, gpt.pos_emb, gpt.emb_dropout
+        self.blocks = nn.ModuleDict({str(i): gpt.blocks[i] for i in blocks})
+        if last:
+            self.final_norm, self.lm_head = gpt.final_norm, gpt.lm_head
+        if self.style == "llama":
+            self.register_buffer("rope_cos", gpt.rope_cos, persistent=False)
+            self.register_buffer("rope_sin", gpt.rope_sin, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.first:
+            seq_len = x.shape[1]
+            ids = x
+            x = self.tok_emb(ids)
+            if self.pos_emb is not None:
+                x = x + self.pos_emb(torch.arange(seq_len, device=ids.device))
+            x = self.emb_dropout(x)
+        rope = None
+        if self.style == "llama":
+            rope = (self.rope_cos[: x.shape[1]], self.rope_sin[: x.shape[1]])
+        for block in self.blocks.values():
+            x = block(x, rope)
+        if self.last:
+            return self.lm_head(self.final_norm(x))
+        return x
+
+
+def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100)
+
+
+class PipelineParallel:
+    def __init__(self, gpt: GPT, group, schedule: str, n_microbatches: int, partition: str, device: torch.device,
+                 all_pipelines: list[list[int]] | None = None, dp_group=None):
+        """group: this rank's pipeline group; all_pipelines: the global ranks of every pipeline group
+        (every rank must create the tied-weight groups of all of them, in the same order)."""
+        if schedule not in PP_SCHEDULES:
+            raise ValueError(f"parallel.pp_schedule={schedule!r} is not valid; choose one of: {', '.join(PP_SCHEDULES)}")
+        self.group, self.device, self.dp_group = group, device, dp_group
+        self.size, self.rank = dist.get_world_size(group), dist.get_rank(group)
+        per_rank = stages_per_rank(schedule)
+        num_stages = self.size * per_rank
+        ranges = partition_blocks(gpt, num_stages, partition)
+        # interleaved: rank r runs stages r, r + pp, ... (torch's looped layout)
+        self.stage_ids = [self.rank + k * self.size for k in range(per_rank)]
+        self.first_rank, self.last_rank = 0, (num_stages - 1) % self.size
+        self.stage_modules = [GPTStage(gpt, ranges[s], s == 0, s == num_stages - 1) for s in self.stage_ids]
+        self.block_ranges = [ranges[s] for s in self.stage_ids]
+        self.stages = [PipelineStage(m, s, num_stages, device, group=group) for m, s in zip(self.stage_modules, self.stage_ids)]
+        self.has_first = 0 in self.stage_ids
+        self.has_last = num_stages - 1 in self.stage_ids
+        schedule_cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}[schedule]
+        arg = self.stages if per_rank > 1 else self.stages[0]
+        self.schedule = schedule_cls(arg, n_microbatches=n_microbatches, loss_fn=lm_loss)
+        self.tied = gpt.cfg.tie_embeddings and self.size > 1
+        self.tied_group = None
+        if self.tied and {self.first_rank, self.last_rank} == set(range(self.size)):
+            self.tied_group = group  # two stages: the first and last ranks are the whole pipeline
+        elif self.tied:  # groups of each pipeline's first and last ranks, created by every rank alike
+            me = dist.get_rank()
+            for ranks in all_pipelines or [dist.get_process_group_ranks(group)]:
+                tied = dist.new_group(sorted({ranks[self.first_rank], ranks[self.last_rank]}))
+                if me in (ranks[self.first_rank], ranks[self.last_rank]):
+                    self.tied_group = tied
+
+    def local_module(self, gpt: GPT) -> "GPTStage":
+        """One module holding every parameter of this rank's stages under the model's names: what the
+        optimizer steps and checkpoints save (the schedule runs the stage modules themselves)."""
+        blocks = sorted(i for r in self.block_ranges for i in r)
+        return GPTStage(gpt, blocks, self.has_first, self.has_last)
+
+    @torch.no_grad()
+    def average_data_parallel_grads(self) -> None:
+        """Average this rank's stage gradients over its data-parallel group (one flat all-reduce)."""
+        if self.dp_group is None:
+            return
+        grads = [p.grad for m in self.stage_modules for p in m.parameters() if p.grad is not None]
+        if not grads:
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=self.dp_group)
+        flat.div_(dist.get_world_size(self.dp_group))
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+    def tied_params(self) -> list[nn.Parameter]:
+        """The tied embedding copies this rank holds (first: tok_emb.weight, last: lm_head.weight)."""
+        out = []
+        for module in self.stage_modules:
+            if module.first and self.tied:
+                out.append(module.tok_emb.weight)
+            if module.last and self.tied:
+                out.append(module.lm_head.weight)
+        return out
+
+    def norm_duplicates(self) -> set[int]:
+        """ids of parameters left out of the gradient norm: the last stage's copy of the tied weight."""
+        out = set()
+        for module in self.stage_modules:
+            if module.last and self.tied:
+                out.add(id(module.lm_head.weight))
+        return out
+
+    @torch.no_grad()
+    def reduce_tied_grads(self) -> None:
+        for param in self.tied_params():
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+            dist.all_reduce(param.grad, group=self.tied_group)
+
+    def train_step(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Forward + backward of all micro-batches; returns the mean loss on every rank of the group."""
+        losses: list[torch.Tensor] = []
+        kwargs = {}
+        if self.has_last:
+            kwargs = {"target": labels, "losses": losses}
+        if self.has_first:
+            self.schedule.step(input_ids, **kwargs)
+        else:
+            self.schedule.step(**kwargs)
+        self.average_data_parallel_grads()
+        self.reduce_tied_grads()
+        return self._broadcast_loss(losses)
+
+    @torch.no_grad()
+    def eval_loss(self, input_ids: torch.Tensor, labels: torch.Tensor) -> float:
+        losses: list[torch.Tensor] = []
+        kwargs = {"target": labels, "losses": losses} if self.has_last else {}
+        if self.has_first:
+            self.schedule.eval(input_ids, **kwargs)
+        else:
+            self.schedule.eval(**kwargs)
+        return float(self._broadcast_loss(losses))
+
+    def _broadcast_loss(self, losses: list[torch.Tensor]) -> torch.Tensor:
+        value = torch.stack([l.detach().float() for l in losses]).mean() if losses else torch.zeros((), device=self.device)
+        value = value.reshape(1).to(self.device)
+        src = dist.get_process_group_ranks(self.group)[self.last_rank]
+        dist.broadcast(value, src=src, group=self.group)
+        return value[0]
+
+    def full_state_dict(self) -> dict:
+        """Every stage's tensors (CPU) merged into the single-process model's state dict, on every rank."""
+        local = {}
+        for module in self.stage_modules:
+            local.update({k: v.detach().cpu() for k, v in module.state_dict().items()})
+        gathered = [None] * self.size
+        dist.all_gather_object(gathered, local, group=self.group)
+        merged = {}
+        for part in gathered:
+            merged.update(part)
+        if self.tied and "lm_head.weight" not in merged:
+            merged["lm_head.weight"] = merged["tok_emb.weight"]
+        if self.tied and "tok_emb.weight" not in merged:
+            merged["tok_emb.weight"] = merged["lm_head.weight"]
+        return merged
