@@ -53,3 +53,13 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def single_gpt(tmp_path_factory, datasets_cache):
+    """The single-process reference run of tests/test_distributed.py's recipe (micro-batch 8 x accumulation 2),
+    shared by the tensor-, pipeline- and sequence-parallel equivalence tests: (losses, exported state dict)."""
+    from tests.test_distributed import common, run_and_read
+
+    return run_and_read(tmp_path_factory.mktemp("single_gpt"), "single", common(datasets_cache) + [
+        "launcher.nproc_per_node=1", "trainer.train_micro_batch_size_per_gpu=8"])

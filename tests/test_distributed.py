@@ -55,10 +55,8 @@ def assert_matches_single_process(losses, params, ref_losses, ref_params) -> Non
 
 
 @pytest.fixture(scope="module")
-def single_process(tmp_path_factory, datasets_cache):
-    tmp = tmp_path_factory.mktemp("single")
-    return run_and_read(tmp, "single", common(datasets_cache) + [
-        "launcher.nproc_per_node=1", "trainer.train_micro_batch_size_per_gpu=8"])
+def single_process(single_gpt):
+    return single_gpt  # the session's single-process reference run (tests/conftest.py)
 
 
 @pytest.mark.timeout(400)

@@ -13,9 +13,15 @@ from tests.test_distributed import assert_matches_single_process, common, run_an
 
 
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("model", [[], ["model=llama_debug", "model.n_kv_head=2"]], ids=["gpt2", "llama_gqa"])
-def test_sp2_reproduces_single_process(tmp_path, datasets_cache, model):
-    base = common(datasets_cache) + model + ["trainer.train_micro_batch_size_per_gpu=8", "trainer.eval_batches=2"]
+def test_sp2_reproduces_single_process(tmp_path, datasets_cache, single_gpt):
+    losses, params = run_and_read(tmp_path, "sp2", common(datasets_cache) + [
+        "trainer.train_micro_batch_size_per_gpu=8", "parallel.sp=2", "launcher.nproc_per_node=2"])
+    assert_matches_single_process(losses, params, *single_gpt)
+
+
+@pytest.mark.timeout(400)
+def test_sp2_llama_with_grouped_query_attention_reproduces_single_process(tmp_path, datasets_cache):
+    base = common(datasets_cache) + ["model=llama_debug", "model.n_kv_head=2", "trainer.train_micro_batch_size_per_gpu=8"]
     ref = run_and_read(tmp_path, "single", base + ["launcher.nproc_per_node=1"])
     losses, params = run_and_read(tmp_path, "sp2", base + ["parallel.sp=2", "launcher.nproc_per_node=2"])
     assert_matches_single_process(losses, params, *ref)

@@ -146,7 +146,7 @@ def validate_pipeline_layout(root: RootConfig, dims: ParallelDims) -> None:
     if par.pp_schedule == "interleaved_1f1b" and gas % par.pp:
         raise ValueError(f"parallel.pp_schedule=interleaved_1f1b needs micro-batches (gradient_accumulation_steps={gas}) "
                          f"divisible by parallel.pp={par.pp}")
-    others = {"parallel.tp": par.tp > 1, "parallel.sp": par.sp > 1, "moe.num_experts": root.moe.enabled,
+    others = {"parallel.sp": par.sp > 1, "moe.num_experts": root.moe.enabled,
               "precision.dtype=fp16 (loss scaling)": root.precision.dtype == "fp16",
               "precision.master_weights": root.precision.master_weights,
               "data_efficiency.random_ltd": root.data_efficiency.random_ltd.enabled,
@@ -179,7 +179,7 @@ def validate_parallel_layout(root: RootConfig, world_size: int) -> None:
     for key, value in (("model.n_head", model.n_head), ("model.n_kv_head", model.kv_heads), ("model.d_ff", model.ffn_dim)):
         if value % tp:
             raise ValueError(f"parallel.tp={tp} does not divide {key}={value}: every rank must hold whole heads / equal MLP shards")
-    if dims.dp > 1 and root.zero.stage < 2:
+    if dims.dp > 1 and root.zero.stage < 2 and par.pp == 1:
         raise ValueError(
             f"parallel.tp={tp} with {dims.dp} data-parallel ranks needs zero.stage 2 or 3 (FSDP2 composes with "
             f"tensor-parallel DTensors on the data-parallel axis); got zero.stage={root.zero.stage}"

@@ -48,9 +48,9 @@ class ParallelDims:
             return cls(world_size, dp, 1, tp, sp, pp)
         shard = hybrid_shard_size or dp
         if dp % shard:
+            what = "world size" if dp == world_size else "data-parallel size"
             raise ValueError(
-                f"zero.hybrid_shard_size={hybrid_shard_size} does not divide the data-parallel size {dp}; "
-                f"valid sizes: {_divisors(dp)}"
+                f"zero.hybrid_shard_size={hybrid_shard_size} does not divide the {what} {dp}; valid sizes: {_divisors(dp)}"
             )
         return cls(world_size, dp // shard, shard, tp, sp, pp)
 

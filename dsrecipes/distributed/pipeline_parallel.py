@@ -26,8 +26,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
+from dsrecipes.distributed.tensor_parallel import vocab_parallel_cross_entropy
 from dsrecipes.models.gpt import GPT
 
 PP_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
@@ -96,7 +98,16 @@ class GPTStage(nn.Module):
 
 
 def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of the last stage's logits; vocab-sharded (tensor-parallel) logits use the
+    vocab-parallel loss (the Engine runs the schedule under loss_parallel)."""
+    if isinstance(logits, DTensor):
+        return vocab_parallel_cross_entropy(logits.flatten(0, 1), labels.flatten())
     return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A tensor-parallel DTensor's local shard (plain tensors as they are)."""
+    return t.to_local() if isinstance(t, DTensor) else t
 
 
 class PipelineParallel:
@@ -144,7 +155,7 @@ class PipelineParallel:
         """Average this rank's stage gradients over its data-parallel group (one flat all-reduce)."""
         if self.dp_group is None:
             return
-        grads = [p.grad for m in self.stage_modules for p in m.parameters() if p.grad is not None]
+        grads = [_local(p.grad) for m in self.stage_modules for p in m.parameters() if p.grad is not None]
         if not grads:
             return
         flat = torch.cat([g.reshape(-1) for g in grads])
@@ -178,7 +189,10 @@ class PipelineParallel:
         for param in self.tied_params():
             if param.grad is None:
                 param.grad = torch.zeros_like(param)
-            dist.all_reduce(param.grad, group=self.tied_group)
+            grad = param.grad
+            if isinstance(grad, DTensor) and tuple(grad.placements) != tuple(param.placements):
+                param.grad = grad = grad.redistribute(param.device_mesh, param.placements)  # as sharded as the weight
+            dist.all_reduce(_local(grad), group=self.tied_group)  # the same tp shard on both ranks
 
     def train_step(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Forward + backward of all micro-batches; returns the mean loss on every rank of the group."""
@@ -205,7 +219,7 @@ class PipelineParallel:
         return float(self._broadcast_loss(losses))
 
     def _broadcast_loss(self, losses: list[torch.Tensor]) -> torch.Tensor:
-        value = torch.stack([l.detach().float() for l in losses]).mean() if losses else torch.zeros((), device=self.device)
+        value = torch.stack([_local(l.detach()).float() for l in losses]).mean() if losses else torch.zeros((), device=self.device)
         value = value.reshape(1).to(self.device)
         src = dist.get_process_group_ranks(self.group)[self.last_rank]
         dist.broadcast(value, src=src, group=self.group)
@@ -215,7 +229,8 @@ class PipelineParallel:
         """Every stage's tensors (CPU) merged into the single-process model's state dict, on every rank."""
         local = {}
         for module in self.stage_modules:
-            local.update({k: v.detach().cpu() for k, v in module.state_dict().items()})
+            for k, v in module.state_dict().items():  # tensor-parallel shards gathered (a tp collective)
+                local[k] = (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu()
         gathered = [None] * self.size
         dist.all_gather_object(gathered, local, group=self.group)
         merged = {}

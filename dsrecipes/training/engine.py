@@ -96,11 +96,15 @@ def grad_groups(
 
 
 def global_grad_norm(
-    groups: dict[tuple, list[torch.Tensor]], expert_parallel: ExpertParallel | None = None, stage_group=None
+    groups: dict[tuple, list[torch.Tensor]],
+    expert_parallel: ExpertParallel | None = None,
+    stage_group=None,
+    device: torch.device | None = None,
 ) -> torch.Tensor:
     """The L2 norm of the whole model's gradient, the same value on every rank.
 
-    stage_group: the pipeline group, over which the plain (per-stage) squares are summed.
+    stage_group: the pipeline group: every stage holds other parameters, so the stages' squared
+    norms are summed over it.
     """
     squares = []
     for key, grads in groups.items():
@@ -109,23 +113,16 @@ def global_grad_norm(
         if key[0] == "expert":  # summed over the expert-parallel group, each rank holding other experts
             squares.append(expert_parallel.global_sq_norm(grads))
             continue
-        if key[0] == "plain" and stage_group is not None:
-            square = torch.nn.utils.get_total_norm(grads, norm_type=2.0).float().pow(2).reshape(1)
-            dist.all_reduce(square, group=stage_group)
-            squares.append(square[0])
-            continue
         norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
         if isinstance(norm, DTensor):  # sharded gradients: reduce the partial norms
             norm = norm.full_tensor()
         squares.append(norm.float().pow(2))
-    if stage_group is not None and not any(k[0] == "plain" for k in groups):  # a stage without plain grads
-        square = torch.zeros(1)
-        dist.all_reduce(square, group=stage_group)
-        squares.append(square[0])
-    if not squares:
-        return torch.zeros(())
-    device = squares[0].device
-    return torch.stack([sq.to(device) for sq in squares]).sum().sqrt()
+    total = torch.stack([sq.to(squares[0].device) for sq in squares]).sum() if squares else torch.zeros((), device=device)
+    if stage_group is not None:
+        total = total.reshape(1).clone()
+        dist.all_reduce(total, group=stage_group)
+        total = total[0]
+    return total.sqrt()
 
 
 class Engine:
@@ -215,12 +212,18 @@ class Engine:
         """Pipeline parallelism: all gradient_accumulation_steps micro-batches ([gas x micro, T]) through the
         schedule (forward + backward, gradients averaged over them), then the optimizer step; returns
         the mean loss (the same value on every rank)."""
-        with self.precision.autocast():
+        with self.precision.autocast(), self._loss_context():
             loss = self.pipeline.train_step(input_ids, labels)
         self.micro_steps += self.gradient_accumulation_steps - 1
         self._take_model_step()
         self.micro_steps += 1
         return loss
+
+    @torch.no_grad()
+    def pipeline_eval_loss(self, input_ids: torch.Tensor, labels: torch.Tensor) -> float:
+        """Pipeline parallelism: the mean validation loss of gradient_accumulation_steps micro-batches."""
+        with self.precision.autocast(), self._loss_context():
+            return self.pipeline.eval_loss(input_ids, labels)
 
     def step(self) -> None:
         """Call after every micro-batch; at the accumulation boundary take (or skip) the optimizer step."""
@@ -244,7 +247,7 @@ class Engine:
         pipe = self.pipeline
         groups = grad_groups(params, ep, duplicates=pipe.norm_duplicates() if pipe is not None else None)
         scale = precision.loss_scale  # the scale the backward used, before this step's update
-        norm = global_grad_norm(groups, ep, stage_group=pipe.group if pipe is not None else None)
+        norm = global_grad_norm(groups, ep, stage_group=pipe.group if pipe is not None else None, device=self.device)
         # Every rank sees the same norm (DDP/ZeRO-1 gradients are already all-reduced, FSDP2's partial
         # norms are reduced by full_tensor), so all ranks reach the same overflow verdict together
         # without another collective.

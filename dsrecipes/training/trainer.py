@@ -216,7 +216,7 @@ class Trainer:
             group.append(batch)
             if len(group) == gas:
                 input_ids, labels = (torch.cat([b[k] for b in group]).to(self.device) for k in ("input_ids", "labels"))
-                losses.append(self.engine.pipeline.eval_loss(input_ids, labels))
+                losses.append(self.engine.pipeline_eval_loss(input_ids, labels))
                 group = []
         return losses
 
