@@ -12,6 +12,7 @@ error (a wrong loss scaling or a missing gradient shard moves the loss by > 1e-2
 """
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -52,6 +53,18 @@ def assert_matches_single_process(losses, params, ref_losses, ref_params) -> Non
     assert params.keys() == ref_params.keys()
     for name in ref_params:
         torch.testing.assert_close(params[name], ref_params[name], rtol=0, atol=5e-5, msg=name)
+
+
+def assert_refused(cases: dict) -> None:
+    """Each recipe (overrides -> expected message) fails validation, at its launcher.nproc_per_node world size,
+    with a ValueError containing the message (validate_recipe is what the CLI runs before spawning)."""
+    from dsrecipes.config import validate_recipe
+    from dsrecipes.config.store import compose
+
+    for args, message in cases.items():
+        world = int(next((a.split("=")[1] for a in args if a.startswith("launcher.nproc_per_node=")), 1))
+        with pytest.raises(ValueError, match=re.escape(message)):
+            validate_recipe(compose(list(args)), dp_world_size=world)
 
 
 @pytest.fixture(scope="module")

@@ -12,15 +12,10 @@ steps); the only differences are fp32 summation orders (gradients summed across 
 EP group by the all_to_all backward).
 """
 
-import re
-
 import pytest
 import torch
 
-from dsrecipes.config import validate_recipe
-from dsrecipes.config.store import compose
-
-from tests.test_distributed import STEPS, assert_matches_single_process, common, run_and_read
+from tests.test_distributed import STEPS, assert_matches_single_process, assert_refused, common, run_and_read
 
 MOE = [
     "moe.num_experts=4", "moe.k=2", "moe.expert_interval=1", "moe.use_rts=false",
@@ -73,10 +68,7 @@ def test_bad_moe_layouts_are_refused_naming_the_keys():
         ("moe.num_experts=4", "moe.ep_size=2", "launcher.nproc_per_node=2", "zero.stage=1"): "zero.stage=1 is not supported",
         ("moe.num_experts=4", "moe.ep_size=4", "launcher.nproc_per_node=2"): "moe.ep_size=4 must divide the world size 2",
     }
-    for args, message in cases.items():
-        world = int(next((a.split("=")[1] for a in args if a.startswith("launcher.nproc_per_node=")), 1))
-        with pytest.raises(ValueError, match=re.escape(message)):
-            validate_recipe(compose(list(args)), dp_world_size=world)
+    assert_refused(cases)
 
 
 @pytest.mark.timeout(500)

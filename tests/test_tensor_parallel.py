@@ -7,15 +7,10 @@ steps; the differences are fp32 summation orders (matmuls split over the hidden 
 by all-reduce, vocab-parallel lookups).
 """
 
-import re
-
 import pytest
 import torch
 
-from dsrecipes.config import validate_recipe
-from dsrecipes.config.store import compose
-
-from tests.test_distributed import assert_matches_single_process, common, run_and_read
+from tests.test_distributed import assert_matches_single_process, assert_refused, common, run_and_read
 
 LLAMA = ["model=llama_debug", "model.n_kv_head=2"]
 
@@ -64,7 +59,4 @@ def test_bad_parallel_layouts_are_refused_naming_the_keys():
         ("parallel.tp=2", "moe=top2", "launcher.nproc_per_node=2"): "MoE layers have no tensor-parallel plan",
         ("parallel.tp=2", "optimizer.impl=foreach", "launcher.nproc_per_node=2"): "parallel.tp=2 with optimizer.impl=foreach",
     }
-    for args, message in cases.items():
-        world = int(next((a.split("=")[1] for a in args if a.startswith("launcher.nproc_per_node=")), 1))
-        with pytest.raises(ValueError, match=re.escape(message)):
-            validate_recipe(compose(list(args)), dp_world_size=world)
+    assert_refused(cases)
