@@ -55,6 +55,19 @@ def assert_matches_single_process(losses, params, ref_losses, ref_params) -> Non
         torch.testing.assert_close(params[name], ref_params[name], rtol=0, atol=5e-5, msg=name)
 
 
+def assert_resumes_in_one_process(tmp_path, datasets_cache, layout: list[str], reference) -> None:
+    """A run under `layout` saves at step 5; one process resuming it ends with the reference run's
+    losses for steps 6-10 (2e-5) and its exported parameters (5e-5)."""
+    base = common(datasets_cache) + ["checkpoint.interval=5", "trainer.train_micro_batch_size_per_gpu=8"]
+    run_and_read(tmp_path, "layout", base + layout)
+    (checkpoint,) = list((tmp_path / "layout").glob("outputs/*/*/checkpoints/step_5"))
+    resumed, params = run_and_read(tmp_path, "one", base + ["launcher.nproc_per_node=1", f"trainer.resume={checkpoint}"])
+    ref_losses, ref_params = reference
+    torch.testing.assert_close(torch.tensor(resumed), torch.tensor(ref_losses[5:]), rtol=0, atol=2e-5)
+    for name in ref_params:
+        torch.testing.assert_close(params[name], ref_params[name], rtol=0, atol=5e-5, msg=name)
+
+
 def assert_refused(cases: dict) -> None:
     """Each recipe (overrides -> expected message) fails validation, at its launcher.nproc_per_node world size,
     with a ValueError containing the message (validate_recipe is what the CLI runs before spawning)."""

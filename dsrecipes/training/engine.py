@@ -214,9 +214,8 @@ class Engine:
         the mean loss (the same value on every rank)."""
         with self.precision.autocast(), self._loss_context():
             loss = self.pipeline.train_step(input_ids, labels)
-        self.micro_steps += self.gradient_accumulation_steps - 1
         self._take_model_step()
-        self.micro_steps += 1
+        self.micro_steps += self.gradient_accumulation_steps
         return loss
 
     @torch.no_grad()

@@ -159,12 +159,22 @@ class Trainer:
         engine = self.engine
         engine.train()
         lr = engine.get_lr()[0]
-        totals: dict[str, torch.Tensor] = {}
-        if engine.pipeline is not None:  # the schedule runs every micro-batch of the step at once
-            micro = [self._micro_batch(step) for _ in range(engine.gradient_accumulation_steps)]
-            input_ids, labels = (torch.cat([b[key] for b in micro]) for key in ("input_ids", "labels"))
-            totals["loss"] = engine.pipeline_train_step(input_ids, labels) * engine.gradient_accumulation_steps
-        for _ in range(engine.gradient_accumulation_steps if engine.pipeline is None else 0):
+        totals = self._pipeline_micro_batches(step) if engine.pipeline is not None else self._micro_batches(step)
+        gas = engine.gradient_accumulation_steps
+        names = list(totals)
+        values = torch.stack([totals[n] for n in names])
+        values = (mean_over_ranks(values) if reduce_across_ranks else values) / gas
+        metrics = {f"train/{name}": float(v) for name, v in zip(names, values)}
+        metrics["train/lr"] = lr
+        metrics["train/grad_norm"] = engine.last_grad_norm
+        metrics["train/loss_scale"] = engine.precision.loss_scale
+        metrics["train/skipped_steps"] = engine.skipped_steps
+        return metrics
+
+    def _micro_batches(self, step: int) -> dict[str, torch.Tensor]:
+        """Forward, extra loss terms, backward and engine.step for each micro-batch; the terms' sums."""
+        engine, totals = self.engine, {}
+        for _ in range(engine.gradient_accumulation_steps):
             batch = self._micro_batch(step)
             output = self._forward(batch)
             loss, terms = output.loss, {}
@@ -179,29 +189,26 @@ class Trainer:
             terms["loss"] = loss
             for name, value in terms.items():
                 totals[name] = totals.get(name, 0.0) + value.detach().float()
-        gas = engine.gradient_accumulation_steps
-        names = list(totals)
-        values = torch.stack([totals[n] for n in names])
-        values = (mean_over_ranks(values) if reduce_across_ranks else values) / gas
-        metrics = {f"train/{name}": float(v) for name, v in zip(names, values)}
-        metrics["train/lr"] = lr
-        metrics["train/grad_norm"] = engine.last_grad_norm
-        metrics["train/loss_scale"] = engine.precision.loss_scale
-        metrics["train/skipped_steps"] = engine.skipped_steps
-        return metrics
+        return totals
+
+    def _pipeline_micro_batches(self, step: int) -> dict[str, torch.Tensor]:
+        """Pipeline parallelism: the schedule runs all micro-batches of the step at once; the loss sum."""
+        gas = self.engine.gradient_accumulation_steps
+        micro = [self._micro_batch(step) for _ in range(gas)]
+        input_ids, labels = (torch.cat([b[key] for b in micro]) for key in ("input_ids", "labels"))
+        return {"loss": self.engine.pipeline_train_step(input_ids, labels) * gas}
 
     @torch.no_grad()
     def evaluate(self) -> dict:
         engine = self.engine
         engine.eval()
-        losses = []
         max_batches = self.cfg.trainer.eval_batches or None
         batches = eval_batches(self.data.validation, self.batch.micro_batch_size, max_batches=max_batches)
         if engine.pipeline is not None:  # groups of gradient_accumulation_steps micro-batches per schedule run
             losses = self._pipeline_eval(batches)
-        for batch in batches if engine.pipeline is None else []:
-            batch = self._shard_sequence({k: v.to(self.device) for k, v in batch.items()})
-            losses.append(float(self._forward(batch).loss))
+        else:
+            losses = [float(self._forward(self._shard_sequence({k: v.to(self.device) for k, v in b.items()})).loss)
+                      for b in batches]
         engine.train()
         val_loss = sum(losses) / max(1, len(losses))
         if engine.sequence_parallel is not None:  # each rank scored its chunk: the mean is the full loss
