@@ -179,6 +179,10 @@ def validate_parallel_layout(root: RootConfig, world_size: int) -> None:
     for key, value in (("model.n_head", model.n_head), ("model.n_kv_head", model.kv_heads), ("model.d_ff", model.ffn_dim)):
         if value % tp:
             raise ValueError(f"parallel.tp={tp} does not divide {key}={value}: every rank must hold whole heads / equal MLP shards")
+    if par.tp_sequence_parallel and root.data.block_size % tp:
+        raise ValueError(f"parallel.tp={tp} with parallel.tp_sequence_parallel=true needs data.block_size divisible by "
+                         f"{tp} (equal sequence shards); got data.block_size={root.data.block_size}. Change the block "
+                         "size or set parallel.tp_sequence_parallel=false")
     if dims.dp > 1 and root.zero.stage < 2 and par.pp == 1:
         raise ValueError(
             f"parallel.tp={tp} with {dims.dp} data-parallel ranks needs zero.stage 2 or 3 (FSDP2 composes with "

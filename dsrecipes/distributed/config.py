@@ -36,10 +36,14 @@ class ParallelConfig:
 
     tp: tensor parallelism (Megatron column/row sharding of attention and MLP, vocab-parallel
         embedding / LM head) over consecutive ranks; composes with ZeRO-2/3 (FSDP2) on the dp axis.
+    tp_sequence_parallel: with tp > 1, split the activations between the sharded layers along the
+        sequence (norms, dropout and residuals on seq/tp rows; Megatron-LM's --sequence-parallel);
+        false keeps them replicated on every tp rank.
     sp: Ulysses sequence parallelism; pp: pipeline parallelism (see README's compatibility matrix).
     """
 
     tp: int = 1
+    tp_sequence_parallel: bool = True
     pp: int = 1
     sp: int = 1
     pp_schedule: str = "1f1b"  # gpipe | 1f1b | interleaved_1f1b (two stages per rank)

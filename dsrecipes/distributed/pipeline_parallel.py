@@ -70,6 +70,7 @@ class GPTStage(nn.Module):
     def __init__(self, gpt: GPT, blocks: range, first: bool, last: bool):
         super().__init__()
         self.first, self.last, self.style = first, last, gpt.cfg.style
+        self.seq_shards = gpt.activation_seq_shards  # tensor-parallel sequence shards of the stage input
         if first:
             self.tok_emb, self.pos_emb, self.emb_dropout = gpt.tok_emb, gpt.pos_emb, gpt.emb_dropout
         self.blocks = nn.ModuleDict({str(i): gpt.blocks[i] for i in blocks})
@@ -80,8 +81,8 @@ class GPTStage(nn.Module):
             self.register_buffer("rope_sin", gpt.rope_sin, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        seq_len = x.shape[1] if self.first else x.shape[1] * self.seq_shards
         if self.first:
-            seq_len = x.shape[1]
             ids = x
             x = self.tok_emb(ids)
             if self.pos_emb is not None:
@@ -89,7 +90,7 @@ class GPTStage(nn.Module):
             x = self.emb_dropout(x)
         rope = None
         if self.style == "llama":
-            rope = (self.rope_cos[: x.shape[1]], self.rope_sin[: x.shape[1]])
+            rope = (self.rope_cos[:seq_len], self.rope_sin[:seq_len])
         for block in self.blocks.values():
             x = block(x, rope)
         if self.last:
@@ -236,8 +237,7 @@ class PipelineParallel:
         merged = {}
         for part in gathered:
             merged.update(part)
-        if self.tied and "lm_head.weight" not in merged:
-            merged["lm_head.weight"] = merged["tok_emb.weight"]
-        if self.tied and "tok_emb.weight" not in merged:
+        if self.tied:  # one tensor under both names, as in the single-process model (an export stores it once)
+            merged["lm_head.weight"] = merged.get("tok_emb.weight", merged.get("lm_head.weight"))
             merged["tok_emb.weight"] = merged["lm_head.weight"]
         return merged

@@ -10,9 +10,19 @@ holds a slice of the vocabulary, lookups all-reduced) and the LM head column-par
 vocabulary; with tied embeddings the two share one vocab-sharded weight. The logits stay
 vocab-sharded (a DTensor) and the loss is vocab-parallel (torch's loss_parallel, set as the model's
 loss_fn): the [tokens, vocab] logits are never gathered in training. `full_logits` gathers them
-where a caller needs them whole (text sampling). Activations between the sharded layers are
-replicated, so norms, residuals and position embeddings run unchanged (plain tensors). Two all-reduces per block forward (and two backward), as Megatron-LM without
-sequence parallelism.
+where a caller needs them whole (text sampling).
+
+Between the sharded layers, the activations are either
+* sequence-parallel (`sequence_parallel=True`, the default; Megatron-LM's --sequence-parallel,
+  torchtitan's layout): the residual stream is split along the sequence, each rank holding
+  [batch, seq/tp, d_model]; norms, dropout and residual adds run on that shard (norm weights become
+  replicated DTensors whose gradients are summed over tp); before attention and the MLP the normed
+  shard is all-gathered, and out_proj / fc_out reduce-scatter their partial outputs back to shards.
+  The communicated bytes equal an all-reduce's, and activation memory outside attention and the MLP
+  drops by tp. Learned position embeddings are sliced to the rank's positions (no communication).
+* or replicated (`sequence_parallel=False`): norms, residuals and position embeddings run
+  unchanged on plain [batch, seq, d_model] tensors, with two all-reduces per block forward (and two
+  backward), as Megatron-LM without sequence parallelism.
 
 Parameters become DTensors sharded over the tp mesh: DCP checkpoints store their global shapes (a
 TP=2 checkpoint resumes at TP=1 or any other layout) and full state dicts gather them.
@@ -25,37 +35,75 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    PrepareModuleOutput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
 
 from dsrecipes.models.layers import CausalSelfAttention, GeluMLP, SwiGLUMLP
 
 
-def block_plan(block: nn.Module) -> dict:
-    plan = {"attn.q_proj": ColwiseParallel(), "attn.kv_proj": ColwiseParallel(), "attn.out_proj": RowwiseParallel()}
+def block_plan(block: nn.Module, sequence_parallel: bool = False) -> dict:
+    # sequence-parallel: the row-parallel layers reduce-scatter into sequence shards instead of all-reducing
+    row = RowwiseParallel(output_layouts=Shard(1)) if sequence_parallel else RowwiseParallel()
+    plan = {"attn.q_proj": ColwiseParallel(), "attn.kv_proj": ColwiseParallel(), "attn.out_proj": row}
     if isinstance(block.mlp, GeluMLP):
-        plan.update({"mlp.fc_in": ColwiseParallel(), "mlp.fc_out": RowwiseParallel()})
+        plan.update({"mlp.fc_in": ColwiseParallel(), "mlp.fc_out": row})
     elif isinstance(block.mlp, SwiGLUMLP):
-        plan.update({"mlp.gate": ColwiseParallel(), "mlp.up": ColwiseParallel(), "mlp.fc_out": RowwiseParallel()})
+        plan.update({"mlp.gate": ColwiseParallel(), "mlp.up": ColwiseParallel(), "mlp.fc_out": row})
     else:
         raise ValueError(f"tensor parallelism has no plan for a {type(block.mlp).__name__} MLP (MoE layers: use moe.ep_size)")
+    if sequence_parallel:  # norms on sequence shards; attention and the MLP gather the whole sequence first
+        plan.update({
+            "attn_norm": SequenceParallel(),
+            "mlp_norm": SequenceParallel(),
+            "attn": PrepareModuleInput(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)),
+            "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        })
     return plan
 
 
-def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> nn.Module:
-    """Shard a dsrecipes GPT over `tp_mesh` in place; returns it."""
+def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool = True) -> nn.Module:
+    """Shard a dsrecipes GPT over `tp_mesh` in place; returns it. sequence_parallel: split the
+    residual stream (and the norms) along the sequence between the sharded layers (module docstring)."""
     tied = model.lm_head.weight is model.tok_emb.weight
     for block in model.blocks:
         if not isinstance(block.attn, CausalSelfAttention):
             raise ValueError(f"tensor parallelism expects CausalSelfAttention blocks, got {type(block.attn).__name__}")
-        parallelize_module(block, tp_mesh, block_plan(block))
-    parallelize_module(model, tp_mesh, {
-        "tok_emb": RowwiseParallel(input_layouts=Replicate()),
-        "lm_head": ColwiseParallel(output_layouts=Shard(-1), use_local_output=False),
-    })
+        parallelize_module(block, tp_mesh, block_plan(block, sequence_parallel))
+    shard = Shard(1) if sequence_parallel else Replicate()
+    plan = {
+        "tok_emb": RowwiseParallel(input_layouts=Replicate(), output_layouts=shard),
+        "lm_head": ColwiseParallel(input_layouts=shard, output_layouts=Shard(-1), use_local_output=False),
+    }
+    if sequence_parallel:
+        plan["final_norm"] = SequenceParallel()
+        if model.pos_emb is not None:  # [seq, d_model] rows sliced to this rank's positions: no communication
+            plan["pos_emb"] = PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(0))
+    parallelize_module(model, tp_mesh, plan)
+    model.activation_seq_shards = tp_mesh.size() if sequence_parallel else 1
+    if sequence_parallel:
+        model.register_forward_pre_hook(_require_divisible_sequence, with_kwargs=True)
     if tied:  # both are vocab-sharded Shard(0): share the one DTensor parameter again
         model.lm_head.weight = model.tok_emb.weight
     model.loss_fn = vocab_parallel_cross_entropy
     return model
+
+
+def _require_divisible_sequence(model: nn.Module, args: tuple, kwargs: dict) -> None:
+    """Sequence shards must be equal (the reduce-scatters and all-gathers move equal chunks)."""
+    ids = args[0] if args else kwargs["input_ids"]
+    shards = model.activation_seq_shards
+    if ids.shape[1] % shards:
+        raise ValueError(
+            f"sequence length {ids.shape[1]} is not divisible by parallel.tp={shards} with "
+            "parallel.tp_sequence_parallel=true; pad the batch, choose data.block_size accordingly, "
+            "or set parallel.tp_sequence_parallel=false"
+        )
 
 
 def vocab_parallel_cross_entropy(logits: DTensor, labels: torch.Tensor) -> torch.Tensor:

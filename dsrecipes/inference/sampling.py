@@ -29,11 +29,18 @@ def sample_tokens(
     generator = torch.Generator(device=device).manual_seed(seed)
     ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
     new_ids: list[int] = []
+    shards = getattr(model, "activation_seq_shards", 1)
     for _ in range(max_new_tokens):
-        logits = model(ids[:, -max_seq_len:]).logits
+        window = ids[:, -max_seq_len:]
+        if window.shape[1] % shards and window.shape[1] + shards > max_seq_len:
+            window = window[:, window.shape[1] % shards:]  # drop the oldest tokens instead of padding past the context
+        n = window.shape[1]
+        if n % shards:  # sequence-parallel tensor parallelism needs seq % tp == 0: right padding, which a
+            window = torch.cat([window, window.new_zeros(1, -n % shards)], dim=1)  # causal model never sees
+        logits = model(window).logits
         if isinstance(logits, DTensor):  # vocab-sharded logits of a tensor-parallel model
             logits = logits.full_tensor()
-        logits = logits[0, -1].float()
+        logits = logits[0, n - 1].float()
         if temperature <= 0:
             next_id = int(logits.argmax())
         else:

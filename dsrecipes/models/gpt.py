@@ -33,6 +33,9 @@ class GPT(nn.Module):
     # Hook: loss_fn(logits [N, V], labels [N]) -> mean CE over labels != -100 (fp32); None = F.cross_entropy
     # on fp32 logits. Set by kernel injection (dsrecipes.models.kernel_injection).
     loss_fn = None
+    # Ranks the sequence of the activations between blocks is split over (tensor parallelism's
+    # sequence-parallel layout sets it): a pipeline stage's input holds seq / activation_seq_shards rows.
+    activation_seq_shards = 1
 
     def __init__(self, cfg: ModelConfig, moe: MoEConfig | None = None):
         super().__init__()

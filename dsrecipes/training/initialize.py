@@ -66,7 +66,7 @@ def build_engine(
     model.to(device)
     mesh = dims.build_mesh(device_type_of(device)) if dims.model_parallel else None
     if dims.tp > 1:
-        apply_tensor_parallel(model, mesh["tp"])
+        apply_tensor_parallel(model, mesh["tp"], sequence_parallel=par.tp_sequence_parallel)
     sequence_parallel = None
     if dims.sp > 1:  # after kernel injection (the recipe's model transforms): Ulysses wraps its attention
         sequence_parallel = SequenceParallel(mesh["sp"].get_group())
