@@ -2,7 +2,8 @@
 
 gpt_debug (4 blocks, tied embeddings: the first and last stages hold copies of the one weight and
 sum their gradients) trains 10 steps with micro-batches = gradient accumulation steps = 2 under
-each schedule, at PP=2 and at dp 2 x pp 2 (world 4), against one process on the same global batch.
+each schedule, at PP=2, at dp 2 x pp 2 (world 4) and at dp 2 x tp 2 x pp 2 (world 8), against one
+process on the same global batch.
 Tolerance as tests/test_distributed.py: losses within 2e-5, exported parameters within 5e-5; the
 differences are fp32 summation orders (gradients averaged over micro-batches by the schedule, the
 tied gradient summed across stages).
@@ -31,10 +32,11 @@ def test_dp2_x_pp2_reproduces_single_process(tmp_path, datasets_cache, single_gp
 
 
 @pytest.mark.timeout(500)
-def test_tp2_x_pp2_reproduces_single_process(tmp_path, datasets_cache, single_gpt):
-    """Tensor-parallel stages (vocab-parallel loss on the last one, vocab-sharded tied copies)."""
-    losses, params = run_and_read(tmp_path, "tp2pp2", common(datasets_cache) + [
-        "parallel.pp=2", "parallel.tp=2", "launcher.nproc_per_node=4", "trainer.train_micro_batch_size_per_gpu=8"])
+def test_dp2_x_tp2_x_pp2_reproduces_single_process(tmp_path, datasets_cache, single_gpt):
+    """3D (gpt_3d's layout) at world size 8: tensor-parallel stages with sequence-parallel activations
+    between them, the vocab-parallel loss on the last stage, vocab-sharded tied copies, dp 2."""
+    losses, params = run_and_read(tmp_path, "dp2tp2pp2", common(datasets_cache) + [
+        "parallel.pp=2", "parallel.tp=2", "launcher.nproc_per_node=8", "trainer.train_micro_batch_size_per_gpu=4"])
     assert_matches_single_process(losses, params, *single_gpt)
 
 
