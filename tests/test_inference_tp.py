@@ -1,5 +1,6 @@
 """Tensor-parallel inference (dsrecipes.inference.tensor_parallel) at world size 2 on gloo: generation
 equals single-process generation token for token; logits agree to fp32 reduction-order noise (1e-5).
+The vocabulary (53) does not divide by 2, so the vocab-parallel LM head's padded last shard is covered.
 
 int8 is checked with groups of 16, which divide every row-parallel shard's width: each rank then holds
 exactly the groups the single process has. (With per-channel scales a row-parallel shard gets its own
@@ -26,6 +27,7 @@ def _tp_equals_single(rank: int, world: int, style: str, kv, quant) -> None:
     single = init_inference(_model(style, kv), quant=quant)
     tp = init_inference(_model(style, kv), tensor_parallel={"tp_size": world}, quant=quant)
     assert tp.model.blocks[0].attn.n_head == 4 // world  # really sharded
+    assert tp.model.lm_head.shard.out_features == 27  # vocabulary 53 over 2 ranks: 27 + 26 rows (+1 zero row)
     ids = torch.tensor([PROMPTS[0]])
     torch.testing.assert_close(tp.logits(ids), single.logits(ids), atol=1e-5, rtol=1e-5)
     kwargs = dict(max_new_tokens=12)

@@ -7,8 +7,12 @@ are split by heads (column parallel: each rank keeps its heads' rows; kv_proj's 
 [kv_head, k|v, head_dim], so a contiguous chunk holds whole kv heads with their keys and values),
 fc_in / gate / up by rows of the hidden layer; out_proj and fc_out are split by input columns (row
 parallel) and their partial outputs are summed with one all-reduce each, after which the bias is
-added once. Embeddings, norms and the LM head stay replicated, so every rank ends with the full,
-identical logits. Two all-reduces per block, none in the attention itself.
+added once. Two all-reduces per block, none in the attention itself. The LM head is split by
+vocabulary rows (each rank computes ceil(V/tp) logits; the last shard is zero-padded so gloo and
+NCCL gather equal sizes) and one all-gather assembles the full, identical logits on every rank; at
+batch-1 decode the LM head is a large share of the weight bytes read per token (gpt2's 38.6M of
+124M), so each rank reads 1/tp of it. Embeddings and norms stay replicated (a tied embedding keeps
+its full table for lookups; the head's shard is a separate 1/tp copy).
 
 The sharding slices plain tensors (no DTensor): inference keeps no optimizer state or checkpoints,
 and plain modules let the quantized and kernel-injected paths run unchanged on every rank.
@@ -62,6 +66,27 @@ class RowParallelLinear(nn.Module):
         y = self.shard(x)
         dist.all_reduce(y, group=self.group)
         return y + self.bias if self.bias is not None else y
+
+
+class VocabParallelLMHead(nn.Module):
+    """A rank's rows of the LM head (ceil(V/tp) vocabulary entries, zero-padded at the end); the
+    logits shards are all-gathered along the vocabulary and trimmed to V."""
+
+    def __init__(self, weight: torch.Tensor, rank: int, size: int, group):
+        super().__init__()
+        self.out_features = weight.shape[0]
+        width = -(-self.out_features // size)
+        shard = weight.detach()[rank * width:(rank + 1) * width]
+        if shard.shape[0] < width:
+            shard = torch.cat([shard, shard.new_zeros(width - shard.shape[0], shard.shape[1])])
+        self.shard = _linear_from(shard, None)
+        self.group, self.size = group, size
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        local = self.shard(x).contiguous()
+        parts = [torch.empty_like(local) for _ in range(self.size)]
+        dist.all_gather(parts, local, group=self.group)
+        return torch.cat(parts, dim=-1)[..., : self.out_features]
 
 
 def _linear_from(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
@@ -118,4 +143,5 @@ def shard_for_inference(model: nn.Module, group=None) -> int:
             index = _chunk_index(module.gate.out_features, rank, size, dev)
             module.gate, module.up = _rows(module.gate, index), _rows(module.up, index)
             module.fc_out = _column_chunk(module.fc_out, rank, size, group)
+    model.lm_head = VocabParallelLMHead(model.lm_head.weight, rank, size, group)
     return size
