@@ -65,6 +65,33 @@ def test_cached_logits_match_full_forward_at_every_step(style, kv):
 
 
 @pytest.mark.parametrize("style,kv", MODELS)
+def test_static_decode_step_equals_eager_decode(style, kv):
+    """decode_static (what a CUDA graph captures: slot on the device, whole-capacity masked attention)
+    gives the eager step's logits at every slot of a left-padded batch, and the same generations."""
+    model = tiny(style, kv)
+    eager, static = CachedDecoder(model), CachedDecoder(model, decode_mode="static")
+    ids = torch.tensor([[0, 0, 7, 1, 2], [4, 9, 8, 6, 5]])
+    caches = [d.allocate_cache(2, 12) for d in (eager, static)]
+    for cache in caches:
+        cache.reset(torch.tensor([2, 0]))
+    for d, cache in zip((eager, static), caches):
+        d.forward(ids, cache)
+    for t in range(6):
+        step = torch.tensor([[3 + t], [11 + t]])
+        torch.testing.assert_close(static.decode(step, caches[1]), eager.decode(step, caches[0]), atol=LOGIT_ATOL, rtol=0)
+    assert caches[0].length == caches[1].length == 11
+    torch.testing.assert_close(caches[1].keys, caches[0].keys, atol=1e-6, rtol=0)
+    assert generate(static, PROMPTS, 12).tokens == generate(eager, PROMPTS, 12).tokens
+
+
+def test_cuda_graph_option_is_checked():
+    with pytest.raises(ValueError, match="decode_mode='graph' is not valid; choose one of: eager, static, cuda_graph"):
+        CachedDecoder(tiny(), decode_mode="graph")
+    with pytest.raises(ValueError, match="enable_cuda_graph=true needs a CUDA device; the model is on cpu"):
+        init_inference(tiny(), enable_cuda_graph=True)
+
+
+@pytest.mark.parametrize("style,kv", MODELS)
 def test_batched_left_padded_generation_equals_per_prompt(style, kv):
     model = tiny(style, kv)
     decoder = CachedDecoder(model)

@@ -43,6 +43,12 @@ def test_decode_attention_matches_reference(b, h, hkv, s, d):
         expect = torch.softmax(q[row] @ kk.transpose(-1, -2) / d**0.5, -1) @ vv
         torch.testing.assert_close(ref[row], expect, atol=1e-5, rtol=1e-5)
     assert triton_unavailable_reason(_decode_attention_kernel, q, k, v) is None  # the kernel really ran
+    # `end` on the device (the CUDA-graph decode step): the whole capacity passed, slots [start, end) read
+    end = torch.tensor([int(start.max()) + 1])
+    full_k, full_v = cache_k[1], cache_v[1]
+    want = decode_attention_reference(q, k[:, :, :int(end)], v[:, :, :int(end)], start)
+    torch.testing.assert_close(decode_attention(q, full_k, full_v, start, end), want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(decode_attention_reference(q, full_k, full_v, start, end), want, atol=1e-5, rtol=1e-5)
 
 
 def test_decode_attention_rejects_bad_shapes():
@@ -97,6 +103,35 @@ def test_decode_attention_half_precision_on_gpu(dtype):
     start = torch.tensor([0, 5, 999, 300], device="cuda")
     ref = decode_attention_reference(q.float(), k.float(), v.float(), start)
     torch.testing.assert_close(decode_attention(q, k, v, start).float(), ref, atol=2e-2, rtol=2e-2)
+
+
+def test_static_decode_with_the_decode_kernel_equals_eager():
+    """The CUDA-graph step's kernel path (decode attention bounded by a device-side `end`), interpreted."""
+    from dsrecipes.inference.decoder import CachedDecoder, InferenceKernels
+    from dsrecipes.inference.generation import generate
+
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(style="llama", n_layer=2, n_head=4, n_kv_head=2, d_model=64, vocab_size=53, max_seq_len=32)).eval()
+    kernels = InferenceKernels.triton(model.cfg.head_dim)
+    eager, static = CachedDecoder(model, kernels), CachedDecoder(model, kernels, decode_mode="static")
+    prompts = [[5, 3, 8, 1], [9, 2]]
+    assert generate(static, prompts, 6).tokens == generate(eager, prompts, 6).tokens
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("quant", [None, "int8"])
+def test_cuda_graph_decode_equals_eager_on_gpu(quant):
+    """enable_cuda_graph: the replayed step gives the eager engine's tokens, across batch sizes and calls."""
+    def model():
+        torch.manual_seed(0)
+        return GPT(ModelConfig(style="llama", n_layer=4, n_head=8, n_kv_head=2, d_model=512, vocab_size=1000,
+                               max_seq_len=256)).eval()
+
+    eager = init_inference(model(), dtype="bf16", device="cuda", kernel_inject=True, quant=quant)
+    graph = init_inference(model(), dtype="bf16", device="cuda", kernel_inject=True, quant=quant, enable_cuda_graph=True)
+    for prompts in ([list(range(1, 40))], [list(range(1, 50)), list(range(7, 20))], [list(range(3, 30))]):
+        assert graph.generate(prompts, max_new_tokens=24).tokens == eager.generate(prompts, max_new_tokens=24).tokens
+    assert len(graph.decoder._graphs) == 2  # batch 1 and batch 2, the batch-1 graph replayed on the third call
 
 
 @pytest.mark.gpu

@@ -13,6 +13,8 @@ Implementations, each on its own copy of the same weights, measured side by side
               activations); GPU only: on CPU without the interpreter the kernels would fall back;
   int8        + weight-only int8 (dsrecipes.kernels int8 matmul);
   int4        + weight-only int4 (groups of 64, torch dequantization: memory only);
+  graph       kernels + the decode step replayed as a CUDA graph (enable_cuda_graph); GPU only;
+  int8_graph  int8 + kernels + CUDA graph; GPU only;
   hf          Hugging Face transformers' generate for the same weights: only if transformers is
               installed (it is not a dependency; the row is then skipped and the script says so).
 
@@ -44,7 +46,9 @@ from dsrecipes.inference import init_inference, load_model
 from dsrecipes.inference.quantized import module_bytes
 from dsrecipes.models import GPT, ModelConfig
 
-IMPLS = ("plain", "engine", "kernels", "int8", "int4", "hf")
+IMPLS = ("plain", "engine", "kernels", "int8", "int4", "graph", "int8_graph", "hf")
+GPU_ONLY = {"kernels": "the Triton kernels need a GPU; on CPU they would run their torch references",
+            "graph": "CUDA graphs need a GPU", "int8_graph": "CUDA graphs need a GPU"}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -148,8 +152,10 @@ def measure(impl: str, base: GPT, batch: int, prompt_len: int, new_tokens: int, 
             return ttft, [(total - ttft) / max(new_tokens - 1, 1)] * (new_tokens - 1)
         weight_bytes, cache_bytes = module_bytes(hf), 0
     else:
+        graph = {"kernel_inject": True, "enable_cuda_graph": True}
         options = {"engine": {}, "kernels": {"kernel_inject": True}, "int8": {"quant": "int8"},
-                   "int4": {"quant": {"bits": 4, "group_size": 64}}}[impl]
+                   "int4": {"quant": {"bits": 4, "group_size": 64}}, "graph": graph,
+                   "int8_graph": {**graph, "quant": "int8"}}[impl]
         name = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
         engine = init_inference(model, dtype=name, device=device, max_out_tokens=prompt_len + new_tokens, **options)
 
@@ -201,8 +207,8 @@ def run_benchmark(model: GPT, batches: list[int], prompt_len: int, new_tokens: i
     rows = []
     for batch in batches:
         for impl in impls:
-            if impl == "kernels" and torch.device(device).type != "cuda":
-                print("kernels: skipped on CPU (the Triton kernels need a GPU; on CPU they would run their torch references)")
+            if impl in GPU_ONLY and torch.device(device).type != "cuda":
+                print(f"{impl}: skipped on CPU ({GPU_ONLY[impl]})")
                 continue
             row = measure(impl, model, batch, prompt_len, new_tokens, dtype, device, repeats)
             if row is None:

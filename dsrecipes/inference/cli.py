@@ -103,7 +103,8 @@ def run_inference_mode(cfg: DictConfig, run_dir: str, overrides: list[str]) -> d
     quant = None if g.quant == "none" else {"bits": 8 if g.quant == "int8" else 4,
                                             "group_size": g.quant_group_size or (64 if g.quant == "int4" else 0)}
     engine = init_inference(model, dtype=g.dtype, tensor_parallel=g.tp_size, kernel_inject=g.kernel_inject,
-                            quant=quant, tokenizer=tokenizer, device=device)
+                            quant=quant, tokenizer=tokenizer, device=device,
+                            enable_cuda_graph=g.cuda_graph)
     say(f"dsrecipes generate: {source}")
     for line in engine.describe():
         say(f"  {line}")

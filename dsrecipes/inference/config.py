@@ -39,12 +39,13 @@ class GenerateConfig:
     quant: str = "none"  # none | int8 | int4 weight-only
     quant_group_size: int = 0  # 0 = per output channel (int8); int4 defaults to 64 when 0
     tp_size: int = 1  # tensor-parallel degree: run under torchrun --nproc-per-node tp_size
+    cuda_graph: bool = False  # replay the decode step as a CUDA graph (CUDA, tp_size 1, dense models)
     # serve-bench
     bench_batch_sizes: List[int] = field(default_factory=lambda: [1, 8])
     bench_prompt_len: int = 32
     bench_new_tokens: int = 32
     bench_repeats: int = 3
-    bench_impls: List[str] = field(default_factory=lambda: ["plain", "engine", "kernels", "int8", "int4", "hf"])
+    bench_impls: List[str] = field(default_factory=lambda: ["plain", "engine", "kernels", "int8", "int4", "graph", "int8_graph", "hf"])
 
 
 def validate_generate_config(cfg: GenerateConfig, mode: str, prefix: str = "generate") -> None:

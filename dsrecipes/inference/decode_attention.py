@@ -1,10 +1,13 @@
 """Decode attention: one new query token per row against the KV cache, as a Triton kernel.
 
     y = decode_attention(q, k_cache, v_cache, start)   # q [B, H, 1, D]; k/v [B, Hkv, S, D]; start [B]
+    y = decode_attention(q, k_cache, v_cache, start, end)   # end: a [1] long tensor, slots [start, end)
 
 What: for each (row b, head h) the query attends to key slots [start[b], S) of its kv head
 (h // (H / Hkv): grouped-query attention without repeating k/v), softmax scaled by 1/sqrt(D).
-Slots before start[b] are the row's left padding. Why a kernel: at decode time attention is a
+Slots before start[b] are the row's left padding. `end` (on the device) limits the slots read to
+[start[b], end) without a host value, so a CUDA graph of the decode step replays at every length
+(dsrecipes.inference.cuda_graphs). Why a kernel: at decode time attention is a
 memory-bound read of the cache; SDPA with a boolean mask materialises the mask and (for GQA)
 repeats k/v, while this kernel streams each kv head's slots once per query head with an online
 softmax in fp32 (one program per row and head, BLOCK_N slots per step).
@@ -30,8 +33,8 @@ OP = "decode_attention"
 
 @jit
 def _decode_attention_kernel(
-    Q, K, V, START, O,
-    S, H, GROUP, scale,
+    Q, K, V, START, END, O,
+    H, GROUP, scale,
     sq_b, sq_h, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, so_b, so_h,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
@@ -43,6 +46,7 @@ def _decode_attention_kernel(
     dmask = d < D
     q = tl.load(Q + b * sq_b + h * sq_h + d, mask=dmask, other=0.0).to(tl.float32)
     start = tl.load(START + b)
+    S = tl.load(END)
     m = tl.full((1,), -1.0e30, tl.float32)
     denom = tl.zeros((1,), tl.float32)
     acc = tl.zeros((BLOCK_D,), tl.float32)
@@ -65,17 +69,17 @@ def _decode_attention_kernel(
     tl.store(O + b * so_b + h * so_h + d, out.to(O.dtype.element_ty), mask=dmask)
 
 
-def decode_attention_reference(q, k, v, start):
-    """SDPA over slots [start[b], S) of each row, k/v heads repeated for GQA."""
-    group = q.shape[1] // k.shape[1]
+def decode_attention_reference(q, k, v, start, end: torch.Tensor | None = None):
+    """SDPA over slots [start[b], end) of each row (end: all S slots when None); GQA via enable_gqa."""
     slots = torch.arange(k.shape[2], device=k.device)
-    mask = (slots[None, :] >= start[:, None])[:, None, None, :]  # [B, 1, 1, S]
-    if group > 1:
-        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    visible = slots[None, :] >= start[:, None]
+    if end is not None:
+        visible = visible & (slots[None, :] < end)
+    mask = visible[:, None, None, :]  # [B, 1, 1, S]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
 
 
-def _check(q, k, v, start):
+def _check(q, k, v, start, end):
     if q.dim() != 4 or q.shape[2] != 1:
         raise ValueError(f"{OP}: q must be [B, H, 1, D], got {tuple(q.shape)}")
     if k.dim() != 4 or k.shape != v.shape:
@@ -85,22 +89,28 @@ def _check(q, k, v, start):
         raise ValueError(f"{OP}: k/v {tuple(k.shape)} do not fit q {tuple(q.shape)} (same B and D, H a multiple of Hkv)")
     if start.shape != (b,) or start.dtype not in (torch.int64, torch.int32):
         raise ValueError(f"{OP}: start must be an integer tensor of shape ({b},), got {start.dtype} {tuple(start.shape)}")
+    if end is not None and (end.shape != (1,) or end.dtype != torch.int64):
+        raise ValueError(f"{OP}: end must be a long tensor of shape (1,), got {end.dtype} {tuple(end.shape)}")
     check_float_dtype(OP, q, k, v)
 
 
-def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
-    """Attention of one query per row over cache slots [start[b], S); returns [B, H, 1, D] in q's dtype."""
-    _check(q, k, v, start)
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: torch.Tensor,
+                     end: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention of one query per row over cache slots [start[b], end) (end: S when None); returns
+    [B, H, 1, D] in q's dtype."""
+    _check(q, k, v, start, end)
     if k.stride(-1) != 1 or v.stride(-1) != 1 or q.stride(-1) != 1 or k.shape[2] == 0:
-        return decode_attention_reference(q, k, v, start)
+        return decode_attention_reference(q, k, v, start, end)
     if not use_triton(OP, _decode_attention_kernel, q, k, v):
-        return decode_attention_reference(q, k, v, start)
+        return decode_attention_reference(q, k, v, start, end)
     b, h, _, d = q.shape
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    if end is None:
+        end = torch.full((1,), k.shape[2], dtype=torch.long, device=k.device)
     block_n = 64 if q.is_cuda else 32
     _decode_attention_kernel[(b * h,)](
-        q, k, v, start.contiguous(), out,
-        k.shape[2], h, h // k.shape[1], 1.0 / math.sqrt(d),
+        q, k, v, start.contiguous(), end, out,
+        h, h // k.shape[1], 1.0 / math.sqrt(d),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
         out.stride(0), out.stride(1),
         D=d, BLOCK_D=next_power_of_2(d), BLOCK_N=block_n,

@@ -3,6 +3,7 @@
     decoder = CachedDecoder(model)                       # plain torch ops
     decoder = CachedDecoder(model, kernels=InferenceKernels.triton())   # fused kernels (see below)
     logits = decoder.forward(ids, cache)                 # ids [B, T] -> logits of the last position [B, V]
+    logits = decoder.decode(next_ids[:, None], cache)    # one token per row (eager, static or CUDA graph)
 
 Runs the model's own modules (tok_emb, pos_emb, blocks' norms and projections, final_norm, lm_head)
 but owns the attention, so it can read and write the preallocated KVCache, respect left padding and
@@ -13,6 +14,11 @@ projections are called as modules, so they may be nn.Linear, tensor-parallel sha
 Positions: slot s of row b holds position s - start[b] (start = left padding), so a padded row
 computes exactly what it would alone. Attention masks: key slot j is visible from query slot i when
 start[b] <= j <= i (a pad query sees itself only, so its junk output is finite and never read).
+
+Decode modes (`decode_mode`): `eager` runs `forward` for every token; `static` runs
+`decode_static`, the same step with nothing depending on a host value (the cache slot is a device
+tensor, the write an index_copy_, attention spans the whole capacity masked to [start, slot]), which
+is what `cuda_graph` captures once per cache and batch and replays (dsrecipes.inference.cuda_graphs).
 
 Kernel choices per op (`InferenceKernels`): prefill attention of unpadded prompts into an empty
 cache (causal, T_q == T_k: flash_attention), decode attention of one new token over the cache
@@ -76,13 +82,24 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
 
 
+DECODE_MODES = ("eager", "static", "cuda_graph")
+
+
 class CachedDecoder:
     """Prefill/decode forward of a GPT over a KVCache; see the module docstring."""
 
-    def __init__(self, model: nn.Module, kernels: InferenceKernels | None = None):
+    def __init__(self, model: nn.Module, kernels: InferenceKernels | None = None, decode_mode: str = "eager"):
+        if decode_mode not in DECODE_MODES:
+            raise ValueError(f"decode_mode={decode_mode!r} is not valid; choose one of: {', '.join(DECODE_MODES)}")
         self.model = model
         self.cfg = model.cfg
         self.kernels = kernels or InferenceKernels()
+        self.decode_mode = decode_mode
+        self._graphs = None
+        if decode_mode == "cuda_graph":
+            from dsrecipes.inference.cuda_graphs import DecodeGraphs
+
+            self._graphs = DecodeGraphs(self)
 
     def allocate_cache(self, batch: int, capacity: int) -> KVCache:
         attn = self.model.blocks[0].attn
@@ -121,7 +138,57 @@ class CachedDecoder:
             x = x[:, -1]
         return model.lm_head(model.final_norm(x))
 
-    def _attention(self, attn: CausalSelfAttention, h, layer: int, cache: KVCache, rope, mask, padded: bool):
+    def drop_graphs(self) -> None:
+        """Forget captured decode graphs (call when the caches they were captured over are replaced)."""
+        if self._graphs is not None:
+            self._graphs.clear()
+
+    @torch.no_grad()
+    def decode(self, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Logits [B, V] of one new token per row (ids [B, 1]); advances the cache by one slot. Under
+        `cuda_graph` the returned tensor is the graph's output buffer, overwritten by the next call."""
+        if self._graphs is not None and ids.is_cuda:
+            return self._graphs.step(ids, cache)
+        if self.decode_mode == "eager":
+            return self.forward(ids, cache)
+        slot = torch.full((1,), cache.length, dtype=torch.long, device=ids.device)
+        logits = self.decode_static(ids, cache, slot)
+        cache.advance(1)
+        return logits
+
+    @torch.no_grad()
+    def decode_static(self, ids: torch.Tensor, cache: KVCache, slot: torch.Tensor) -> torch.Tensor:
+        """Logits [B, V] of ids [B, 1] written at cache slot `slot` ([1] long, on the device); nothing
+        here reads a host value that changes between steps, so a CUDA graph of it replays at any slot.
+        Does not advance the cache (the caller does)."""
+        from dsrecipes.inference.decode_attention import decode_attention_reference  # lazily: it imports Triton
+
+        model = self.model
+        if slot.numel() != 1 or cache.length >= cache.capacity:
+            raise ValueError(f"KV cache overflow: slot {cache.length} of capacity {cache.capacity}")
+        positions = (slot - cache.start).clamp(min=0)[:, None]  # [B, 1]
+        x = model.tok_emb(ids)
+        if model.pos_emb is not None:
+            x = x + model.pos_emb(positions)
+        rope = None
+        if self.cfg.style == "llama":
+            rope = (model.rope_cos[positions][:, None].to(x.dtype), model.rope_sin[positions][:, None].to(x.dtype))
+        end = slot + 1
+        for index, block in enumerate(model.blocks):
+            attn = block.attn
+            q, k, v = self._project(attn, block.attn_norm(x), rope)
+            keys, values = cache.keys[index], cache.values[index]
+            keys.index_copy_(2, slot, k)
+            values.index_copy_(2, slot, v)
+            fn = self.kernels.decode_attention or decode_attention_reference
+            y = fn(q, keys, values, cache.start, end)
+            x = x + attn.out_proj(y.transpose(1, 2).reshape(ids.shape[0], 1, attn.n_head * attn.head_dim))
+            x = x + self._mlp(block.mlp, block.mlp_norm(x))
+        return model.lm_head(model.final_norm(x[:, -1]))
+
+    @staticmethod
+    def _project(attn: CausalSelfAttention, h: torch.Tensor, rope):
+        """q [B, H, T, D] and k, v [B, Hkv, T, D] of normed h [B, T, C], rotated when rope is given."""
         bsz, seq_len, _ = h.shape
         n_head, n_kv, head_dim = attn.n_head, attn.n_kv_head, attn.head_dim
         q = attn.q_proj(h).view(bsz, seq_len, n_head, head_dim).transpose(1, 2)
@@ -129,6 +196,12 @@ class CachedDecoder:
         k, v = k.transpose(1, 2), v.transpose(1, 2)
         if rope is not None:
             q, k = rotate(q, *rope), rotate(k, *rope)
+        return q, k, v
+
+    def _attention(self, attn: CausalSelfAttention, h, layer: int, cache: KVCache, rope, mask, padded: bool):
+        bsz, seq_len, _ = h.shape
+        n_head, n_kv, head_dim = attn.n_head, attn.n_kv_head, attn.head_dim
+        q, k, v = self._project(attn, h, rope)
         empty_before = cache.length == 0
         k_all, v_all = cache.write(layer, k, v)
         kern = self.kernels

@@ -14,6 +14,8 @@ Arguments (DeepSpeed's names where they exist, see InferenceEngine.__init__):
                    attention kernel over the KV cache, fused bias+GELU / SwiGLU (dsrecipes.inference.decoder)
   quant            None | "int8" | "int4" | {"bits": 8, "group_size": 0} weight-only quantization
   max_out_tokens   KV-cache capacity kept between calls (default: model.max_seq_len)
+  enable_cuda_graph  capture the decode step in a CUDA graph per batch size and replay it (CUDA,
+                   tensor_parallel 1, dense models; dsrecipes.inference.cuda_graphs). Off by default, as in DeepSpeed
 
 The model is changed in place (as DeepSpeed does): sharded, cast, quantized, kernels swapped. Steps run
 in that order so each rank quantizes only its own shard. Every argument is checked before any of it.
@@ -99,7 +101,8 @@ class InferenceEngine:
 
     def __init__(self, model: nn.Module, dtype="fp32", tensor_parallel=None, mp_size: int | None = None,
                  kernel_inject: bool = False, quant=None, max_out_tokens: int | None = None,
-                 device: str | torch.device | None = None, tokenizer=None, tp_group=None):
+                 device: str | torch.device | None = None, tokenizer=None, tp_group=None,
+                 enable_cuda_graph: bool = False):
         if not hasattr(model, "cfg") or not hasattr(model, "blocks"):
             raise ValueError("init_inference: model must be a dsrecipes GPT (dsrecipes.models.GPT)")
         device = torch.device(device) if device is not None else next(model.parameters()).device
@@ -109,6 +112,12 @@ class InferenceEngine:
         check_tp_size(model.cfg, tp_size, world if tp_size > 1 else None)
         quant_cfg = _resolve_quant(quant, int8_dtype)
         capacity = max_out_tokens or model.cfg.max_seq_len
+        if enable_cuda_graph:
+            if device.type != "cuda":
+                raise ValueError(f"enable_cuda_graph=true needs a CUDA device; the model is on {device}")
+            if tp_size > 1 or getattr(model, "moe_cfg", None) is not None:
+                raise ValueError("enable_cuda_graph=true supports single-device dense models; got "
+                                 f"tensor_parallel={tp_size}" + (" and MoE layers" if getattr(model, "moe_cfg", None) else ""))
         if capacity < 1:
             raise ValueError(f"max_out_tokens={max_out_tokens} must be >= 1")
 
@@ -136,7 +145,7 @@ class InferenceEngine:
         self.model = model
         self.device = device
         self.dtype = compute_dtype
-        self.decoder = CachedDecoder(model, kernels)
+        self.decoder = CachedDecoder(model, kernels, decode_mode="cuda_graph" if enable_cuda_graph else "eager")
         self.capacity = capacity
         self._cache: KVCache | None = None
 
@@ -164,6 +173,7 @@ class InferenceEngine:
         c = self._cache
         attn = self.model.blocks[0].attn
         if c is None or not c.fits(self.cfg.n_layer, batch, attn.n_kv_head, capacity, attn.head_dim, self.dtype, self.device):
+            self.decoder.drop_graphs()
             self._cache = self.decoder.allocate_cache(max(batch, c.batch if c is not None else 0), need)
         return self._cache
 

@@ -149,7 +149,7 @@ def generate(
         t0 = now
         if step + 1 == max_new_tokens or bool(finished.all()):
             break
-        logits = decoder.forward(next_ids[:, None], cache)
+        logits = decoder.decode(next_ids[:, None], cache)
         steps += 1
     result.decode_steps = steps
     result.decode_s = sum(result.step_latencies_s)
