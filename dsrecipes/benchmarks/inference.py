@@ -98,7 +98,7 @@ def _hf_model(model: GPT):
     hf = GPT2LMHeadModel(GPT2Config(vocab_size=c.vocab_size, n_positions=c.max_seq_len, n_embd=c.d_model,
                                     n_layer=c.n_layer, n_head=c.n_head, n_inner=c.ffn_dim, layer_norm_epsilon=c.norm_eps,
                                     activation_function="gelu_new", resid_pdrop=0, embd_pdrop=0, attn_pdrop=0,
-                                    tie_word_embeddings=c.tie_embeddings))
+                                    tie_word_embeddings=c.tie_embeddings, bos_token_id=None, eos_token_id=None))
     sd = {"transformer.wte.weight": model.tok_emb.weight, "transformer.wpe.weight": model.pos_emb.weight,
           "transformer.ln_f.weight": model.final_norm.weight, "transformer.ln_f.bias": model.final_norm.bias,
           "lm_head.weight": model.lm_head.weight}
@@ -116,7 +116,10 @@ def _hf_model(model: GPT):
             p + "mlp.c_fc.weight": b.mlp.fc_in.weight.T, p + "mlp.c_fc.bias": b.mlp.fc_in.bias,
             p + "mlp.c_proj.weight": b.mlp.fc_out.weight.T, p + "mlp.c_proj.bias": b.mlp.fc_out.bias,
         })
-    hf.load_state_dict({k: v.detach().clone() for k, v in sd.items()}, strict=False)
+    missing, unexpected = hf.load_state_dict({k: v.detach().clone() for k, v in sd.items()}, strict=False)
+    buffers = {name for name, _ in hf.named_buffers()}
+    if unexpected or set(missing) - buffers - ({"lm_head.weight"} if c.tie_embeddings else set()):
+        raise RuntimeError(f"weights do not map onto transformers' GPT-2: missing {missing}, unexpected {unexpected}")
     if c.tie_embeddings:
         hf.tie_weights()
     return hf.eval()
