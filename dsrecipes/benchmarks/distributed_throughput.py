@@ -27,6 +27,11 @@ largest peak RSS of any single process of the run (ranks, and for dsrecipes also
 process), which is the rank's peak for symmetric data-parallel workers. It includes the Python
 interpreter, torch and the data, not only model state.
 
+With --rounds R every framework runs R times per stage, interleaved, the order rotating each round
+(so none always runs first on a cold or busy machine); tokens/s is the median over rounds (all
+rounds are kept in the CSV), peak memory the maximum. On small shared machines single runs vary by
+more than the differences measured; use --rounds 3 or more there.
+
 Prints one table with the ratios dsrecipes/hand-written and dsrecipes/DeepSpeed and writes
 distributed_throughput.csv and distributed_throughput.json to --out.
 """
@@ -321,15 +326,15 @@ def run_child(kind: str, stage: int, spec: dict, result_path: str) -> None:
     Path(result_path).write_text(json.dumps(result))
 
 
-def measure(kind: str, stage: int, args, workdir: Path) -> dict:
+def measure(kind: str, stage: int, args, workdir: Path, round_index: int = 0) -> dict:
     """Run one (framework, stage) in a fresh wrapper process so that its peak RSS is its own."""
     spec = {"world_size": args.world_size, "model": args.model, "seq": args.seq, "micro_batch": args.micro_batch,
             "grad_accum": args.grad_accum, "steps": args.steps, "log_interval": args.log_interval,
             "max_bytes": args.max_bytes, "cache_dir": args.cache_dir}
     if kind == "dsrecipes":
-        run_dir = workdir / f"dsrecipes_stage{stage}"
+        run_dir = workdir / f"dsrecipes_stage{stage}_round{round_index}"
         spec.update(run_dir=str(run_dir), cwd=str(workdir), command=dsrecipes_command(args, stage, run_dir))
-    result_path = workdir / f"{kind}_stage{stage}.json"
+    result_path = workdir / f"{kind}_stage{stage}_round{round_index}.json"
     proc = subprocess.run(
         [sys.executable, "-m", "dsrecipes.benchmarks.distributed_throughput", "--_child", kind, str(stage),
          json.dumps(spec), str(result_path)],
@@ -340,6 +345,21 @@ def measure(kind: str, stage: int, args, workdir: Path) -> dict:
         print(f"[{kind} stage {stage}] failed (exit {proc.returncode}):\n{tail}", file=sys.stderr)
         return {"error": f"failed (exit {proc.returncode})"}
     return json.loads(result_path.read_text())
+
+
+def combine_rounds(results: list[dict]) -> dict:
+    """One framework's rounds: median tokens/s (each round's figure kept), maximum peak memory."""
+    good = [r for r in results if "error" not in r]
+    if not good:
+        return results[0] if results else {"error": "not run"}
+    combined = dict(good[0])
+    combined["tokens_per_s"] = statistics.median(r["tokens_per_s"] for r in good)
+    combined["rounds"] = [round(r["tokens_per_s"], 1) for r in good]
+    for key in ("cuda_peak_mb", "children_peak_rss_mb"):
+        values = [r[key] for r in good if r.get(key) is not None]
+        if values:
+            combined[key] = max(values)
+    return combined
 
 
 # --------------------------------------------------------------------------- report
@@ -369,6 +389,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--max-bytes", type=int, default=None, help="cap on the corpus (data.max_bytes)")
     parser.add_argument("--cache-dir", default=None, help="datasets cache (data.cache_dir)")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds allowed per run")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run every framework this many times, interleaved (the order rotates each round); "
+                             "tokens/s is the median over rounds, peak memory the maximum")
     parser.add_argument("--extra", nargs="*", default=[], help="extra overrides for the dsrecipes runs only")
     parser.add_argument("--out", default=None, help="folder for the CSV/JSON (default: a temporary folder)")
     args = parser.parse_args(argv)
@@ -378,19 +401,23 @@ def main(argv: list[str] | None = None) -> list[dict]:
     have_deepspeed = deepspeed_available()
     rows = []
     for stage in args.stage:
-        results = {}
-        for kind in args.frameworks:
-            if kind == "deepspeed" and not have_deepspeed:
-                results[kind] = {"error": "deepspeed not installed"}
-                continue
-            print(f"stage {stage}: {kind} ...", flush=True)
-            results[kind] = measure(kind, stage, args, out)
+        runs: dict[str, list[dict]] = {kind: [] for kind in args.frameworks}
+        for round_index in range(args.rounds):
+            shift = round_index % len(args.frameworks)  # who goes first rotates: no framework always runs cold
+            for kind in args.frameworks[shift:] + args.frameworks[:shift]:
+                if kind == "deepspeed" and not have_deepspeed:
+                    runs[kind] = [{"error": "deepspeed not installed"}]
+                    continue
+                print(f"stage {stage}: {kind} (round {round_index + 1}/{args.rounds}) ...", flush=True)
+                runs[kind].append(measure(kind, stage, args, out, round_index))
+        results = {kind: combine_rounds(r) for kind, r in runs.items()}
         row = {"world_size": args.world_size, "stage": stage, "model": args.model, "seq": args.seq,
                "micro_batch": args.micro_batch, "grad_accum": args.grad_accum, "steps": args.steps,
                "handwritten_mechanism": HANDWRITTEN_MECHANISM[stage]}
         for kind in FRAMEWORKS:
             r = results.get(kind, {"error": "not run"})
             row[f"{kind}_tokens_per_s"] = r.get("tokens_per_s")
+            row[f"{kind}_tokens_per_s_rounds"] = r.get("rounds")
             row[f"{kind}_peak_mb"] = peak_mb(r)
             row[f"{kind}_final_loss"] = r.get("final_loss")
             row[f"{kind}_error"] = r.get("error")
