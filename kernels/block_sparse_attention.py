@@ -17,7 +17,7 @@ The layout is turned into two CSR indices on the host (`BlockSparseIndex`):
   * by columns: for each (head, key block), the query blocks attending it (dk/dv kernel).
 Kernels (tile = one layout block, so block must be 16, 32, 64 or 128 on the Triton path):
   * `_bs_fwd_kernel`   one program per (query block, batch*query head): loops over its key blocks.
-  * `_bs_bwd_preprocess` delta = rowsum(dO * O).
+  * flash_attention's `_attn_bwd_preprocess` delta = rowsum(dO * O), one program per query block.
   * `_bs_dkdv_kernel`  one program per (key block, batch*kv head): loops over the group's query heads
                        and the query blocks attending this key block; owns its dk/dv rows (no atomics).
   * `_bs_dq_kernel`    one program per (query block, batch*query head): loops over its key blocks.
@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from dsrecipes.kernels._utils import check_float_dtype, jit, tl, use_triton, warn_fallback
+from dsrecipes.kernels.flash_attention import _attn_bwd_preprocess, _dot_precision, _strides, _unit_last
 
 __all__ = [
     "block_sparse_attention",
@@ -107,24 +108,6 @@ def _bs_fwd_kernel(
     lse = tl.where(empty, float("inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))  # exp2(s - inf) = 0 in bwd
     tl.store(LSE + pid_bh * T + offs_m, lse)
     tl.store(O + b * sob + h * soh + offs_m[:, None] * sot + offs_d[None, :], acc.to(O.dtype.element_ty))
-
-
-@jit
-def _bs_bwd_preprocess(
-    O, DO, DELTA,
-    sob, soh, sot, sdb, sdh, sdt,
-    H, T,
-    HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr,
-):
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1).to(tl.int64)
-    b = pid_bh // H
-    h = pid_bh % H
-    offs_m = pid_m * BLOCK + tl.arange(0, BLOCK)
-    offs_d = tl.arange(0, HEAD_DIM)
-    o = tl.load(O + b * sob + h * soh + offs_m[:, None] * sot + offs_d[None, :])
-    do = tl.load(DO + b * sdb + h * sdh + offs_m[:, None] * sdt + offs_d[None, :])
-    tl.store(DELTA + pid_bh * T + offs_m, tl.sum(o.to(tl.float32) * do.to(tl.float32), 1))
 
 
 @jit
@@ -254,18 +237,6 @@ class BlockSparseIndex:
         return BlockSparseIndex(row_ptr, col_idx, col_ptr, row_idx, nb, int(col_idx.numel()))
 
 
-def _strides(t: torch.Tensor) -> tuple[int, int, int]:
-    return t.stride(0), t.stride(1), t.stride(2)
-
-
-def _unit_last(t: torch.Tensor) -> torch.Tensor:
-    return t if t.stride(-1) == 1 else t.contiguous()
-
-
-def _dot_precision(dtype: torch.dtype) -> str:
-    return "ieee" if dtype == torch.float32 else "tf32"
-
-
 def _warps(block: int, d: int, is_cuda: bool) -> int:
     if not is_cuda:
         return 1
@@ -292,8 +263,8 @@ def _bs_bwd(q, k, v, o, lse, do, index: BlockSparseIndex, block: int, causal: bo
     nb = index.num_blocks
     warps, stages, precision = _warps(block, D, q.is_cuda), 2 if q.is_cuda else 1, _dot_precision(q.dtype)
     delta = torch.empty_like(lse)
-    _bs_bwd_preprocess[(nb, B * H)](o, do, delta, *_strides(o), *_strides(do), H, T, HEAD_DIM=D, BLOCK=block,
-                                    num_warps=warps)
+    _attn_bwd_preprocess[(nb, B * H)](o, do, delta, *_strides(o), *_strides(do), H, T, HEAD_DIM=D, BLOCK_M=block,
+                                      num_warps=warps)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     _bs_dkdv_kernel[(nb, B * hkv)](
         q, k, v, do, lse, delta, dk, dv, index.col_ptr, index.row_idx,
