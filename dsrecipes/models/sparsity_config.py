@@ -80,6 +80,28 @@ class SparsityConfig:
                              f"(seq_len / {self.prefix}.block)")
 
 
+def _check_global_blocks(prefix: str, starts: list[int], ends: Optional[list[int]]) -> None:
+    """Global block starts >= 0 and, when ends are given, one end per start with start < end."""
+    if any(i < 0 for i in starts):
+        raise ValueError(f"{prefix}.global_block_indices={list(starts)} must be >= 0")
+    if ends is None:
+        return
+    if len(ends) != len(starts):
+        raise ValueError(f"{prefix}.global_block_end_indices has {len(ends)} entries but "
+                         f"{prefix}.global_block_indices has {len(starts)}; they must match")
+    for s, e in zip(starts, ends):
+        if s >= e:
+            raise ValueError(f"{prefix}.global_block_indices/{prefix}.global_block_end_indices: start {s} must be "
+                             f"< end {e}")
+
+
+def _global_ranges(starts: list[int], ends: Optional[list[int]]) -> list[tuple[int, int]]:
+    """[start, end) block ranges of the global blocks: one block each when no ends are given."""
+    if ends is None:
+        return [(i, i + 1) for i in starts]
+    return list(zip(starts, ends))
+
+
 def _local_windows(layout: torch.Tensor, h: int, start: int, end: int, causal: bool) -> None:
     """Block-diagonal window [start, end): full square, or its lower triangle when causal."""
     for row in range(start, end):
@@ -197,17 +219,7 @@ class VariableSparsityConfig(SparsityConfig):
                              "positive block counts")
         if self.num_random_blocks < 0:
             raise ValueError(f"{p}.num_random_blocks={self.num_random_blocks} must be >= 0")
-        if any(i < 0 for i in self.global_block_indices):
-            raise ValueError(f"{p}.global_block_indices={list(self.global_block_indices)} must be >= 0")
-        ends = self.global_block_end_indices
-        if ends is not None:
-            if len(ends) != len(self.global_block_indices):
-                raise ValueError(f"{p}.global_block_end_indices has {len(ends)} entries but "
-                                 f"{p}.global_block_indices has {len(self.global_block_indices)}; they must match")
-            for s, e in zip(self.global_block_indices, ends):
-                if s >= e:
-                    raise ValueError(f"{p}.global_block_indices/{p}.global_block_end_indices: start {s} must be "
-                                     f"< end {e}")
+        _check_global_blocks(p, self.global_block_indices, self.global_block_end_indices)
         _check_attention("variable", self.attention, p)
         if self.horizontal_global_attention and self.attention != "bidirectional":
             raise ValueError(f"{p}.horizontal_global_attention=true needs {p}.attention=bidirectional, "
@@ -218,7 +230,7 @@ class VariableSparsityConfig(SparsityConfig):
         nb, causal = layout.shape[1], self.attention == "unidirectional"
         self._require_blocks("num_random_blocks", self.num_random_blocks, nb)
         gen = torch.Generator().manual_seed(self.seed)
-        ranges = self._global_ranges()
+        ranges = _global_ranges(self.global_block_indices, self.global_block_end_indices)
         for h in range(self.num_layout_heads):
             if self.num_random_blocks:
                 for row in range(nb):
@@ -236,12 +248,6 @@ class VariableSparsityConfig(SparsityConfig):
                         layout[h, s:e, :] = True
                     layout[h, 0 if not causal else s:, s:e] = True
         return self.propagate_first_head(layout)
-
-    def _global_ranges(self) -> list[tuple[int, int]]:
-        if self.global_block_end_indices is None:
-            return [(i, i + 1) for i in self.global_block_indices]
-        return list(zip(self.global_block_indices, self.global_block_end_indices))
-
 
 @dataclass
 class BigBirdSparsityConfig(SparsityConfig):
@@ -297,27 +303,17 @@ class BSLongformerSparsityConfig(SparsityConfig):
         p = self.prefix
         if self.num_sliding_window_blocks < 1:
             raise ValueError(f"{p}.num_sliding_window_blocks={self.num_sliding_window_blocks} must be >= 1")
-        if any(i < 0 for i in self.global_block_indices):
-            raise ValueError(f"{p}.global_block_indices={list(self.global_block_indices)} must be >= 0")
-        ends = self.global_block_end_indices
-        if ends is not None:
-            if len(ends) != len(self.global_block_indices):
-                raise ValueError(f"{p}.global_block_end_indices has {len(ends)} entries but "
-                                 f"{p}.global_block_indices has {len(self.global_block_indices)}; they must match")
-            for s, e in zip(self.global_block_indices, ends):
-                if s >= e:
-                    raise ValueError(f"{p}.global_block_indices/{p}.global_block_end_indices: start {s} must be "
-                                     f"< end {e}")
+        _check_global_blocks(p, self.global_block_indices, self.global_block_end_indices)
         _check_attention("bslongformer", self.attention, p)
 
     def make_layout(self, seq_len: int) -> torch.Tensor:
         layout = self.setup_layout(seq_len)
         nb = layout.shape[1]
         self._require_blocks("num_sliding_window_blocks", self.num_sliding_window_blocks, nb)
-        ends = self.global_block_end_indices or [i + 1 for i in self.global_block_indices]
+        ranges = _global_ranges(self.global_block_indices, self.global_block_end_indices)
         for h in range(self.num_layout_heads):
             _sliding_window(layout, h, self.num_sliding_window_blocks, causal=False)
-            for s, e in zip(self.global_block_indices, ends):
+            for s, e in ranges:
                 if s < nb:
                     layout[h, s:min(e, nb), :] = True
                     layout[h, :, s:min(e, nb)] = True
