@@ -35,8 +35,15 @@ from dataclasses import dataclass
 
 import torch
 
-from dsrecipes.kernels._utils import check_float_dtype, jit, tl, use_triton, warn_fallback
-from dsrecipes.kernels.flash_attention import _attn_bwd_preprocess, _dot_precision, _strides, _unit_last
+from dsrecipes.kernels._utils import jit, tl, use_triton, warn_fallback
+from dsrecipes.kernels.flash_attention import (
+    _attn_bwd_preprocess,
+    _dot_precision,
+    _strides,
+    _unit_last,
+    check_qkv_dtypes,
+    check_qkv_shapes,
+)
 
 __all__ = [
     "block_sparse_attention",
@@ -390,24 +397,14 @@ def block_sparse_attention_gathered(
 
 
 def _check_inputs(q, k, v, layout, block) -> None:
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(f"{_OP}: q, k, v must be 4-D [B, H, T, D], got {tuple(q.shape)}, {tuple(k.shape)}, "
-                         f"{tuple(v.shape)}")
-    if k.shape != v.shape:
-        raise ValueError(f"{_OP}: k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
-    B, hq, T, D = q.shape
-    if k.shape[0] != B or k.shape[2] != T or k.shape[3] != D:
-        raise ValueError(f"{_OP}: k/v must be [B={B}, Hkv, T={T}, D={D}], got {tuple(k.shape)}")
-    if k.shape[1] == 0 or hq % k.shape[1] != 0:
-        raise ValueError(f"{_OP}: the query heads ({hq}) must be a multiple of the kv heads ({k.shape[1]})")
+    check_qkv_shapes(_OP, q, k, v)
+    hq, T = q.shape[1], q.shape[2]
     if block < 1 or T % block != 0:
         raise ValueError(f"{_OP}: the sequence length {T} must be a multiple of the layout block {block}")
     if tuple(layout.shape) != (hq, T // block, T // block):
         raise ValueError(f"{_OP}: layout must be [H={hq}, T/block={T // block}, T/block={T // block}], "
                          f"got {tuple(layout.shape)}")
-    check_float_dtype(_OP, q, k, v)
-    if not (q.dtype == k.dtype == v.dtype):
-        raise ValueError(f"{_OP}: q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    check_qkv_dtypes(_OP, q, k, v)
 
 
 def block_sparse_attention(

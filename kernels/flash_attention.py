@@ -357,22 +357,33 @@ def flash_attention_reference(
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=softmax_scale)
 
 
-def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+def check_qkv_shapes(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """q [B, Hq, T, D] and k, v [B, Hkv, T, D] with Hq a multiple of Hkv (shared by the attention ops)."""
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(f"{_OP}: q, k, v must be 4-D [B, H, T, D], got {tuple(q.shape)}, {tuple(k.shape)}, "
+        raise ValueError(f"{op}: q, k, v must be 4-D [B, H, T, D], got {tuple(q.shape)}, {tuple(k.shape)}, "
                          f"{tuple(v.shape)}")
     if k.shape != v.shape:
-        raise ValueError(f"{_OP}: k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+        raise ValueError(f"{op}: k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
     B, hq, T, D = q.shape
     if k.shape[0] != B or k.shape[2] != T or k.shape[3] != D:
-        raise ValueError(f"{_OP}: k/v must be [B={B}, Hkv, T={T}, D={D}], got {tuple(k.shape)}")
+        raise ValueError(f"{op}: k/v must be [B={B}, Hkv, T={T}, D={D}], got {tuple(k.shape)}")
     if k.shape[1] == 0 or hq % k.shape[1] != 0:
-        raise ValueError(f"{_OP}: the query heads ({hq}) must be a multiple of the kv heads ({k.shape[1]})")
+        raise ValueError(f"{op}: the query heads ({hq}) must be a multiple of the kv heads ({k.shape[1]})")
+
+
+def check_qkv_dtypes(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """One supported floating dtype for q, k and v."""
+    check_float_dtype(op, q, k, v)
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"{op}: q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+
+
+def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    check_qkv_shapes(_OP, q, k, v)
+    D = q.shape[3]
     if D not in SUPPORTED_HEAD_DIMS:
         raise ValueError(f"{_OP}: unsupported head dim {D}; supported head dims: {list(SUPPORTED_HEAD_DIMS)}")
-    check_float_dtype(_OP, q, k, v)
-    if not (q.dtype == k.dtype == v.dtype):
-        raise ValueError(f"{_OP}: q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    check_qkv_dtypes(_OP, q, k, v)
 
 
 def flash_attention(
