@@ -115,14 +115,7 @@ class CachedDecoder:
         device = ids.device
         first = cache.length
         slots = torch.arange(first, first + seq_len, device=device)
-        positions = (slots[None, :] - cache.start[:, None]).clamp(min=0)  # [B, T]
-        x = model.tok_emb(ids)
-        if model.pos_emb is not None:
-            x = x + model.pos_emb(positions)
-        rope = None
-        if self.cfg.style == "llama":
-            dtype = x.dtype
-            rope = (model.rope_cos[positions][:, None].to(dtype), model.rope_sin[positions][:, None].to(dtype))
+        x, rope = self._embed(ids, (slots[None, :] - cache.start[:, None]).clamp(min=0))  # positions [B, T]
         padded = bool((cache.start > 0).any())
         mask = None
         if padded or (first > 0 and seq_len > 1):
@@ -166,13 +159,7 @@ class CachedDecoder:
         model = self.model
         if slot.numel() != 1 or cache.length >= cache.capacity:
             raise ValueError(f"KV cache overflow: slot {cache.length} of capacity {cache.capacity}")
-        positions = (slot - cache.start).clamp(min=0)[:, None]  # [B, 1]
-        x = model.tok_emb(ids)
-        if model.pos_emb is not None:
-            x = x + model.pos_emb(positions)
-        rope = None
-        if self.cfg.style == "llama":
-            rope = (model.rope_cos[positions][:, None].to(x.dtype), model.rope_sin[positions][:, None].to(x.dtype))
+        x, rope = self._embed(ids, (slot - cache.start).clamp(min=0)[:, None])  # positions [B, 1]
         end = slot + 1
         for index, block in enumerate(model.blocks):
             attn = block.attn
@@ -185,6 +172,18 @@ class CachedDecoder:
             x = x + attn.out_proj(y.transpose(1, 2).reshape(ids.shape[0], 1, attn.n_head * attn.head_dim))
             x = x + self._mlp(block.mlp, block.mlp_norm(x))
         return model.lm_head(model.final_norm(x[:, -1]))
+
+    def _embed(self, ids: torch.Tensor, positions: torch.Tensor):
+        """Token (+ learned position) embeddings of ids [B, T] at per-row positions [B, T], and the
+        rotary tables (cos, sin) [B, 1, T, D/2] for those positions (None for gpt2-style models)."""
+        model = self.model
+        x = model.tok_emb(ids)
+        if model.pos_emb is not None:
+            x = x + model.pos_emb(positions)
+        rope = None
+        if self.cfg.style == "llama":
+            rope = (model.rope_cos[positions][:, None].to(x.dtype), model.rope_sin[positions][:, None].to(x.dtype))
+        return x, rope
 
     @staticmethod
     def _project(attn: CausalSelfAttention, h: torch.Tensor, rope):
