@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from dsrecipes.benchmarks.results import write_rows
+from dsrecipes.distributed.activation_checkpoint import saved_activation_bytes
 from dsrecipes.kernels import block_sparse_attention as bsa
 from dsrecipes.models.sparse_attention import SparseAttentionConfig, build_sparsity_config
 
@@ -78,15 +79,7 @@ def measure(fn, q, k, v, repeats: int) -> tuple[float, int]:
         step()
         memory = torch.cuda.max_memory_allocated(device)
     else:
-        memory = 0
-
-        def pack(t):
-            nonlocal memory
-            memory += t.numel() * t.element_size()
-            return t
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            fn(*leaves)
+        memory = saved_activation_bytes(fn, *leaves)
     return min(times), memory
 
 

@@ -10,6 +10,7 @@ checkpointed one, so module names and state-dict keys do not change. Uses torch.
 from __future__ import annotations
 
 import functools
+from typing import Callable
 from dataclasses import dataclass
 
 import torch
@@ -56,8 +57,9 @@ def apply_activation_checkpointing(model: nn.Module, cfg: ActivationCheckpointCo
     return count
 
 
-def saved_activation_bytes(model: nn.Module, *inputs, **kwargs) -> int:
-    """Bytes autograd keeps for the backward during one forward of `model` (what checkpointing trims)."""
+def saved_activation_bytes(model: Callable, *inputs, **kwargs) -> int:
+    """Bytes autograd keeps for the backward during one forward of `model` (any module or function;
+    what checkpointing trims)."""
     total = 0
 
     def pack(tensor):
