@@ -175,6 +175,30 @@ def test_all_to_all_swaps_sequence_and_head_sharding():
 STEPS = 6
 
 
+def _reference_step(ref, ref_opt, batch: dict) -> float:
+    ref_opt.zero_grad()
+    loss = ref(**batch).loss
+    loss.backward()
+    ref_opt.step()
+    return float(loss.detach())
+
+
+def _sequence_parallel_step(ddp, opt, sp: SequenceParallel, batch: dict) -> float:
+    """One optimizer step on this rank's sequence chunk of `batch`; the loss averaged over the group."""
+    local = sp.shard(batch)
+    opt.zero_grad()
+    loss = ddp(local["input_ids"], labels=local["labels"], position_offset=local["position_offset"]).loss
+    loss.backward()
+    opt.step()
+    return float(_mean_over_group(loss))
+
+
+def _assert_same_run(losses, ref_losses, model, ref) -> None:
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=0, atol=2e-5)
+    for (name, p), (_, p_ref) in zip(model.named_parameters(), ref.named_parameters()):
+        torch.testing.assert_close(p.detach(), p_ref.detach(), rtol=0, atol=5e-5, msg=lambda m, n=name: f"{n}: {m}")
+
+
 def _worker_training(rank: int, world: int) -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -188,21 +212,10 @@ def _worker_training(rank: int, world: int) -> None:
         ref_losses, losses = [], []
         for step in range(STEPS):
             batch = _batch(bsz=2, seed=10 + step % 2)  # two batches in turn: the loss falls as they are learnt
-            ref_opt.zero_grad()
-            ref_loss = ref(**batch).loss
-            ref_loss.backward()
-            ref_opt.step()
-            ref_losses.append(float(ref_loss.detach()))
-            local = sp.shard(batch)
-            opt.zero_grad()
-            loss = ddp(local["input_ids"], labels=local["labels"], position_offset=local["position_offset"]).loss
-            loss.backward()
-            opt.step()
-            losses.append(float(_mean_over_group(loss)))
+            ref_losses.append(_reference_step(ref, ref_opt, batch))
+            losses.append(_sequence_parallel_step(ddp, opt, sp, batch))
         assert ref_losses[-1] < ref_losses[0]  # it trained
-        torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=0, atol=2e-5)
-        for (name, p), (_, p_ref) in zip(model.named_parameters(), ref.named_parameters()):
-            torch.testing.assert_close(p.detach(), p_ref.detach(), rtol=0, atol=5e-5, msg=lambda m, n=name: f"{n}: {m}")
+        _assert_same_run(losses, ref_losses, model, ref)
 
 
 @pytest.mark.timeout(120)
@@ -228,20 +241,9 @@ def _worker_dp2_sp2(rank: int, world: int) -> None:
     for step in range(3):
         per_dp = [_batch(bsz=2, seed=100 + 2 * step + d) for d in range(2)]
         full = {k: torch.cat([b[k] for b in per_dp]) for k in per_dp[0]}
-        ref_opt.zero_grad()
-        ref_loss = ref(**full).loss
-        ref_loss.backward()
-        ref_opt.step()
-        ref_losses.append(float(ref_loss.detach()))
-        local = sp.shard(per_dp[dp_rank])
-        opt.zero_grad()
-        loss = ddp(local["input_ids"], labels=local["labels"], position_offset=local["position_offset"]).loss
-        loss.backward()
-        opt.step()
-        losses.append(float(_mean_over_group(loss)))
-    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=0, atol=2e-5)
-    for (name, p), (_, p_ref) in zip(model.named_parameters(), ref.named_parameters()):
-        torch.testing.assert_close(p.detach(), p_ref.detach(), rtol=0, atol=5e-5, msg=lambda m, n=name: f"{n}: {m}")
+        ref_losses.append(_reference_step(ref, ref_opt, full))
+        losses.append(_sequence_parallel_step(ddp, opt, sp, per_dp[dp_rank]))
+    _assert_same_run(losses, ref_losses, model, ref)
 
 
 @pytest.mark.timeout(150)
