@@ -1,8 +1,9 @@
 """Schemas of the `zero` and `launcher` config groups (DeepSpeed's zero_optimization and launcher).
 
 Each ZeRO stage maps onto PyTorch-native machinery (README, "ZeRO on PyTorch"): stage 0 = DDP,
-stage 1 = ZeroRedundancyOptimizer over DDP, stage 2 = FSDP2 fully_shard(reshard_after_forward=False),
-stage 3 = FSDP2 fully_shard. Keys DeepSpeed has and dsrecipes does not are rejected by the schema.
+stage 1 = ZeroRedundancyOptimizer over DDP, stage 2 = replicated parameters with reduce-scattered
+gradients and a sharded optimizer (zero2.py; FSDP2 fully_shard(reshard_after_forward=False) when
+combined with model/expert parallelism, hybrid sharding or offload), stage 3 = FSDP2 fully_shard. Keys DeepSpeed has and dsrecipes does not are rejected by the schema.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ class ZeroConfig:
     """stage 0: replicate; 1: shard optimizer states; 2: + gradients; 3: + parameters.
 
     offload_optimizer / offload_param = cpu: FSDP2's CPUOffloadPolicy (sharded parameters, their
-    gradients and the optimizer step live on the CPU); stages 2-3 only.
+    gradients and the optimizer step live on the CPU); stages 2-3 only (stage 2 then runs on FSDP2).
     hybrid_shard_size: shard within groups of this many ranks and replicate across groups (HSDP,
     DeepSpeed's hpZ idea); 0 = shard across all data-parallel ranks.
     """

@@ -4,7 +4,7 @@
 |-------|------------------------------------------------------------------------|
 | 0     | DistributedDataParallel (gradients all-reduced at the accumulation boundary) |
 | 1     | DDP + torch's ZeroRedundancyOptimizer (each rank steps its shard of the optimizer state, then broadcasts its parameters as one flat bucket) |
-| 2     | FSDP2 fully_shard(reshard_after_forward=False) per block and at the root |
+| 2     | zero2.ZeroStage2: replicated parameters, gradients reduce-scattered into per-rank shards, the optimizer steps the shards, one all-gather after the step (DeepSpeed's layout); with tp/sp/ep, hybrid sharding or offload: FSDP2 fully_shard(reshard_after_forward=False) |
 | 3     | FSDP2 fully_shard (parameters resharded after forward)                 |
 | offload=cpu | FSDP2 CPUOffloadPolicy                                            |
 | hybrid_shard_size | 2-D mesh: FSDP2 shards within groups, replicates across (HSDP) |
@@ -31,7 +31,8 @@ _DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def uses_fsdp(zero: ZeroConfig, dp_size: int) -> bool:
-    """FSDP2 shards the parameters: ZeRO-2/3 with more than one data-parallel rank."""
+    """FSDP2 shards the parameters: ZeRO-2/3 with more than one data-parallel rank (except plain
+    data-parallel ZeRO-2, which build_engine gives to zero2.ZeroStage2 instead)."""
     return dp_size > 1 and zero.stage >= 2
 
 

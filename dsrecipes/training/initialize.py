@@ -36,6 +36,7 @@ from dsrecipes.distributed.tensor_parallel import apply_tensor_parallel
 from dsrecipes.distributed.utils import is_distributed
 from dsrecipes.distributed.expert_parallel import setup_expert_parallel, split_expert_param_groups
 from dsrecipes.distributed.zero import shard_model, shard_optimizer, unwrap, uses_fsdp
+from dsrecipes.distributed.zero2 import ZeroStage2, replicated_stage2_applies
 from dsrecipes.training.batch import BatchSizes
 from dsrecipes.training.engine import Engine
 from dsrecipes.training.lr_schedules import build_lr_scheduler
@@ -57,7 +58,10 @@ def build_engine(
     world = data_parallel_world_size()
     par = cfg.parallel
     dims = ParallelDims.from_zero(world, cfg.zero.stage, cfg.zero.hybrid_shard_size, tp=par.tp, sp=par.sp, pp=par.pp)
-    fsdp = uses_fsdp(cfg.zero, dims.dp)
+    ep_size = cfg.moe.ep_size if cfg.moe.enabled else 1
+    # plain data-parallel ZeRO-2 keeps the parameters replicated (zero2.py); its combinations use FSDP2
+    replicated2 = replicated_stage2_applies(cfg.zero, dims, sequence_parallel=par.sp > 1, expert_parallel=ep_size > 1)
+    fsdp = uses_fsdp(cfg.zero, dims.dp) and not replicated2
     if optimizer is not None and fsdp:
         raise ValueError(
             f"zero.stage={cfg.zero.stage} shards the parameters, so dsrecipes must build the optimizer after "
@@ -74,7 +78,7 @@ def build_engine(
         # ZeRO / DDP then reduce over dp x sp: every rank's loss is its chunk's mean, so the mean over
         # all of them is the global batch mean (sequence parallelism composes with tp = pp = 1 here)
         dims, mesh = ParallelDims.from_zero(world, cfg.zero.stage, cfg.zero.hybrid_shard_size), None
-        fsdp = uses_fsdp(cfg.zero, dims.dp)
+        fsdp = uses_fsdp(cfg.zero, dims.dp) and not replicated2
     pipeline = None
     if dims.pp > 1:  # this rank keeps its stages; each stage's gradients are averaged over its dp group
         all_pipelines = mesh.mesh.reshape(dims.pp, -1).t().tolist()
@@ -84,7 +88,7 @@ def build_engine(
         model = pipeline.local_module(model)
     expert_parallel = setup_expert_parallel(model, cfg.moe.ep_size if cfg.moe.enabled else 1, device)
     ignored = expert_parallel.ignored_params if expert_parallel is not None else None
-    if pipeline is None:
+    if pipeline is None and not replicated2:
         model = shard_model(model, cfg.zero, dims, device, cfg.precision.dtype, ignored_params=ignored, mesh=mesh)
     optimizer_cfg = cfg.optimizer
     if dims.tp > 1 and optimizer_cfg.impl == "auto" and "for_loop" in supported_impls(optimizer_class(optimizer_cfg)):
@@ -93,6 +97,12 @@ def build_engine(
     optimizer = optimizer or build_optimizer(optimizer_cfg, unwrap(model))
     split_expert_param_groups(optimizer, unwrap(model))
     optimizer = shard_optimizer(optimizer, cfg.zero, dims.dp)
+    zero2 = None
+    if replicated2:  # the optimizer, built over the model's parameters, now steps their sharded masters
+        dp_mesh = dims.build_mesh(device_type_of(device))["dp_shard"]
+        low_precision = Precision(cfg.precision, device).compute_dtype if cfg.precision.master_weights else None
+        zero2 = ZeroStage2(unwrap(model), dp_mesh, low_precision)
+        optimizer = zero2.shard_optimizer(optimizer)
     if lr_scheduler is None:
         lr_scheduler = build_lr_scheduler(cfg.lr_scheduler, optimizer, cfg.trainer.max_steps)
     elif callable(lr_scheduler) and not hasattr(lr_scheduler, "step"):
@@ -107,7 +117,8 @@ def build_engine(
         keep_last_checkpoints=cfg.checkpoint.keep_last,
         config_yaml=config_yaml,
         rank=torch.distributed.get_rank() if is_distributed() else 0,
-        sharded_params=fsdp,
+        sharded_params=fsdp or replicated2,
+        zero2=zero2,
         expert_parallel=expert_parallel,
         loss_parallel=dims.tp > 1,
         sequence_parallel=sequence_parallel,
