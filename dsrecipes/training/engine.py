@@ -42,6 +42,7 @@ from dsrecipes.distributed.expert_parallel import ExpertParallel, is_expert_para
 from dsrecipes.distributed.pipeline_parallel import PipelineParallel
 from dsrecipes.distributed.sequence_parallel import SequenceParallel
 from dsrecipes.distributed.zero import unwrap
+from dsrecipes.distributed.zero2 import ZeroStage2
 from dsrecipes.training.checkpoint import (
     COMPLETE_MARKER,
     barrier,
@@ -142,6 +143,7 @@ class Engine:
         loss_parallel: bool = False,
         sequence_parallel: SequenceParallel | None = None,
         pipeline: PipelineParallel | None = None,
+        zero2: ZeroStage2 | None = None,
     ):
         self.module = module
         self.optimizer = optimizer
@@ -163,6 +165,7 @@ class Engine:
         self.expert_parallel = expert_parallel  # MoE experts sharded over ranks (None: no expert parallelism)
         self.sequence_parallel = sequence_parallel  # Ulysses: the loop feeds this rank's sequence chunk
         self.pipeline = pipeline  # pipeline parallel: `module` holds this rank's stages, the schedule runs them
+        self.zero2 = zero2  # ZeRO-2 with replicated parameters: the optimizer steps its sharded masters
         # tensor parallelism: the vocab-parallel loss's forward and backward run under torch's loss_parallel
         self._loss_context = tp_loss_parallel if loss_parallel else contextlib.nullcontext
         if not sharded_params:  # under FSDP2 the sharded fp32 parameters already are the masters
@@ -244,9 +247,16 @@ class Engine:
         if ep is not None:
             ep.reduce_gradients(params)
         pipe = self.pipeline
-        groups = grad_groups(params, ep, duplicates=pipe.norm_duplicates() if pipe is not None else None)
         scale = precision.loss_scale  # the scale the backward used, before this step's update
-        norm = global_grad_norm(groups, ep, stage_group=pipe.group if pipe is not None else None, device=self.device)
+        if self.zero2 is not None:  # ZeRO-2's flat shard buffers: one norm per bucket, one all-reduce
+            norm, scale_grads = self.zero2.grad_norm(), self.zero2.scale_grads
+        else:
+            groups = grad_groups(params, ep, duplicates=pipe.norm_duplicates() if pipe is not None else None)
+            norm = global_grad_norm(groups, ep, stage_group=pipe.group if pipe is not None else None, device=self.device)
+
+            def scale_grads(factor: float) -> None:
+                for grads in groups.values():
+                    torch._foreach_mul_(grads, factor)
         # Every rank sees the same norm (DDP/ZeRO-1 gradients are already all-reduced, FSDP2's partial
         # norms are reduced by full_tensor), so all ranks reach the same overflow verdict together
         # without another collective.
@@ -272,9 +282,10 @@ class Engine:
                 if clip > 1:
                     combined_scale = clip * scale
             if combined_scale != 1.0:
-                for grads in groups.values():
-                    torch._foreach_mul_(grads, 1.0 / combined_scale)
+                scale_grads(1.0 / combined_scale)
             self.optimizer.step()
+            if self.zero2 is not None:  # every rank's updated shard into every rank's parameters
+                self.zero2.gather_params()
             if self.lr_scheduler is not None:
                 self.lr_scheduler.step()
             if precision.master is not None:
@@ -294,6 +305,11 @@ class Engine:
         ZeRO-1's ZeroRedundancyOptimizer and fp32 master weights use the full-state files instead."""
         return not isinstance(self.optimizer, ZeroRedundancyOptimizer) and self.precision.master is None
 
+    @property
+    def _state_module(self) -> nn.Module:
+        """The module whose parameters the optimizer steps (ZeRO-2: the tree of sharded masters)."""
+        return self.zero2.shadow if self.zero2 is not None else self.module
+
     def module_state_dict(self) -> dict:
         """The module's full weights at full precision (fp32 masters when the model runs in bf16/fp16).
 
@@ -302,7 +318,7 @@ class Engine:
         if self.precision.master is not None:
             state = self.precision.master.master_state_dict(unwrap(self.module))
         else:
-            state = get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True, broadcast_from_rank0=False))
+            state = get_model_state_dict(self._state_module, options=StateDictOptions(full_state_dict=True, cpu_offload=True, broadcast_from_rank0=False))
         if self.expert_parallel is not None:
             state = self.expert_parallel.gather_full(state, unwrap(self.module))
         if self.pipeline is not None:  # every stage's tensors, gathered from the pipeline group
@@ -332,7 +348,7 @@ class Engine:
         tag = tag or f"step_{self.global_steps}"
         tmp = begin_checkpoint(save_dir, tag, self.is_writer)
         if self._uses_dcp:
-            model_state, optimizer_state = get_state_dict(self.module, self.optimizer, options=SHARDED_OPTIONS)
+            model_state, optimizer_state = get_state_dict(self._state_module, self.optimizer, options=SHARDED_OPTIONS)
             if self.expert_parallel is not None:  # experts as DTensors: DCP stores the global [E, ...] tensors
                 model_state, optimizer_state = self.expert_parallel.to_checkpoint(model_state, optimizer_state)
             with _single_process_dcp_quiet():
@@ -386,7 +402,7 @@ class Engine:
                 f"checkpoint {path} is sharded (dcp/), which ZeRO-1 and precision.master_weights cannot load; "
                 "resume it with zero.stage 0, 2 or 3 and without master weights"
             )
-        model_state, optimizer_state = get_state_dict(self.module, self.optimizer, options=SHARDED_OPTIONS)
+        model_state, optimizer_state = get_state_dict(self._state_module, self.optimizer, options=SHARDED_OPTIONS)
         try:
             stored = dcp.FileSystemReader(str(path / DCP_DIR)).read_metadata().state_dict_metadata
         except Exception as error:  # a missing or truncated .metadata file
@@ -401,7 +417,10 @@ class Engine:
         check_state_dict_matches(global_model, loaded, path / DCP_DIR, allow_extra=self.pipeline is not None)
         to_load = {"model": global_model}
         if load_optimizer_states:
-            to_load["optimizer"] = global_optimizer
+            # parameters that never received a gradient before the save (unused layers) have no stored
+            # optimizer state: read what exists, and those start fresh after loading as they would have
+            fresh = {k for k in global_optimizer if k.startswith("state.") and f"optimizer.{k}" not in stored}
+            to_load["optimizer"] = {k: v for k, v in global_optimizer.items() if k not in fresh}
         try:
             with _single_process_dcp_quiet():
                 dcp.load(to_load, checkpoint_id=str(path / DCP_DIR))
@@ -412,10 +431,19 @@ class Engine:
         if load_optimizer_states:
             # values DCP replaced rather than filled in place (hyperparameters) live in the loaded copy
             optimizer_state.update({k: v for k, v in global_optimizer.items() if not isinstance(v, torch.Tensor)})
-            set_state_dict(self.module, self.optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state,
-                           options=SHARDED_OPTIONS)
+            set_state_dict(self._state_module, self.optimizer, model_state_dict=model_state,
+                           optim_state_dict=optimizer_state, options=SHARDED_OPTIONS)
+            if fresh:  # "state.<fqn>.<name>": forget the placeholder state DCP's helpers created for them
+                self._drop_optimizer_state({key.split(".", 1)[1].rsplit(".", 1)[0] for key in fresh})
         else:
-            set_model_state_dict(self.module, model_state)
+            set_model_state_dict(self._state_module, model_state)
+        if self.zero2 is not None:  # the loaded shards into the full parameters
+            self.zero2.gather_params()
+
+    def _drop_optimizer_state(self, names: set[str]) -> None:
+        for name, param in self._state_module.named_parameters(remove_duplicate=False):
+            if name in names:
+                self.optimizer.state.pop(param, None)
 
     def _load_full_state(self, path: Path, load_optimizer_states: bool) -> None:
         model_state = read_checkpoint(path, "model.pt")
@@ -423,9 +451,11 @@ class Engine:
         if self.precision.master is not None:
             self.precision.master.load_master_state_dict(unwrap(self.module), model_state)
         else:
-            set_model_state_dict(self.module, model_state, options=StateDictOptions(full_state_dict=True))
+            set_model_state_dict(self._state_module, model_state, options=StateDictOptions(full_state_dict=True))
+            if self.zero2 is not None:
+                self.zero2.gather_params()
         if load_optimizer_states:
-            if isinstance(unwrap(self.module), FSDPModule):
+            if isinstance(unwrap(self.module), FSDPModule) or self.zero2 is not None:
                 raise ValueError(
                     f"checkpoint {path} holds full-state (ZeRO-1 / master-weight) optimizer state, which a "
                     "ZeRO-2/3 run cannot take; resume it with the zero.stage and precision that wrote it"
