@@ -44,6 +44,10 @@ def test_formulas():
     assert deepspeed_model_state_bytes(n, 4, 3) == 4 * n
     est = estimate_model_states(n, 4, 3)
     assert (est.parameters, est.gradients, est.optimizer_states) == (n, n, 2 * n)
+    est2 = estimate_model_states(n, 4, 2)  # replicated fp32 parameters, sharded gradients and states
+    assert (est2.parameters, est2.gradients, est2.optimizer_states) == (4 * n, n, 2 * n)
+    est2_master = estimate_model_states(n, 4, 2, precision="bf16", master_weights=True)
+    assert est2_master.parameters == 2 * n + n  # bf16 model + fp32 master shards: DeepSpeed's 2Ψ + ...
     est1 = estimate_model_states(n, 4, 1)
     assert est1.total == 4 * n + 4 * n + 2 * n
     assert estimate_model_states(n, 1, 3).total == 16 * n  # one process shards nothing

@@ -8,8 +8,12 @@ model states). Ψ = parameter count, N = data-parallel ranks, b = bytes of the m
 |-------|----------------------------------------------|------------|-----------|------------------|
 | 0     | DDP                                          | bΨ (+4Ψ masters) | bΨ  | sΨ               |
 | 1     | DDP + ZeroRedundancyOptimizer                | bΨ (+4Ψ/N)  | bΨ        | sΨ/N             |
-| 2, 3  | FSDP2: fp32 shards are the masters           | 4Ψ/N       | 4Ψ/N      | sΨ/N             |
+| 2     | replicated parameters, sharded fp32 grads and optimizer (zero2.py) | bΨ (+4Ψ/N masters) | 4Ψ/N | sΨ/N |
+| 3     | FSDP2: fp32 shards are the masters           | 4Ψ/N       | 4Ψ/N      | sΨ/N             |
 
+b = 4 unless precision.master_weights keeps the model in bf16/fp16 (b = 2). Stage 2 combined with
+tensor/sequence/expert parallelism, hybrid sharding or CPU offload runs on FSDP2 and holds the
+stage-3 figures at rest.
 s = optimizer state bytes per parameter (8 for Adam-family and LAMB, 4 for Lion, Adagrad and SGD
 with momentum, 0 for plain SGD). DeepSpeed's mixed-precision formula (ZeRO paper, K=12):
 16Ψ, 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N.
@@ -65,11 +69,13 @@ def estimate_model_states(
     n, w = num_params, world_size
     states = optimizer_state_bytes(optimizer, momentum) * n
     stage_eff = stage if w > 1 else 0  # a single process shards nothing
-    if stage_eff >= 2:
+    model_bytes = _DTYPE_BYTES[precision] if master_weights else 4
+    masters = 4 * n if master_weights else 0
+    if stage_eff == 3:
         params, grads, opt = 4 * n / w, 4 * n / w, states / w
+    elif stage_eff == 2:
+        params, grads, opt = model_bytes * n + masters / w, 4 * n / w, states / w
     else:
-        model_bytes = _DTYPE_BYTES[precision] if master_weights else 4
-        masters = 4 * n if master_weights else 0
         sharded = stage_eff == 1
         params = model_bytes * n + (masters / w if sharded else masters)
         grads = model_bytes * n if not master_weights else 4 * n  # grads move to the fp32 masters at the step
@@ -77,21 +83,28 @@ def estimate_model_states(
     return MemoryEstimate(stage, w, params, grads, opt, deepspeed_model_state_bytes(n, w, stage))
 
 
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
 def _local_bytes(tensor: torch.Tensor) -> int:
-    local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    local = _local(tensor)
     return local.numel() * local.element_size()
 
 
 def measure_model_states(module: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
     """Bytes this rank actually holds: local parameter shards, their gradients, local optimizer state.
 
-    Master weights held by the optimizer (when the module runs in bf16/fp16) count as parameters.
+    Master weights held by the optimizer (when the module runs in bf16/fp16) count as parameters;
+    optimizer tensors that are views of the module's parameters (ZeRO-2's fp32 shards) do not count twice.
     """
     module_params = {id(p): p for p in module.parameters()}
+    module_storages = {_local(p).untyped_storage().data_ptr() for p in module_params.values()}
     inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer keeps its shard's optimizer here
     optimizer_params = {id(p): p for g in optimizer.param_groups for p in g["params"]}
     params = sum(_local_bytes(p) for p in module_params.values())
-    params += sum(_local_bytes(p) for k, p in optimizer_params.items() if k not in module_params)
+    params += sum(_local_bytes(p) for k, p in optimizer_params.items()
+                  if k not in module_params and _local(p).untyped_storage().data_ptr() not in module_storages)
     grads = sum(_local_bytes(p.grad) for p in {**module_params, **optimizer_params}.values() if p.grad is not None)
     states = sum(
         _local_bytes(value)
