@@ -86,7 +86,7 @@ class ZeroStage2:
     """Installs gradient hooks on `module` (already on its device, identical on every rank after the
     rank-0 broadcast done here) and owns the sharded masters the optimizer steps.
 
-        zero2 = ZeroStage2(model, dp_mesh, master_dtype=None)
+        zero2 = ZeroStage2(model, dp_mesh, low_precision=None)
         optimizer = zero2.shard_optimizer(build_optimizer(cfg, model))
         loss.backward()          # buckets reduce-scattered; masters' .grad = averaged shard
         optimizer.step(); zero2.gather_params()
@@ -189,7 +189,11 @@ class ZeroStage2:
         if not self._callback_queued:
             self._callback_queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
-        self._bucket_of[id(param)].ready += 1
+        bucket = self._bucket_of[id(param)]
+        bucket.ready += 1
+        if bucket.ready > len(bucket.shards):  # a gradient arrived after its bucket was reduced
+            raise RuntimeError("zero.stage=2 saw a parameter's gradient twice in one backward pass (reentrant "
+                               "activation checkpointing?); use torch.utils.checkpoint with use_reentrant=False")
         self._launch_ready()
 
     def _launch_ready(self, force: bool = False) -> None:
@@ -222,10 +226,12 @@ class ZeroStage2:
     def _finish_backward(self) -> None:
         """End of backward: launch what is left, wait, average, accumulate into the shard buffers."""
         self._launch_ready(force=True)
+        used_flags = []
         for bucket in self.buckets:
             work, receive, _ = bucket.pending
             work.wait()
-            data, used = receive[:bucket.section], receive[bucket.section:] > 0
+            data = receive[:bucket.section]
+            used_flags.append(receive[bucket.section:] > 0)
             if bucket.grad_shard is None:  # first backward: this buffer and its gradient views stay for the run
                 bucket.grad_shard = torch.zeros_like(data)
                 bucket.grads = [self._grad_view(bucket, shard) for shard in bucket.shards]
@@ -233,11 +239,13 @@ class ZeroStage2:
                 torch.div(data, self.world, out=bucket.grad_shard)
             else:
                 bucket.grad_shard.add_(data, alpha=1.0 / self.world)
-            for shard, grad, was_used in zip(bucket.shards, bucket.grads, used.tolist()):
-                if was_used:
-                    shard.master.grad = grad
             bucket.pending = None
             bucket.ready = 0
+        used = iter(torch.cat(used_flags).tolist())  # one device sync for all buckets
+        for bucket in self.buckets:
+            for shard, grad in zip(bucket.shards, bucket.grads):
+                if next(used):
+                    shard.master.grad = grad
         self._next_bucket = 0
         self._callback_queued = False
 
@@ -289,8 +297,9 @@ class ZeroStage2:
     def grad_norm(self) -> torch.Tensor:
         """L2 norm of the whole averaged gradient, the same on every rank: the shard buffers' squared
         sums (padding holds zeros) added over the ranks in one all-reduce."""
-        squares = torch.stack([b.grad_shard.pow(2).sum() for b in self.buckets if b.grad_shard is not None])
-        total = squares.sum().reshape(1)
+        device = self.buckets[0].shards[0].param.device
+        squares = [b.grad_shard.pow(2).sum() for b in self.buckets if b.grad_shard is not None]
+        total = torch.stack(squares).sum().reshape(1) if squares else torch.zeros(1, device=device)
         dist.all_reduce(total, group=self.group)
         return total[0].sqrt()
 
