@@ -145,12 +145,13 @@ def test_scalars_and_foreign_optimizer_tensors_are_refused():
     run_distributed(_refusals, 2, timeout_s=100)
 
 
-def _engine(stage, world, rank):
+def _engine(stage, world, rank, precision=None):
     import dsrecipes
 
     torch.manual_seed(0)
     model = TiedNet()
     cfg = {"zero": {"stage": stage}, "lr_scheduler": {"name": "constant"}, "optimizer": {"lr": 1e-2},
+           "precision": precision or {"dtype": "fp32"},
            "trainer": {"train_batch_size": 24, "train_micro_batch_size_per_gpu": 12 // world,
                        "gradient_accumulation_steps": None, "device": "cpu"}}
     engine, *_ = dsrecipes.initialize(model=model, config=cfg)
@@ -202,3 +203,30 @@ def test_stage2_checkpoint_resumes_at_world_2_and_in_one_process(tmp_path):
     # parameters, which the same global batches produced
     for name, value in single["state"].items():
         torch.testing.assert_close(sharded["state"][name], value, rtol=0, atol=1e-5, msg=name)
+
+
+def _mixed_precision_run(rank, world, stage, precision, results):
+    engine = _engine(stage, world, rank, precision)
+    losses = _train(engine, world, rank, range(4))
+    state = engine.module_state_dict()
+    if rank == 0:
+        torch.save({"state": state, "skipped": engine.skipped_steps, "scale": engine.precision.loss_scale}, results)
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("precision", [
+    {"dtype": "fp16", "initial_scale_power": 20},  # dynamic loss scaling; 2^20 overflows at first
+    {"dtype": "bf16", "master_weights": True},
+], ids=["fp16_loss_scaling", "bf16_master_weights"])
+def test_mixed_precision_matches_one_process(tmp_path, precision):
+    """fp16 (overflow -> skipped steps and scale backoff, agreed by both ranks) and bf16 model with fp32
+    master shards follow the single-process run: same skipped steps and scale; fp32 weights within
+    5e-3 (16-bit gradients are rounded from half-batch sums at world 2 and from the whole batch at 1)."""
+    sharded, single = tmp_path / "sharded.pt", tmp_path / "single.pt"
+    run_distributed(_mixed_precision_run, 2, 2, precision, str(sharded), timeout_s=150)
+    run_distributed(_mixed_precision_run, 1, 0, precision, str(single), timeout_s=100)
+    sharded, single = torch.load(sharded), torch.load(single)
+    assert (sharded["skipped"], sharded["scale"]) == (single["skipped"], single["scale"])
+    for name, value in single["state"].items():
+        assert sharded["state"][name].dtype == torch.float32
+        torch.testing.assert_close(sharded["state"][name], value, rtol=0, atol=5e-3, msg=name)
