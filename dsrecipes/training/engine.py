@@ -295,6 +295,19 @@ class Engine:
         self.global_steps += 1
         self.global_samples += self.train_batch_size
 
+    def sharding_summary(self) -> str:
+        """One line for the run log: what replicates or shards the model state over the ranks."""
+        if self.zero2 is not None:
+            return (f"ZeRO-2: parameters replicated, gradients and optimizer state sharded over "
+                    f"{self.zero2.world} ranks ({len(self.zero2.buckets)} gradient bucket(s))")
+        if isinstance(unwrap(self.module), FSDPModule):
+            return "FSDP2: parameters, gradients and optimizer state sharded"
+        if isinstance(self.module, DistributedDataParallel):
+            if isinstance(self.optimizer, ZeroRedundancyOptimizer):
+                return "DDP + ZeroRedundancyOptimizer: optimizer state sharded"
+            return "DDP: model state replicated"
+        return "one data-parallel rank: nothing sharded"
+
     def get_lr(self) -> list[float]:
         return [group["lr"] for group in self.optimizer.param_groups]
 

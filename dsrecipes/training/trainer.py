@@ -121,6 +121,7 @@ class Trainer:
             self.batch.gradient_accumulation_steps,
             self.batch.dp_world_size,
         )
+        self.log.info("zero: stage %d, %s", cfg.zero.stage, self.engine.sharding_summary())
 
         self.loggers = MetricLoggers(
             cfg.logger,
