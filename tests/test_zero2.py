@@ -208,7 +208,7 @@ def test_stage2_checkpoint_resumes_at_world_2_and_in_one_process(tmp_path):
 
 def _mixed_precision_run(rank, world, stage, precision, results):
     engine = _engine(stage, world, rank, precision)
-    losses = _train(engine, world, rank, range(4))
+    _train(engine, world, rank, range(4))
     state = engine.module_state_dict()
     if rank == 0:
         torch.save({"state": state, "skipped": engine.skipped_steps, "scale": engine.precision.loss_scale}, results)

@@ -36,6 +36,8 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
 
+from dsrecipes.training.master_weights import cast_float_buffers
+
 BUCKET_BYTES = 25 * 2**20  # DDP's default bucket size
 # torch >= 2.10 names the flat-tensor collectives *_single (the *_tensor names are deprecated there)
 _reduce_scatter = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
@@ -120,7 +122,7 @@ class ZeroStage2:
                 shard.master = self._make_master(shard, low_precision is not None)
         if low_precision is not None:  # the model computes in bf16/fp16; the shards are its fp32 masters
             _cast_module(module, low_precision)
-        self.shadow = _shadow_module(module, {id(s.param): s.master for s in self.shards.values()})
+        self.shadow = _shadow_module(module, self.masters())
         self._next_bucket = 0
         self._callback_queued = False
         for p in params:
@@ -320,10 +322,7 @@ def _cast_module(module: nn.Module, dtype: torch.dtype) -> None:
     """Parameters (in place, so hooks and ties survive) and floating buffers to the compute dtype."""
     for p in module.parameters():
         p.data = p.data.to(dtype)
-    for owner in module.modules():
-        for name, buf in list(owner.named_buffers(recurse=False)):
-            if buf is not None and buf.is_floating_point():
-                setattr(owner, name, buf.to(dtype))
+    cast_float_buffers(module, dtype)
 
 
 def _shadow_module(module: nn.Module, masters: dict[int, nn.Parameter]) -> nn.Module:

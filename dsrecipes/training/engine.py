@@ -168,7 +168,7 @@ class Engine:
         self.zero2 = zero2  # ZeRO-2 with replicated parameters: the optimizer steps its sharded masters
         # tensor parallelism: the vocab-parallel loss's forward and backward run under torch's loss_parallel
         self._loss_context = tp_loss_parallel if loss_parallel else contextlib.nullcontext
-        if not sharded_params:  # under FSDP2 the sharded fp32 parameters already are the masters
+        if not sharded_params and zero2 is None:  # FSDP2's / ZeRO-2's fp32 shards already are the masters
             precision.attach(unwrap(module))
 
     # ------------------------------------------------------------------ batch arithmetic

@@ -86,7 +86,7 @@ def build_engine(
         pipeline = PipelineParallel(model, mesh["pp"].get_group(), par.pp_schedule, batch.gradient_accumulation_steps,
                                     par.pp_partition, device, all_pipelines=all_pipelines, dp_group=dp_group)
         model = pipeline.local_module(model)
-    expert_parallel = setup_expert_parallel(model, cfg.moe.ep_size if cfg.moe.enabled else 1, device)
+    expert_parallel = setup_expert_parallel(model, ep_size, device)
     ignored = expert_parallel.ignored_params if expert_parallel is not None else None
     if pipeline is None and not replicated2:
         model = shard_model(model, cfg.zero, dims, device, cfg.precision.dtype, ignored_params=ignored, mesh=mesh)
@@ -97,10 +97,11 @@ def build_engine(
     optimizer = optimizer or build_optimizer(optimizer_cfg, unwrap(model))
     split_expert_param_groups(optimizer, unwrap(model))
     optimizer = shard_optimizer(optimizer, cfg.zero, dims.dp)
+    precision = Precision(cfg.precision, device)
     zero2 = None
     if replicated2:  # the optimizer, built over the model's parameters, now steps their sharded masters
         dp_mesh = dims.build_mesh(device_type_of(device))["dp_shard"]
-        low_precision = Precision(cfg.precision, device).compute_dtype if cfg.precision.master_weights else None
+        low_precision = precision.compute_dtype if cfg.precision.master_weights else None
         zero2 = ZeroStage2(unwrap(model), dp_mesh, low_precision)
         optimizer = zero2.shard_optimizer(optimizer)
     if lr_scheduler is None:
@@ -112,12 +113,12 @@ def build_engine(
         optimizer,
         lr_scheduler,
         batch,
-        Precision(cfg.precision, device),
+        precision,
         gradient_clipping=cfg.trainer.gradient_clipping,
         keep_last_checkpoints=cfg.checkpoint.keep_last,
         config_yaml=config_yaml,
         rank=torch.distributed.get_rank() if is_distributed() else 0,
-        sharded_params=fsdp or replicated2,
+        sharded_params=fsdp,
         zero2=zero2,
         expert_parallel=expert_parallel,
         loss_parallel=dims.tp > 1,

@@ -12,6 +12,14 @@ import torch
 from torch import nn
 
 
+def cast_float_buffers(module: nn.Module, dtype: torch.dtype) -> None:
+    """Every floating-point buffer of `module` to the model's low-precision dtype (integer ones stay)."""
+    for owner in module.modules():
+        for name, buf in list(owner.named_buffers(recurse=False)):
+            if buf is not None and buf.is_floating_point():
+                setattr(owner, name, buf.to(dtype))
+
+
 class MasterWeights:
     def __init__(self, module: nn.Module, dtype: torch.dtype):
         self.dtype = dtype
@@ -30,10 +38,7 @@ class MasterWeights:
                     self.pairs.append((low, master))
                     self.names[id(master)] = f"{module_name}.{name}" if module_name else name
                 setattr(submodule, name, copies[id(master)])
-        for buffer_owner in module.modules():
-            for name, buf in list(buffer_owner.named_buffers(recurse=False)):
-                if buf is not None and buf.is_floating_point():
-                    setattr(buffer_owner, name, buf.to(dtype))
+        cast_float_buffers(module, dtype)
 
     def grads_to_master(self) -> None:
         """Move the model's low-precision grads onto the fp32 masters (upcast), freeing the former."""
