@@ -2,11 +2,12 @@
 redundancy clean (installed from compression/).
 
 Import as `dsrecipes.compression`. A plain Python library usable without Hydra; pure torch on CPU,
-dsrecipes.kernels' int8 quantize / int8 matmul where they run. DeepSpeed's `compression_training`
+dsrecipes.kernels' int8 weight-only matmul for exported layers where it runs. DeepSpeed's `compression_training`
 key names are kept:
 
-- `quantization`: `WeightQuantConfig`, `fake_quantize` (straight-through estimator), `bits_at` (the
-  bit schedule), `QuantizationAwareTraining` (fake-quantized nn.Linear forwards).
+- `quantization`: `WeightQuantConfig`, `fake_quantize` (DeepSpeed's symmetric / asymmetric weight
+  quantizers, straight-through estimator), `quantize_codes` / `dequantize_codes` (its integer codes),
+  `bits_at` (the bit schedule), `QuantizationAwareTraining` (fake-quantized nn.Linear forwards).
 - `activation_quantization`: `ActivationQuantConfig`, `ActivationQuantization` (dynamic / static range).
 - `pruning`: `SparsePruningConfig`, `SparsePruner` (l1/topk, 1x1 / NxM blocks / N:M, dense-ratio schedule).
 - `structured_pruning`: `RowPruningConfig`, `HeadPruningConfig`, `ChannelPruningConfig`, `StructuredPruner`.
@@ -40,9 +41,11 @@ from dsrecipes.compression.pruning import (
     parse_block_pattern,
 )
 from dsrecipes.compression.quantization import (
+    QuantCodes,
     QuantizationAwareTraining,
     WeightQuantConfig,
     bits_at,
+    dequantize_codes,
     fake_quantize,
     match_module_names,
     quantize_codes,
@@ -57,7 +60,7 @@ from dsrecipes.compression.structured_pruning import (
 
 __all__ = [
     "WeightQuantConfig", "fake_quantize", "bits_at", "QuantizationAwareTraining", "match_module_names",
-    "quantize_codes",
+    "quantize_codes", "dequantize_codes", "QuantCodes",
     "ActivationQuantConfig", "ActivationQuantization",
     "SparsePruningConfig", "SparsePruner", "dense_ratio_at", "compute_mask", "parse_block_pattern",
     "RowPruningConfig", "HeadPruningConfig", "ChannelPruningConfig", "StructuredPruner",

@@ -9,14 +9,19 @@ Range calibration (DeepSpeed's `range_calibration`):
     "dynamic": the range of the current input (min/max, or max|x| when symmetric), every forward.
     "static":  a running range: the first training batch sets it, later training batches move it by
                an exponential moving average (range = (1 - momentum) * range + momentum * batch range,
-               momentum 0.1 as DeepSpeed); evaluation (module.training False) uses the stored range
+               momentum 0.1 by default; DeepSpeed's QuantAct keeps 0.95 of the old range, i.e. momentum
+               0.05); evaluation (module.training False) uses the stored range
                as is, which is what the exported model keeps.
 
 Quantizer, for a range [lo, hi] (symmetric: lo = -hi = -max|.|):
     symmetric:  scale = hi / (2^(bits-1) - 1), x_hat = clamp(round(x / scale), -qmax, qmax) * scale
     asymmetric: lo = min(lo, 0), hi = max(hi, 0), scale = (hi - lo) / (2^bits - 1),
                 zp = clamp(round(-lo / scale) - 2^(bits-1)), x_hat = (clamp(round(x / scale) + zp) - zp) * scale
-With a dynamic range this is exactly `fake_quantize(x, bits, symmetric, groups=1)`.
+This is the kernel library's grid (`dsrecipes.kernels.quantization`; at 8 bits exactly
+`quantize_int8_reference` over the whole tensor), not DeepSpeed's: weight quantization
+(`fake_quantize`) follows DeepSpeed's SymQuantizer / AsymQuantizer, activations do not yet (DeepSpeed
+quantizes dynamic activations per token, with those same quantizers, and tracks a static range by an
+EMA of min and max that keeps 0.95 of the old range per batch).
 
 Public: `ActivationQuantConfig`, `ActivationQuantization`, `fake_quantize_range`.
 """
@@ -27,9 +32,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
-from torch import nn
-
 from dsrecipes.compression.quantization import deepspeed_group_kwargs, match_module_names
+from torch import nn
 
 __all__ = ["ActivationQuantConfig", "ActivationQuantization", "fake_quantize_range"]
 
@@ -45,7 +49,8 @@ class ActivationQuantConfig:
     bits: 4..16.  quantization_type: "symmetric" | "asymmetric".
     range_calibration: "dynamic" | "static" (DeepSpeed's code default is dynamic).
     schedule_offset: first step with quantized activations (DeepSpeed's code default 1000).
-    momentum: EMA factor of the static range (not a DeepSpeed key; DeepSpeed uses 0.1).
+    momentum: EMA factor of the static range, the new batch's weight (not a DeepSpeed key; DeepSpeed's
+        QuantAct uses 0.05).
     modules / excluded_modules: name patterns (glob or regex) selecting nn.Linear layers.
     """
 
@@ -76,7 +81,7 @@ class ActivationQuantConfig:
             raise ValueError(f"ActivationQuantConfig.momentum must be in (0, 1], got {self.momentum!r}")
 
     @classmethod
-    def from_deepspeed(cls, block: dict[str, Any], group: str | None = None) -> "ActivationQuantConfig":
+    def from_deepspeed(cls, block: dict[str, Any], group: str | None = None) -> ActivationQuantConfig:
         return cls(**deepspeed_group_kwargs(cls, block, group))
 
 

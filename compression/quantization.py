@@ -5,20 +5,38 @@ their forward, where ``bits`` follows DeepSpeed's ``compression_training.weight_
 schedule. The stored fp weights are never changed; the gradient passes through the quantizer
 unchanged (straight-through estimator), so the optimizer keeps updating full-precision weights.
 
-Quantizer (per group, ``groups`` contiguous chunks of the flattened weight, DeepSpeed's
-``quantize_groups``; 1 = per-tensor). It generalizes the project's int8 kernels
-(``dsrecipes.kernels.quantization``) to ``bits`` bits, and at 8 bits equals
-``dequantize_int8_reference(*quantize_int8_reference(w, mode, "group", numel // groups))``:
+Quantizer: DeepSpeed's compression-training quantizers (``SymQuantizer`` / ``AsymQuantizer`` of
+``deepspeed/compression/utils.py``, the last release shipping them being 0.19.6), per group:
+``groups`` contiguous chunks of the flattened weight (DeepSpeed's ``quantize_groups``; 1 = per tensor),
+with ``round`` = round-half-even::
 
-    symmetric:   qmax = 2^(bits-1) - 1, scale = max|w| / qmax, q = clamp(round(w / scale), -qmax, qmax),
+    symmetric:   scale = max|w| / 2^(bits-1),  q = clamp(round(w / scale), -2^(bits-1), 2^(bits-1) - 1),
                  w_hat = q * scale
-    asymmetric:  lo = min(min w, 0), hi = max(max w, 0), scale = (hi - lo) / (2^bits - 1),
-                 zp = clamp(round(-lo / scale) - 2^(bits-1), -2^(bits-1), 2^(bits-1) - 1),
-                 q = clamp(round(w / scale) + zp, -2^(bits-1), 2^(bits-1) - 1), w_hat = (q - zp) * scale
+    asymmetric:  lo = min w, hi = max w (the raw range; 0 need not be inside it),
+                 scale = (hi - lo) / 2^bits, offset = round(lo / scale) * scale,
+                 q = clamp(round((w - offset) / scale), 0, 2^bits - 1),  w_hat = q * scale + offset
 
-(an all-zero group gets scale 1). ``round`` is round-half-even ("nearest") or ``floor(x + u)``,
-u ~ U[0, 1) ("stochastic", unbiased inside the clamp range; pass a seeded ``torch.Generator`` for
-reproducibility). Pure torch, so it runs on CPU without Triton and under autograd.
+So both grids have 2^bits levels. The symmetric one clips the largest positive weight one step
+(max|w| becomes (2^(bits-1) - 1) * scale); the asymmetric one, offset + [0, 2^bits - 1] * scale,
+starts within half a step of lo and so ends 0.5 to 1.5 steps below hi. Computed in this order, in
+fp32, so for fp32 weights w_hat equals DeepSpeed's output bit for bit.
+
+Deliberate differences from DeepSpeed, each where DeepSpeed's result is unusable or needs more:
+* a zero-range group (all zeros, e.g. a pruned row; or a constant c) gets scale = |c| / 2^(bits-1),
+  or 1 when c = 0, and so dequantizes to itself; DeepSpeed divides by a zero scale (NaN).
+* the arithmetic is fp32 for any weight dtype (the result is cast back), so training and the
+  exported integer codes agree; DeepSpeed computes in the weight's dtype (bf16/fp16 weights can land
+  on a neighbouring grid point there).
+* ``rounding="stochastic"``: ``floor(t + u)``, u ~ U[0, 1), in place of ``round(t)`` before the clamp
+  (unbiased inside the clamp range; pass a seeded ``torch.Generator`` for reproducibility). DeepSpeed
+  accepts a ``rounding`` key but its compression quantizers always round to nearest.
+* 2 bits uses the same grids; DeepSpeed switches to its ternary quantizer below 3 bits.
+
+This is not the kernel library's int8 convention (``dsrecipes.kernels.quantization``, used by the
+inference engine's int8/int4 weights: a range that includes 0 and 2^bits - 1 symmetric levels);
+`quantize_codes` returns DeepSpeed's codes and `QuantizedLinear` stores them in the kernel's
+``(q - zero_point) * scale`` layout so its matmul can run them. Pure torch, so it runs on CPU without
+Triton and under autograd.
 
 Bit schedule (DeepSpeed: "bits decrease by 1 every quantization_period", starting at
 ``schedule_offset``)::
@@ -26,7 +44,8 @@ Bit schedule (DeepSpeed: "bits decrease by 1 every quantization_period", startin
     bits(step) = None (no quantization)                                   if step < schedule_offset
                = max(target_bits, start_bits - (step - schedule_offset) // quantization_period)  otherwise
 
-Public: `WeightQuantConfig`, `fake_quantize`, `bits_at`, `QuantizationAwareTraining`,
+Public: `WeightQuantConfig`, `fake_quantize`, `quantize_codes` / `dequantize_codes` / `QuantCodes`
+(the integer codes behind it, for export), `bits_at`, `QuantizationAwareTraining`,
 `match_module_names` (the name-pattern matcher shared with pruning).
 """
 
@@ -35,8 +54,9 @@ from __future__ import annotations
 import fnmatch
 import re
 import types
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -48,7 +68,9 @@ __all__ = [
     "bits_at",
     "QuantizationAwareTraining",
     "match_module_names",
+    "QuantCodes",
     "quantize_codes",
+    "dequantize_codes",
 ]
 
 MIN_BITS = 2
@@ -147,7 +169,7 @@ class WeightQuantConfig:
             raise ValueError(f"WeightQuantConfig.quantize_groups must be an int >= 1, got {self.quantize_groups!r}")
 
     @classmethod
-    def from_deepspeed(cls, block: dict[str, Any], group: str | None = None) -> "WeightQuantConfig":
+    def from_deepspeed(cls, block: dict[str, Any], group: str | None = None) -> WeightQuantConfig:
         """Build from a DeepSpeed `compression_training.weight_quantization` dict.
 
         Takes `shared_parameters` and the params/modules of `different_groups[group]` (the only
@@ -200,33 +222,56 @@ def _round(x: torch.Tensor, rounding: str, generator: torch.Generator | None) ->
     raise ValueError(f"fake_quantize: rounding must be 'nearest' or 'stochastic', got {rounding!r}")
 
 
+@dataclass
+class QuantCodes:
+    """One weight's DeepSpeed codes, per group ([groups, numel / groups] rows; no gradient).
+
+    q: fp32 holding integers, in [-2^(bits-1), 2^(bits-1) - 1] (symmetric) or [0, 2^bits - 1]
+    (asymmetric). scale: [groups, 1]. zero: [groups, 1] integer-valued, round(lo / scale), the
+    asymmetric grid's offset in steps (None when symmetric). `dequantize_codes` gives the values.
+    """
+
+    q: torch.Tensor
+    scale: torch.Tensor
+    zero: torch.Tensor | None
+
+
+def _nonzero_scale(scale: torch.Tensor, amax: torch.Tensor, bits: int) -> torch.Tensor:
+    """`scale`, except where it is 0 (a zero-range group): |c| / 2^(bits-1), or 1 for an all-zero group.
+
+    DeepSpeed divides by the zero scale there (NaN); this scale maps the constant c onto itself.
+    """
+    fallback = torch.where(amax > 0, amax / float(2 ** (bits - 1)), torch.ones_like(amax))
+    return torch.where(scale > 0, scale, fallback)
+
+
 def quantize_codes(w: torch.Tensor, bits: int, symmetric: bool, groups: int, rounding: str = "nearest",
-                   generator: torch.Generator | None = None
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Integer codes of `w` per group: (q [groups, numel/groups] fp32 holding integers, scale [groups, 1],
-    zero_point [groups, 1] or None). Dequantized value: (q - zero_point) * scale. No gradient."""
+                   generator: torch.Generator | None = None) -> QuantCodes:
+    """DeepSpeed's SymQuantizer / AsymQuantizer codes of `w` per group (see the module docstring)."""
     wg = w.detach().float().reshape(groups, -1)
+    amax = wg.abs().amax(-1, keepdim=True)
     if symmetric:
-        qmax = float(2 ** (bits - 1) - 1)
-        scale = wg.abs().amax(-1, keepdim=True) / qmax
-        scale = torch.where(scale == 0, torch.ones_like(scale), scale)
-        q = _round(wg / scale, rounding, generator).clamp_(-qmax, qmax)
-        return q, scale, None
-    qmin, qmax = float(-(2 ** (bits - 1))), float(2 ** (bits - 1) - 1)
-    lo = wg.amin(-1, keepdim=True).clamp(max=0.0)
-    hi = wg.amax(-1, keepdim=True).clamp(min=0.0)
-    scale = (hi - lo) / float(2 ** bits - 1)
-    scale = torch.where(scale == 0, torch.ones_like(scale), scale)
-    zp = (torch.round(-lo / scale) + qmin).clamp_(qmin, qmax)
-    q = (_round(wg / scale, rounding, generator) + zp).clamp_(qmin, qmax)
-    return q, scale, zp
+        half = float(2 ** (bits - 1))
+        scale = _nonzero_scale(amax / half, amax, bits)
+        q = _round(wg / scale, rounding, generator).clamp_(-half, half - 1)
+        return QuantCodes(q, scale, None)
+    lo, hi = wg.amin(-1, keepdim=True), wg.amax(-1, keepdim=True)
+    scale = _nonzero_scale((hi - lo) / float(2 ** bits), amax, bits)
+    zero = torch.round(lo / scale)
+    q = _round((wg - zero * scale) / scale, rounding, generator).clamp_(0.0, float(2 ** bits - 1))
+    return QuantCodes(q, scale, zero)
+
+
+def dequantize_codes(codes: QuantCodes) -> torch.Tensor:
+    """[groups, numel / groups] fp32 values: q * scale, plus zero * scale when asymmetric (DeepSpeed's order)."""
+    out = codes.q * codes.scale
+    return out if codes.zero is None else out + codes.zero * codes.scale
 
 
 def _fake_quantize_values(w: torch.Tensor, bits: int, symmetric: bool, groups: int, rounding: str,
                           generator: torch.Generator | None) -> torch.Tensor:
-    q, scale, zp = quantize_codes(w, bits, symmetric, groups, rounding, generator)
-    out = q * scale if zp is None else (q - zp) * scale
-    return out.reshape(w.shape).to(w.dtype)
+    codes = quantize_codes(w, bits, symmetric, groups, rounding, generator)
+    return dequantize_codes(codes).reshape(w.shape).to(w.dtype)
 
 
 def fake_quantize(w: torch.Tensor, bits: int, symmetric: bool = True, groups: int = 1,
@@ -236,7 +281,8 @@ def fake_quantize(w: torch.Tensor, bits: int, symmetric: bool = True, groups: in
     Args:
         w: float tensor (any shape; groups are contiguous chunks of ``w.flatten()``).
         bits: 2..16.
-        symmetric: symmetric (zero point 0) or asymmetric (zero point, range includes 0).
+        symmetric: DeepSpeed's symmetric (2^bits levels around 0) or asymmetric (2^bits levels over
+            the group's raw [min, max]) grid.
         groups: number of groups; must divide ``w.numel()``. 1 = per tensor; rows of a [N, K]
             weight = per output channel.
         rounding: "nearest" (half to even) or "stochastic" (floor(x + U[0,1))).

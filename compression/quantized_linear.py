@@ -6,8 +6,13 @@ What it stores (all in its state dict, so safetensors holds them):
     scale       fp32 [groups]; zero_point int32 [groups] (asymmetric only)
     bias        as the float layer had it
     act_range   fp32 [2] static activation range (static activation quantization only)
-Groups are DeepSpeed's `quantize_groups`: contiguous chunks of the flattened weight; the value is
-(q - zero_point) * scale, exactly what `fake_quantize` computed in training (nearest rounding).
+Groups are DeepSpeed's `quantize_groups`: contiguous chunks of the flattened weight. The codes are
+DeepSpeed's grid points (`dsrecipes.compression.quantization.quantize_codes`, nearest rounding) kept in
+the kernel library's layout, value = (q - zero_point) * scale with q signed: symmetric codes as they
+are (zero_point absent); asymmetric codes u in [0, 2^bits - 1] stored as q = u - 2^(bits-1) with
+zero_point = -(round(lo / scale) + 2^(bits-1)). The value is what `fake_quantize` computed in training:
+bit for bit when symmetric; asymmetric within one fp32 rounding of it, since training adds the grid
+offset as a separately rounded product (DeepSpeed's q * scale + offset).
 
 Forward: the input is fake-quantized when activation quantization was on (same rule as training);
 then, for <= 8-bit weights whose groups are whole rows or split rows evenly (per-tensor,
@@ -23,10 +28,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-
 from dsrecipes.compression.activation_quantization import batch_range, fake_quantize_range
 from dsrecipes.compression.quantization import quantize_codes
+from torch import nn
 
 __all__ = ["QuantizedLinear", "pack_int4", "unpack_int4"]
 
@@ -81,7 +85,7 @@ class QuantizedLinear(nn.Module):
     @torch.no_grad()
     def from_linear(cls, linear: nn.Linear, weight_bits: int | None, symmetric: bool = True, groups: int = 1,
                     act_bits: int | None = None, act_symmetric: bool = True,
-                    act_range: torch.Tensor | None = None) -> "QuantizedLinear":
+                    act_range: torch.Tensor | None = None) -> QuantizedLinear:
         """Quantize `linear`'s weight (nearest rounding) and carry its bias and activation quantization."""
         w = linear.weight.detach().float()
         ql = cls(linear.in_features, linear.out_features, linear.bias is not None, weight_bits, symmetric, groups,
@@ -111,7 +115,7 @@ class QuantizedLinear(nn.Module):
                 "act_bits": self.act_bits, "act_symmetric": self.act_symmetric, "act_static": self.act_static}
 
     @classmethod
-    def from_spec(cls, spec: dict[str, Any], device=None) -> "QuantizedLinear":
+    def from_spec(cls, spec: dict[str, Any], device=None) -> QuantizedLinear:
         return cls(**spec, device=device)
 
     # compute --------------------------------------------------------------------------------------
@@ -164,15 +168,19 @@ class QuantizedLinear(nn.Module):
 
 
 def _codes(w: torch.Tensor, bits: int, symmetric: bool, groups: int):
-    """Integer codes per group: dsrecipes.kernels.quantize_int8 at 8 bits (Triton where it runs), else torch.
+    """(q [groups, numel / groups], scale [groups, 1], zero_point [groups, 1] int32 or None) in the
+    kernel layout, value (q - zero_point) * scale, holding DeepSpeed's nearest-rounded grid points.
 
-    Both give the same codes: the kernel's rows here are the groups (granularity "channel" over the
-    weight viewed as [groups, numel / groups]).
+    Always the torch quantizer: the kernel library's `quantize_int8` puts weights on its own grid
+    (0-inclusive range, 255 levels), not DeepSpeed's.
     """
-    from dsrecipes.kernels.quantization import MAX_FUSED_COLS, quantize_int8  # lazy: Triton env set by then
-
-    if bits == 8 and w.numel() // groups <= MAX_FUSED_COLS:
-        q, scale, zp = quantize_int8(w.reshape(groups, -1).contiguous(), "symmetric" if symmetric else "asymmetric",
-                                     "channel")
-        return q, scale, zp
-    return quantize_codes(w, bits, symmetric, groups)
+    codes = quantize_codes(w, bits, symmetric, groups)
+    if symmetric:
+        return codes.q, codes.scale, None
+    half = float(2 ** (bits - 1))
+    zero_point = -(codes.zero + half)
+    if zero_point.abs().max() >= 2 ** 31:
+        raise ValueError(f"QuantizedLinear: an asymmetric zero point ({float(zero_point.abs().max()):.3g}) "
+                         "does not fit int32: the group's range is tiny next to its distance from 0; "
+                         "use quantization_type='symmetric' for this weight")
+    return codes.q - half, codes.scale, zero_point.to(torch.int32)

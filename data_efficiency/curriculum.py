@@ -5,21 +5,27 @@ tokens per sample; see `dsrecipes.data_efficiency.seqlen`). The key names and th
 DeepSpeed's (`deepspeed/runtime/data_pipeline/curriculum_scheduler.py`); the DeepSpeed `schedule_config`
 sub-block is flattened into `CurriculumConfig` fields (`CurriculumConfig.from_dict` accepts either form).
 
-Schedules (s = step, T = total_curriculum_step):
+Schedules (s = step, T = total_curriculum_step, m = min_difficulty, M = max_difficulty,
+k = difficulty_step), exactly as DeepSpeed's ``__fixed_root_get_difficulty`` computes them (0.19.7 and later):
 
-* ``fixed_linear``: ``d = floor(s/T * (max - min) + min)``, rounded down to a multiple of
-  ``difficulty_step``, clamped to ``[min_difficulty, max_difficulty]``.
-* ``fixed_root``: as ``fixed_linear`` with ``(s/T) ** (1/root_degree)`` in place of ``s/T``.
-* ``fixed_discrete``: ``difficulty[i]`` for the first ``i`` with ``s <= max_step[i]``, else
-  ``difficulty[-1]`` (``len(difficulty) == len(max_step) + 1``). Values are used as given.
+* ``fixed_root``: ``d = floor((s/T) ** (1/root_degree) * (M - m) + m)``, rounded down to a multiple of
+  ``k`` (``d - d % k``), raised to at least ``ceil(m / k) * k`` (the first multiple of ``k`` at or above
+  ``m``), then capped at ``M``. The cap is applied last, so a ``M`` that is not a multiple of ``k`` is
+  still reached (``min(d, M)``), and a ``ceil(m / k) * k`` above ``M`` gives ``M`` at every step.
+  Example: ``m=10, k=8`` gives 16 at step 0, not 10; ``m=5, k=8`` gives 8.
+* ``fixed_linear``: ``fixed_root`` with ``root_degree=1``.
+* ``fixed_discrete``: ``difficulty[-1]`` when ``s > max_step[-1]``, else ``difficulty[i]`` for the first
+  ``i`` with ``s <= max_step[i]`` (``len(difficulty) == len(max_step) + 1``). Values are used as given:
+  no rounding, no clamping to ``[m, M]``.
 * ``custom``: ``custom_fn(step) -> difficulty``; a callable or an import path ``"pkg.mod:fn"``.
 
-`CurriculumScheduler.update_difficulty(step)` only advances while the current difficulty is below
-``max_difficulty`` (DeepSpeed); once the maximum is reached it stays there.
+The lower bound is DeepSpeed's: rounding down alone could land below ``m`` (``m=8, k=16`` gives 0, a
+zero-length sequence), and raising it to ``m`` itself would break the promise that every difficulty is
+a multiple of ``k``; the first multiple of ``k`` at or above ``m`` keeps both.
 
-One deliberate difference from DeepSpeed: DeepSpeed clamps the rounded difficulty only from above
-(``min(d, max)``), so a ``min_difficulty`` that is not a multiple of ``difficulty_step`` can yield a
-difficulty below the minimum (even 0). Here it is clamped to ``min_difficulty`` as well.
+`CurriculumScheduler.update_difficulty(step)` only advances while the current difficulty is below
+``max_difficulty`` (DeepSpeed); once the maximum is reached it stays there. Before the first update
+the current difficulty is ``min_difficulty`` itself (DeepSpeed's initial state), not the rounded value.
 """
 
 from __future__ import annotations
@@ -29,8 +35,9 @@ import importlib
 import math
 import numbers
 import warnings
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 __all__ = ["SCHEDULE_TYPES", "CurriculumConfig", "CurriculumScheduler", "resolve_custom_fn"]
 
@@ -108,7 +115,7 @@ class CurriculumConfig:
     custom_fn: Callable[[int], Any] | str | None = None
 
     @classmethod
-    def from_dict(cls, config: Mapping[str, Any]) -> "CurriculumConfig":
+    def from_dict(cls, config: Mapping[str, Any]) -> CurriculumConfig:
         """Build from a flat dict or a DeepSpeed block with a nested ``schedule_config``.
 
         Keys such as ``enabled`` and ``curriculum_type`` (legacy block) are ignored; any other unknown
@@ -242,7 +249,16 @@ class CurriculumScheduler:
         frac = (float(step) / cfg.total_curriculum_step) ** (1.0 / root_degree)
         d = math.floor(frac * (cfg.max_difficulty - cfg.min_difficulty) + cfg.min_difficulty)
         d -= d % cfg.difficulty_step
-        return max(cfg.min_difficulty, min(d, cfg.max_difficulty))
+        return min(max(d, self._lowest_scheduled_difficulty()), cfg.max_difficulty)
+
+    def _lowest_scheduled_difficulty(self) -> int:
+        """fixed_linear / fixed_root floor: the first multiple of difficulty_step at or above min_difficulty.
+
+        DeepSpeed's floor (not min_difficulty itself), so every scheduled difficulty below the cap is a
+        multiple of difficulty_step.
+        """
+        k = self.cfg.difficulty_step
+        return -(-self.cfg.min_difficulty // k) * k
 
     def update_difficulty(self, step: int) -> int:
         """Advance to `step` (DeepSpeed's engine passes ``global_steps + 1``) and return the current difficulty."""

@@ -7,8 +7,6 @@ import math
 import numpy as np
 import pytest
 import torch
-from torch import nn
-
 from dsrecipes.compression import (
     QuantizationAwareTraining,
     SparsePruner,
@@ -20,28 +18,29 @@ from dsrecipes.compression import (
     fake_quantize,
 )
 from dsrecipes.kernels.quantization import dequantize_int8_reference, quantize_int8_reference
+from torch import nn
 
 W = torch.tensor([[0.5, -1.0, 0.25, 0.8], [2.2, -0.3, 0.1, -4.0]])
 
 
 # --------------------------------------------------------------------------------------------------
-# independent scalar-loop quantizer (Python floats, round-half-even like torch.round)
+# independent scalar-loop quantizer: DeepSpeed's SymQuantizer / AsymQuantizer formulas written out
+# with numpy float32 scalars (round-half-even, like torch.round), in DeepSpeed's order of operations
 # --------------------------------------------------------------------------------------------------
 
 
 def _ref_group(vals, bits, symmetric):
-    f = np.float32  # the quantizer computes in fp32: emulate it scalar by scalar
+    f = np.float32
     vals = [f(v) for v in vals]
     if symmetric:
-        qmax = f(2 ** (bits - 1) - 1)
-        amax = max(abs(v) for v in vals)
-        scale = amax / qmax if amax else f(1.0)
-        return [float(min(qmax, max(-qmax, np.round(v / scale))) * scale) for v in vals]
-    lo, hi = min(min(vals), f(0.0)), max(max(vals), f(0.0))
-    scale = (hi - lo) / f(2 ** bits - 1) or f(1.0)
-    qmin, qmax = f(-(2 ** (bits - 1))), f(2 ** (bits - 1) - 1)
-    zp = min(qmax, max(qmin, np.round(-lo / scale) + qmin))
-    return [float((min(qmax, max(qmin, np.round(v / scale) + zp)) - zp) * scale) for v in vals]
+        half = f(2 ** (bits - 1))
+        scale = max(abs(v) for v in vals) / half
+        return [float(min(half - 1, max(-half, np.round(v / scale))) * scale) for v in vals]
+    lo, hi = min(vals), max(vals)
+    scale = (hi - lo) / f(2 ** bits)
+    offset = np.round(lo / scale) * scale
+    top = f(2 ** bits - 1)
+    return [float(min(top, max(f(0.0), np.round((v - offset) / scale))) * scale + offset) for v in vals]
 
 
 def _ref(w, bits, symmetric, groups):
@@ -50,44 +49,65 @@ def _ref(w, bits, symmetric, groups):
     out = []
     for g in range(groups):
         out += _ref_group(flat[g * n:(g + 1) * n], bits, symmetric)
-    return torch.tensor(out, dtype=torch.float64).reshape(w.shape)
+    return torch.tensor(out, dtype=torch.float32).reshape(w.shape)
 
 
-@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("bits", [8, 4, 3])
 @pytest.mark.parametrize("symmetric", [True, False])
 @pytest.mark.parametrize("groups", [1, 2, 4])
-def test_fake_quantize_matches_independent_reference(bits, symmetric, groups):
-    got = fake_quantize(W, bits, symmetric=symmetric, groups=groups)
-    assert got.shape == W.shape and got.dtype == W.dtype
-    torch.testing.assert_close(got.double(), _ref(W, bits, symmetric, groups), atol=1e-6, rtol=0)
+def test_fake_quantize_matches_independent_deepspeed_formula_bit_for_bit(bits, symmetric, groups):
+    torch.manual_seed(bits * 10 + groups)
+    for w in (W, torch.randn(8, 12) * 0.05 + 0.01):
+        got = fake_quantize(w, bits, symmetric=symmetric, groups=groups)
+        assert got.shape == w.shape and got.dtype == w.dtype
+        assert torch.equal(got, _ref(w, bits, symmetric, groups))
 
 
 def test_fake_quantize_hand_values_4bit_symmetric_per_tensor():
-    # amax 4, qmax 7 -> scale 4/7; 0.5*7/4 = 0.875 -> 1; -1 -> -1.75 -> -2; 0.25 -> 0.4375 -> 0; 0.8 -> 1.4 -> 1
-    # 2.2 -> 3.85 -> 4; -0.3 -> -0.525 -> -1; 0.1 -> 0.175 -> 0; -4 -> -7
-    q = torch.tensor([[1, -2, 0, 1], [4, -1, 0, -7]], dtype=torch.float32)
-    torch.testing.assert_close(fake_quantize(W, 4, symmetric=True), q * (4.0 / 7.0))
+    # DeepSpeed: scale = max|w| / 2^3 = 0.5, codes clamped to [-8, 7]
+    # 0.5 -> 1; -1 -> -2; 0.25 -> 0.5 -> 0 (half to even); 0.8 -> 1.6 -> 2;
+    # 2.2 -> 4.4 -> 4; -0.3 -> -0.6 -> -1; 0.1 -> 0; -4 -> -8
+    q = torch.tensor([[1, -2, 0, 2], [4, -1, 0, -8]], dtype=torch.float32)
+    assert torch.equal(fake_quantize(W, 4, symmetric=True), q * 0.5)
+    # the largest positive weight is clipped one step: 4 -> 8 -> 7
+    assert torch.equal(fake_quantize(-W, 4, symmetric=True), torch.clamp(-q, max=7) * 0.5)
 
 
-def test_fake_quantize_8bit_equals_int8_kernel_reference():
-    torch.manual_seed(0)
-    w = torch.randn(6, 32)
-    for mode in ("symmetric", "asymmetric"):
-        for groups in (1, 6, 12):
-            wg = w.reshape(groups, -1)  # the kernel groups along the last dim
-            q, s, z = quantize_int8_reference(wg, mode, "group", wg.shape[-1])
-            expect = dequantize_int8_reference(q, s, z).reshape(w.shape)
-            got = fake_quantize(w.reshape(groups, -1), 8, symmetric=mode == "symmetric", groups=groups)
-            torch.testing.assert_close(got.reshape(w.shape), expect, atol=0, rtol=0)
+def test_fake_quantize_hand_values_4bit_asymmetric_per_tensor():
+    # raw range [-4, 2.2]: scale = 6.2 / 16 = 0.3875, offset = round(-4 / 0.3875) * 0.3875 = -10 * 0.3875,
+    # codes round((w - offset) / scale) clamped to [0, 15]: 2.2 -> 15.68 -> 16 -> 15 (clipped), -4 -> -0.32 -> 0
+    scale = torch.tensor(6.2, dtype=torch.float32) / 16
+    offset = torch.tensor(-10.0) * scale
+    q = torch.tensor([[11, 7, 11, 12], [15, 9, 10, 0]], dtype=torch.float32)
+    assert torch.equal(fake_quantize(W, 4, symmetric=False), q * scale + offset)
 
 
-def test_fake_quantize_levels_and_errors():
+@pytest.mark.parametrize("bits", [4, 8])
+def test_weight_grid_is_deepspeeds_not_the_int8_kernel_grid(bits):
+    # DeepSpeed divides max|w| by 2^(bits-1) (the kernel library, by 2^(bits-1) - 1) and does not widen
+    # the asymmetric range to include 0
+    w = torch.tensor([[0.5, 1.0, 2.0, 3.0]])
+    half = 2 ** (bits - 1)
+    sym = fake_quantize(w, bits, symmetric=True)
+    assert sym[0, 3] == (half - 1) * (3.0 / half)  # max clipped one step below 3.0
+    asym = fake_quantize(w, bits, symmetric=False)
+    assert asym.min() > 0.25  # range [0.5, 3]: no level at 0
+    if bits == 8:  # the kernel library's grid (inference's int8 weights) keeps max|w| exactly
+        q, s, z = quantize_int8_reference(w, "symmetric", "channel")
+        torch.testing.assert_close(dequantize_int8_reference(q, s, z)[0, 3], torch.tensor(3.0))
+
+
+def test_fake_quantize_levels_zero_range_groups_and_errors():
     torch.manual_seed(1)
     w = torch.randn(64, 16)
     for bits in (2, 3, 4):
-        assert fake_quantize(w, bits, symmetric=True).unique().numel() <= 2 ** bits - 1
+        assert fake_quantize(w, bits, symmetric=True).unique().numel() <= 2 ** bits
         assert fake_quantize(w, bits, symmetric=False).unique().numel() <= 2 ** bits
-    assert torch.equal(fake_quantize(torch.zeros(4, 4), 4), torch.zeros(4, 4))
+    assert fake_quantize(w, 3, symmetric=True).unique().numel() == 8  # all 2^bits levels in use
+    # zero-range groups (DeepSpeed: NaN) map onto themselves: a pruned (all-zero) row, a constant row
+    rows = torch.tensor([[0.0, 0.0, 0.0, 0.0], [0.3, 0.3, 0.3, 0.3], [-2.0, -2.0, -2.0, -2.0]])
+    assert torch.equal(fake_quantize(rows, 4, symmetric=False, groups=3), rows)
+    assert torch.equal(fake_quantize(rows[:1], 4, symmetric=True), rows[:1])
     with pytest.raises(ValueError):
         fake_quantize(w, 4, groups=3)
     with pytest.raises(ValueError):
@@ -107,18 +127,18 @@ def test_ste_gradient_is_upstream_gradient(symmetric, rounding):
 
 
 def test_stochastic_rounding_unbiased_and_seeded():
-    # every row [1.0, 0.3] is its own group: scale 1/7, 0.3 -> 2.1 levels -> 2/7 or 3/7 (p = 0.1)
-    w = torch.tensor([1.0, 0.3]).repeat(20000, 1)
+    # every row [-1, 0.3, 1] is its own group. symmetric: scale 1/8; asymmetric: range [-1, 1], scale 1/8,
+    # offset -1. 0.3 sits 0.4 of the way from 0.25 to 0.375 either way; -1 is a grid point; 1 is clipped
+    w = torch.tensor([-1.0, 0.3, 1.0]).repeat(20000, 1)
     g = torch.Generator().manual_seed(123)
-    out = fake_quantize(w, 4, symmetric=True, groups=20000, rounding="stochastic", generator=g)
-    col = out[:, 1]
-    levels = torch.tensor([2 / 7, 3 / 7])
-    assert ((col[:, None] - levels).abs().amin(-1) < 1e-6).all()
-    assert abs(col.mean().item() - 0.3) < 2e-3
-    assert abs(out[:, 0].mean().item() - 1.0) < 1e-6  # exact grid point never moves
-    # asymmetric is unbiased too
-    outa = fake_quantize(w, 4, symmetric=False, groups=20000, rounding="stochastic", generator=g)
-    assert abs(outa[:, 1].mean().item() - 0.3) < 2e-3
+    levels = torch.tensor([0.25, 0.375])
+    for symmetric in (True, False):
+        out = fake_quantize(w, 4, symmetric=symmetric, groups=20000, rounding="stochastic", generator=g)
+        col = out[:, 1]
+        assert ((col[:, None] - levels).abs().amin(-1) < 1e-6).all()
+        assert abs(col.mean().item() - 0.3) < 2e-3
+        assert abs(out[:, 0].mean().item() + 1.0) < 1e-6  # an exact grid point never moves
+        assert torch.equal(out[:, 2], torch.full((20000,), 0.875))  # the clamp still applies
     # deterministic with a seeded generator
     a = fake_quantize(w[:100], 4, groups=100, rounding="stochastic", generator=torch.Generator().manual_seed(7))
     b = fake_quantize(w[:100], 4, groups=100, rounding="stochastic", generator=torch.Generator().manual_seed(7))
@@ -215,7 +235,7 @@ def test_qat_trains_and_follows_schedule():
     assert qat2.current_bits() == 4 and qat2.global_step == 29
     qsd = qat.quantized_state_dict()
     assert set(qsd) == keys
-    assert qsd["0.weight"].unique().numel() <= 15
+    assert qsd["0.weight"].unique().numel() <= 16  # DeepSpeed's 4-bit symmetric grid: 2^4 levels
 
 
 def test_qat_stochastic_seeded_reproducible():

@@ -3,9 +3,9 @@ masked / fake-quantized model computed; the export loads back for inference."""
 
 import pytest
 import torch
-
 from dsrecipes.compression import (
     QuantizedLinear,
+    dequantize_codes,
     fake_quantize,
     init_compression,
     pack_int4,
@@ -14,7 +14,7 @@ from dsrecipes.compression import (
     unpack_int4,
 )
 from dsrecipes.compression.config import CompressionConfig
-from dsrecipes.kernels.quantization import quantize_int8_reference
+
 from dsrecipes.models import GPT, ModelConfig
 from dsrecipes.models.compressed_export import export_compressed, load_compressed
 
@@ -30,17 +30,45 @@ def block_linears(model):
     return {n: m for n, m in model.named_modules() if n.startswith("blocks.") and isinstance(m, torch.nn.Linear)}
 
 
-def test_int4_pack_round_trip_and_codes_match_kernel_reference():
+def test_int4_pack_round_trip_and_codes_are_deepspeeds_grid():
     q = torch.randint(-8, 8, (7, 5))
     assert torch.equal(unpack_int4(pack_int4(q), q.numel()).reshape(7, 5), q.to(torch.int8))
     assert pack_int4(q).numel() == 18
+    torch.manual_seed(0)
     w = torch.randn(6, 32)
+    for bits in (4, 8):
+        sym = quantize_codes(w, bits, True, 6)
+        half = 2 ** (bits - 1)
+        # each row's max|w| lands on an end code: -half when it is negative, half - 1 (clipped) when positive
+        assert sym.zero is None and ((sym.q.amin(1) == -half) | (sym.q.amax(1) == half - 1)).all()
+        assert torch.equal(sym.scale, w.abs().amax(1, keepdim=True) / 2 ** (bits - 1))
+        asym = quantize_codes(w, bits, False, 6)
+        assert asym.q.min() >= 0 and asym.q.max() == 2 ** bits - 1
+        for codes, symmetric in ((sym, True), (asym, False)):
+            assert torch.equal(dequantize_codes(codes).reshape(w.shape), fake_quantize(w, bits, symmetric, 6))
+
+
+def test_asymmetric_export_stores_signed_codes_and_a_kernel_zero_point():
+    torch.manual_seed(2)
+    lin = torch.nn.Linear(16, 4)
+    ql = QuantizedLinear.from_linear(lin, 8, symmetric=False, groups=4)
+    codes = quantize_codes(lin.weight, 8, False, 4)
+    assert torch.equal(ql.int_codes().float().reshape(4, -1), codes.q - 128)
+    assert torch.equal(ql.zero_point, -(codes.zero.flatten() + 128).int())
+    torch.testing.assert_close(ql.dequantized_weight(), fake_quantize(lin.weight, 8, False, 4), atol=1e-7, rtol=0)
+
+
+def test_export_of_zero_rows_and_an_unrepresentable_zero_point():
+    lin = torch.nn.Linear(4, 3)
+    with torch.no_grad():
+        lin.weight[1] = 0.0  # a pruned row: its group has zero range
     for sym in (True, False):
-        q8, s8, z8 = quantize_codes(w, 8, sym, 6)
-        qr, sr, zr = quantize_int8_reference(w, "symmetric" if sym else "asymmetric", "channel")
-        assert torch.equal(q8.to(torch.int8), qr) and torch.equal(s8, sr)
-        if not sym:
-            assert torch.equal(z8.flatten().int(), zr.flatten())
+        ql = QuantizedLinear.from_linear(lin, 4, symmetric=sym, groups=3)
+        assert torch.isfinite(ql.dequantized_weight()).all() and (ql.dequantized_weight()[1] == 0).all()
+    with torch.no_grad():
+        lin.weight.copy_(torch.tensor([[4000.0, 4000.0003, 4000.0, 4000.0]]).repeat(3, 1))  # z ~ 4e9
+    with pytest.raises(ValueError, match="zero point.*does not fit int32.*symmetric"):
+        QuantizedLinear.from_linear(lin, 8, symmetric=False, groups=3)
 
 
 @pytest.mark.parametrize("bits,sym,groups", [(8, True, 1), (8, False, 4), (4, True, 64), (4, False, 2), (6, True, 3),
@@ -52,7 +80,11 @@ def test_quantized_linear_equals_fake_quantized_linear(bits, sym, groups):
     x = torch.randn(3, 5, 24)
     expect = torch.nn.functional.linear(x, fake_quantize(lin.weight, bits, sym, groups), lin.bias)
     torch.testing.assert_close(ql(x), expect, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(ql.dequantized_weight(), fake_quantize(lin.weight, bits, sym, groups))
+    if sym:  # the stored codes hold training's grid points: bit for bit when symmetric
+        assert torch.equal(ql.dequantized_weight(), fake_quantize(lin.weight, bits, sym, groups))
+    else:  # asymmetric: one fp32 rounding apart (training adds the offset as its own product)
+        torch.testing.assert_close(ql.dequantized_weight(), fake_quantize(lin.weight, bits, sym, groups),
+                                   atol=1e-7, rtol=0)
     kind = {8: torch.int8, 4: torch.uint8, 6: torch.int8, 12: torch.int16}[bits]
     assert ql.qweight.dtype == kind
 

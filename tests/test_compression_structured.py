@@ -2,8 +2,6 @@
 
 import pytest
 import torch
-from torch import nn
-
 from dsrecipes.compression import (
     ActivationQuantConfig,
     ActivationQuantization,
@@ -12,13 +10,15 @@ from dsrecipes.compression import (
     RowPruningConfig,
     StructuredPruner,
     WeightQuantConfig,
-    fake_quantize,
     from_deepspeed,
     init_compression,
     library_configs,
 )
-from dsrecipes.compression.activation_quantization import fake_quantize_range
+from dsrecipes.compression.activation_quantization import batch_range, fake_quantize_range
 from dsrecipes.compression.config import CompressionConfig
+from dsrecipes.kernels.quantization import dequantize_int8_reference, quantize_int8_reference
+from torch import nn
+
 from dsrecipes.models import GPT, ModelConfig
 
 
@@ -30,11 +30,18 @@ def tiny_gpt(**kw):
 # ------------------------------------------------------------------------------------- activations
 
 
-def test_dynamic_activation_quant_equals_fake_quantize_and_ste():
+def test_dynamic_activation_quant_uses_the_kernel_grid_and_ste():
+    # activations keep the kernel library's grid (0-inclusive range, 2^bits - 1 symmetric levels), not
+    # DeepSpeed's weight grid: at 8 bits, exactly quantize_int8_reference over the whole tensor
     x = torch.randn(4, 8, 16, requires_grad=True)
+    flat = x.detach().reshape(1, -1)
+    for symmetric in (True, False):
+        lo, hi = batch_range(x, symmetric)
+        q, s, z = quantize_int8_reference(flat, "symmetric" if symmetric else "asymmetric", "channel")
+        assert torch.equal(fake_quantize_range(x, lo, hi, 8, symmetric).detach(),
+                           dequantize_int8_reference(q, s, z).reshape(x.shape))
     lo, hi = x.detach().abs().amax().neg(), x.detach().abs().amax()
     y = fake_quantize_range(x, lo, hi, 4, True)
-    torch.testing.assert_close(y, fake_quantize(x, 4, symmetric=True))
     g = torch.randn_like(x)
     y.backward(g)
     assert torch.equal(x.grad, g)
@@ -258,8 +265,14 @@ def test_patterns_that_match_nothing_are_errors():
 
 
 def test_layer_reduction_copies_chosen_layers_and_kd_loss():
-    from dsrecipes.compression import (DistillationConfig, DistillationLoss, LayerReductionConfig,
-                                       init_student_from_teacher, kd_kl_loss, reduce_layers)
+    from dsrecipes.compression import (
+        DistillationConfig,
+        DistillationLoss,
+        LayerReductionConfig,
+        init_student_from_teacher,
+        kd_kl_loss,
+        reduce_layers,
+    )
 
     teacher = GPT(ModelConfig(n_layer=4, n_head=4, d_model=32, vocab_size=64, max_seq_len=16))
     cfg = LayerReductionConfig(keep_number_layer=2, teacher_layer=[1, 3])

@@ -8,7 +8,6 @@ import warnings
 
 import pytest
 import torch
-
 from dsrecipes.data_efficiency import CurriculumConfig, CurriculumScheduler, SeqlenCurriculum
 
 
@@ -30,16 +29,43 @@ def test_fixed_linear_hand_computed():
     assert {step: s.get_difficulty(step) for step in expected} == expected
 
 
-def test_fixed_linear_rounding_and_min_clamp():
-    # min=5 is not a multiple of difficulty_step=8: rounding down would give 0 at step 0; clamped to 5.
+def test_fixed_linear_lower_bound_is_the_first_multiple_of_difficulty_step_at_or_above_min():
+    # DeepSpeed's floor: ceil(min / step) * step. min=5, step=8: 5 -> 0 -> raised to 8 (not 5).
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         s = linear(min_difficulty=5, max_difficulty=100, total_curriculum_step=10)
-    assert s.get_difficulty(0) == 5       # 5 -> 0 -> clamp 5
+    assert s.get_difficulty(0) == 8       # 5 -> 0 -> floor 8
     assert s.get_difficulty(1) == 8       # 14.5 -> 14 -> 8
     assert s.get_difficulty(5) == 48      # 52.5 -> 52 -> 48
-    assert s.get_difficulty(10) == 96     # 100 -> 96 (max is not a multiple of 8, so never reached here)
-    assert s.get_difficulty(20) == 100    # 195 -> 192 -> clamp 100
+    assert s.get_difficulty(10) == 96     # 100 -> 96 (max is not a multiple of 8, so not reached at T)
+    assert s.get_difficulty(20) == 100    # 195 -> 192 -> cap 100: the cap wins over the multiple
+    assert s.get_current_difficulty() == 5  # before the first update: min_difficulty as configured
+
+
+def test_fixed_linear_min_10_step_8_starts_at_16():
+    s = linear(min_difficulty=10, max_difficulty=100, total_curriculum_step=9)
+    # d = floor(s/9 * 90 + 10) = 10 s + 10, rounded down to a multiple of 8, at least 16, at most 100
+    assert [s.get_difficulty(i) for i in range(11)] == [16, 16, 24, 40, 48, 56, 64, 80, 88, 96, 100]
+    assert s.update_difficulty(0) == 16
+
+
+def test_fixed_linear_floor_above_max_gives_max_everywhere():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        s = linear(min_difficulty=10, max_difficulty=12, difficulty_step=8, total_curriculum_step=4)
+    assert [s.get_difficulty(i) for i in range(6)] == [12] * 6  # floor 16 is capped to 12
+
+
+def test_fixed_root_lower_bound_and_cap():
+    s = linear(schedule_type="fixed_root", root_degree=2, min_difficulty=20, max_difficulty=200,
+               difficulty_step=16, total_curriculum_step=100)
+    # d = floor(sqrt(s/100) * 180 + 20), rounded down to a multiple of 16, at least 32, at most 200
+    assert s.get_difficulty(0) == 32      # 20 -> 16 -> floor 32
+    assert s.get_difficulty(1) == 32      # 38 -> 32
+    assert s.get_difficulty(4) == 48      # 56 -> 48
+    assert s.get_difficulty(81) == 176    # 182 -> 176
+    assert s.get_difficulty(100) == 192   # 200 -> 192
+    assert s.get_difficulty(121) == 200   # 218 -> 208 -> cap 200
 
 
 def test_fixed_root_hand_computed():
@@ -71,6 +97,13 @@ def test_fixed_discrete_boundaries():
                                              difficulty=[1, 2, 3], max_step=[5, 10]))
     got = {i: s.get_difficulty(i) for i in (0, 5, 6, 10, 11, 1000)}
     assert got == {0: 1, 5: 1, 6: 2, 10: 2, 11: 3, 1000: 3}
+
+
+def test_fixed_discrete_values_are_used_as_given():
+    # DeepSpeed neither rounds nor clamps fixed_discrete difficulties to [min, max]
+    s = CurriculumScheduler(CurriculumConfig(min_difficulty=4, max_difficulty=8, schedule_type="fixed_discrete",
+                                             difficulty=[3, 7, 9], max_step=[2, 4]))
+    assert [s.get_difficulty(i) for i in range(7)] == [3, 3, 3, 7, 7, 9, 9]
 
 
 def test_update_difficulty_only_advances_below_max():

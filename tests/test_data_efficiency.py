@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 from datasets import Dataset
-
 from dsrecipes.data_efficiency import (
     CurriculumConfig,
     CurriculumLearningConfig,
@@ -26,6 +25,7 @@ from dsrecipes.data_efficiency import (
     load_metric_index,
     validate_data_efficiency_config,
 )
+
 from dsrecipes.models import GPT
 from dsrecipes.models.config import ModelConfig
 from dsrecipes.models.layers import Block, apply_rope, rope_tables
@@ -34,10 +34,10 @@ from dsrecipes.models.layers import Block, apply_rope, rope_tables
 
 
 def _formula_root(s, T, lo, hi, step, degree):
-    """DeepSpeed's fixed_root written out independently (plus the documented clamp to min)."""
+    """DeepSpeed's fixed_root written out independently (lower bound: ceil(min / step) * step)."""
     d = math.floor((s / T) ** (1.0 / degree) * (hi - lo) + lo)
     d -= d % step
-    return max(lo, min(d, hi))
+    return min(max(d, -(-lo // step) * step), hi)
 
 
 @pytest.mark.parametrize("lo, hi, T, step, degree", [(8, 1024, 100, 8, 1), (16, 512, 37, 16, 1), (8, 256, 50, 8, 2),

@@ -44,18 +44,42 @@ def test_rank_within_expert_counts_earlier_visits_of_the_same_expert():
 
 
 # ---------------------------------------------------------------- top-1
-def test_top1_drops_tokens_over_capacity_first_come_first_served():
+def test_top1_without_rts_drops_the_tokens_deepspeed_drops():
+    # DeepSpeed keeps what torch.topk over the one-hot mask returns among the tied candidates, not the
+    # first tokens: of the six tokens wanting expert 0 it keeps 1, 2, 4, 5 (verified against
+    # deepspeed 0.19.8 top1gating, use_rts=False, on CPU).
     logits = one_hot_logits([0, 0, 0, 0, 0, 0, 1, 2], num_experts=4)  # 6 tokens want expert 0
     r = top1_gating(logits, capacity_factor=1.0, min_capacity=4, use_rts=False)
     assert r.capacity == 4  # max(ceil(8/4 * 1), 4)
-    assert r.expert[:, 0].tolist() == [0, 0, 0, 0, -1, -1, 1, 2]
-    assert r.slot[:4, 0].tolist() == [0, 1, 2, 3]
+    assert r.expert[:, 0].tolist() == [-1, 0, 0, -1, 0, 0, 1, 2]
+    assert r.slot[[1, 2, 4, 5], 0].tolist() == [0, 1, 2, 3]  # slots follow token order among the kept
     assert int(r.dropped) == 2
     assert r.expert_counts.tolist() == [6, 1, 1, 0]  # counted before dropping
     gates = torch.softmax(logits, dim=1)
     kept_prob = gates[torch.arange(8), torch.tensor([0, 0, 0, 0, 0, 0, 1, 2])]
-    expected = kept_prob * torch.tensor([1, 1, 1, 1, 0, 0, 1, 1.0])
+    expected = kept_prob * torch.tensor([0, 1, 1, 0, 1, 1, 1, 1.0])
     torch.testing.assert_close(r.weight[:, 0], expected)  # top-1 weights are not renormalised
+
+
+@pytest.mark.parametrize("choices,kept", [
+    ([0] * 16, [10, 11]),
+    ([0] * 8 + [1] * 8, [5, 7, 10, 11]),
+    ([s % 4 for s in range(16)], [3, 4, 5, 6, 8, 9, 11, 14]),
+    ([2, 0, 2, 1, 3, 3, 0, 1, 3, 2, 1, 1, 2, 2, 3, 2], [0, 1, 5, 6, 7, 8, 11, 13]),  # argmax of randn(16, 4), seed 0
+])
+def test_top1_without_rts_keeps_deepspeeds_tokens_at_capacity_2(choices, kept):
+    """S=16, E=4, capacity 2: the kept tokens deepspeed 0.19.8's top1gating (use_rts=False) keeps on CPU."""
+    r = top1_gating(one_hot_logits(choices, num_experts=4), capacity_factor=0.5, min_capacity=2, use_rts=False)
+    assert r.capacity == 2
+    assert (r.expert[:, 0] >= 0).nonzero().flatten().tolist() == kept
+    assert r.expert[kept, 0].tolist() == [choices[s] for s in kept]
+
+
+def test_top1_without_rts_keeps_every_token_under_capacity():
+    r = top1_gating(one_hot_logits([0, 1, 2, 3, 0, 1], num_experts=4), capacity_factor=1.0, min_capacity=2,
+                    use_rts=False)
+    assert r.expert[:, 0].tolist() == [0, 1, 2, 3, 0, 1] and int(r.dropped) == 0
+    assert r.slot[:, 0].tolist() == [0, 0, 0, 0, 1, 1]
 
 
 def test_top1_random_token_selection_keeps_capacity_tokens_in_token_order_slots():
@@ -63,7 +87,7 @@ def test_top1_random_token_selection_keeps_capacity_tokens_in_token_order_slots(
     logits = one_hot_logits([0] * 12, num_experts=4)
     r = top1_gating(logits, 1.0, min_capacity=4, use_rts=True)
     kept = (r.expert[:, 0] == 0).nonzero().flatten()
-    assert len(kept) == 4 and kept.tolist() != [0, 1, 2, 3] or True  # any 4 tokens
+    assert len(kept) == 4  # any 4 of the 12 tokens
     assert r.slot[kept, 0].tolist() == [0, 1, 2, 3]  # slots follow token order among kept ones
     seen = set()
     for seed in range(5):
@@ -143,7 +167,7 @@ def test_matches_deepspeed_gating_where_deepspeed_is_installed():
         (top2_gating(logits.clone(), 1.0, 4, True, second_expert_sampling=False),
          ds.top2gating(logits.clone(), 1.0, 4, drop_tokens=True, top2_2nd_expert_sampling=False)),
         (topk_gating(logits.clone(), 3, 1.0, 4, True, "probs"), ds.topkgating(logits.clone(), 3, 1.0, 4, drop_tokens=True)),
-        (top1_gating(logits.clone(), 4.0, 4, True, use_rts=False), ds.top1gating(logits.clone(), 4.0, 4, use_rts=False)),
+        (top1_gating(logits.clone(), 1.0, 4, True, use_rts=False), ds.top1gating(logits.clone(), 1.0, 4, use_rts=False)),
     ]:
         torch.testing.assert_close(ours.aux_loss, theirs[0])
         torch.testing.assert_close(combine_weights(ours), theirs[1])
@@ -311,9 +335,9 @@ def test_moe_export_loads_for_inference_and_cached_generation_matches_recomputat
     torch.testing.assert_close(loaded(ids).logits, model(ids).logits)
     # drop_tokens=false: each token's output is independent of the others, so the KV-cached decoder
     # (one token per step through the MoE layers) equals recomputing the whole sequence
-    from tests.test_inference import no_cache_greedy
     from dsrecipes.inference.decoder import CachedDecoder
     from dsrecipes.inference.generation import generate
+    from tests.test_inference import no_cache_greedy
 
     prompt = ids[0].tolist()
     assert generate(CachedDecoder(loaded), [prompt], 6).tokens[0] == no_cache_greedy(loaded, prompt, 6)

@@ -10,8 +10,11 @@ Semantics (deepspeed/moe/sharded_moe.py):
   expert-parallel group) and nothing is dropped.
 * top-1: expert = argmax of the softmax (of logits + Gumbel noise under RSample); aux loss
   sum_e(mean_s gates[:, e] * mean_s mask[:, e]) * E; over capacity, random token selection (use_rts)
-  keeps tokens by uniform random priority, otherwise the first ones in token order; the kept token's
-  weight is its softmax probability (not renormalised).
+  keeps tokens by uniform random priority; without it, each expert keeps the tokens that
+  `torch.topk(one_hot(expert), k=min(C, S), dim=0)` returns for its column (DeepSpeed's call, made
+  here too): every candidate ties at 1, so the survivors follow torch.topk's tie order on that
+  device, not token order (on CPU, 16 tokens all choosing one expert with C = 2 keep tokens 10 and
+  11). The kept token's weight is its softmax probability (not renormalised).
 * top-2: second expert = argmax of the logits (plus Gumbel noise when sampling) with the first masked;
   aux loss mean_e(me * ce) * E^2 using first choices; first choices take slots before second
   choices; the surviving weights are renormalised g_i / (g_1 + g_2).
@@ -26,8 +29,9 @@ Semantics (deepspeed/moe/sharded_moe.py):
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -109,6 +113,22 @@ def gumbel_like(x: torch.Tensor) -> torch.Tensor:
     return -torch.log(-torch.log(uniform))
 
 
+def top1_kept_without_rts(expert: torch.Tensor, num_experts: int, capacity: int) -> torch.Tensor:
+    """[S] bool: which top-1 routes survive the capacity limit without random token selection.
+
+    DeepSpeed (top1gating, use_rts=False) keeps, per expert, the rows `torch.topk` picks from the int64
+    one-hot mask along the token dimension. All candidates tie at 1, so the survivors are whatever
+    torch.topk's tie order yields, which no closed-form rule (first-come, last-come) reproduces;
+    making the same call on the same [S, E] int64 tensor is the only way to keep the same tokens on
+    every device. Costs O(S * E), like the softmax.
+    """
+    mask = F.one_hot(expert, num_experts)
+    k = min(int(capacity), expert.numel())  # topk cannot select more rows than there are tokens
+    chosen = torch.topk(mask, k=k, dim=0).indices  # [k, E]; may include non-candidates (zeros)
+    selected = torch.zeros_like(mask).scatter_(0, chosen, 1)
+    return selected.gather(1, expert.unsqueeze(1)).squeeze(1).bool()
+
+
 def top1_gating(
     logits: torch.Tensor,
     capacity_factor: float,
@@ -118,6 +138,7 @@ def top1_gating(
     rsample: bool = False,
     max_reduce: MaxReduce = None,
 ) -> Routing:
+    """DeepSpeed's top1gating as a sparse Routing (rsample: noisy_gate_policy=RSample)."""
     num_tokens, num_experts = logits.shape
     gates = F.softmax(logits, dim=1)
     chooser = logits + gumbel_like(logits) if rsample else gates
@@ -127,9 +148,9 @@ def top1_gating(
     capacity = _resolve_capacity(counts, capacity_for(num_tokens, num_experts, capacity_factor, min_capacity), drop_tokens, max_reduce)
     if use_rts and drop_tokens:
         order = torch.argsort(torch.rand(num_tokens, device=logits.device), descending=True)
+        kept = rank_within_expert(expert, order, num_experts) < capacity
     else:
-        order = torch.arange(num_tokens, device=logits.device)
-    kept = rank_within_expert(expert, order, num_experts) < capacity
+        kept = top1_kept_without_rts(expert, num_experts, capacity)
     expert = torch.where(kept, expert, torch.full_like(expert, -1)).unsqueeze(1)
     weight = gates.gather(1, expert.clamp(min=0)) * kept.unsqueeze(1)
     return Routing(
