@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> list:
     rows = [
         estimate_model_states(
             num_params, world_size, stage, cfg.precision.dtype, cfg.precision.master_weights,
-            cfg.optimizer.name, cfg.optimizer.momentum,
+            cfg.optimizer.name, getattr(cfg.optimizer, "momentum", 0.0),
         )
         for stage in range(4)
     ]

@@ -1,4 +1,4 @@
-"""DeepSpeed's lr schedules: formulas against hand-computed values, torch scheduler behaviour, config checks.
+"""DeepSpeed's lr schedules: formulas against hand-computed values, torch scheduler behaviour, per-option schemas.
 
 Expected numbers are worked out by hand from DeepSpeed's formulas (deepspeed/runtime/lr_schedules.py),
 with t = the 0-based optimizer step the lr is used for: the value right after construction is t = 0,
@@ -14,9 +14,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from omegaconf import OmegaConf
+from hydra.errors import ConfigCompositionException
+from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, ValidationError
 
-from dsrecipes.training.config import LRSchedulerConfig
+from dsrecipes.config.loading import load_config
+from dsrecipes.config.store import compose
+from dsrecipes.config.validate import to_root, validate_recipe
+from dsrecipes.training.config import (
+    LR_SCHEDULER_SCHEMAS,
+    CustomLRSchedulerConfig,
+    LRSchedulerConfig,
+    WarmupCosineConfig,
+    WarmupType,
+)
 from dsrecipes.training.lr_schedules import (
     LR_SCHEDULERS,
     WARMUP_TYPES,
@@ -24,6 +34,7 @@ from dsrecipes.training.lr_schedules import (
     OneCycle,
     build_lr_scheduler,
     lr_range_test_lr,
+    non_closed_form_target,
     one_cycle_lr,
     one_cycle_momentum,
     one_cycle_scale,
@@ -68,8 +79,24 @@ def trace(scheduler, optimizer, steps: int, group: int = 0) -> tuple[list[float]
     return lrs, moms
 
 
-def cfg(**overrides) -> LRSchedulerConfig:
-    return replace(LRSchedulerConfig(), **overrides)
+def cfg(option: str, **overrides) -> LRSchedulerConfig:
+    """The option's schema with its dataclass defaults (what a dict naming it gets), then overrides."""
+    return replace(LR_SCHEDULER_SCHEMAS[option](), **overrides)
+
+
+def custom(target: str, **arguments) -> CustomLRSchedulerConfig:
+    """lr_scheduler=custom with _target_ and the class's own arguments (flat, as on the command line)."""
+    c = CustomLRSchedulerConfig(_target_=target)
+    for key, value in arguments.items():
+        setattr(c, key, value)
+    return c
+
+
+def composed(*overrides: str) -> LRSchedulerConfig:
+    return to_root(compose(list(overrides))).lr_scheduler
+
+
+CLOSED_FORM = ("warmup_lr", "warmup_decay_lr", "warmup_cosine", "one_cycle", "lr_range_test", "constant")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -78,7 +105,8 @@ def cfg(**overrides) -> LRSchedulerConfig:
 
 
 def test_exported_names():
-    assert LR_SCHEDULERS == ("warmup_lr", "warmup_decay_lr", "warmup_cosine", "one_cycle", "lr_range_test", "constant")
+    assert LR_SCHEDULERS == ("warmup_cosine", "warmup_lr", "warmup_decay_lr", "one_cycle", "lr_range_test", "constant",
+                             "torch_step", "custom")  # the default first
     assert WARMUP_TYPES == ("linear", "log")
 
 
@@ -187,23 +215,24 @@ def test_lr_range_test_formula():
 
 
 def test_every_scheduler_is_a_torch_lr_scheduler():
-    configs = [
-        cfg(name=name, cycle_min_lr=0.1, cycle_max_lr=1.0) for name in LR_SCHEDULERS
-    ] + [cfg(_target_="torch.optim.lr_scheduler.StepLR", kwargs={"step_size": 2})]
+    configs = [cfg(name) for name in CLOSED_FORM if name != "one_cycle"] + [
+        cfg("one_cycle", cycle_min_lr=0.1, cycle_max_lr=1.0), cfg("torch_step", step_size=2),
+        custom("torch.optim.lr_scheduler.ExponentialLR", gamma=0.9),
+    ]
     for c in configs:
         assert isinstance(build_lr_scheduler(c, make_optimizer(), 2000), torch.optim.lr_scheduler.LRScheduler)
 
 
 def test_constant_keeps_each_groups_lr():
     opt = make_optimizer(lrs=(1.0, 0.5))
-    sched = build_lr_scheduler(cfg(name="constant"), opt, 10)
+    sched = build_lr_scheduler(cfg("constant"), opt, 10)
     assert trace(sched, opt, 4)[0] == [1.0] * 4
     assert sched.get_last_lr() == [1.0, 0.5]
 
 
 def test_warmup_lr_scheduler_linear_with_per_group_max():
     opt = make_optimizer(lrs=(1.0, 2.0))
-    sched = build_lr_scheduler(cfg(name="warmup_lr", warmup_num_steps=4, warmup_type="linear", warmup_min_lr=0.0), opt, 10)
+    sched = build_lr_scheduler(cfg("warmup_lr", warmup_num_steps=4, warmup_type="linear", warmup_min_lr=0.0), opt, 10)
     lrs0, _ = trace(sched, opt, 6)
     assert lrs0 == pytest.approx([0, 0.25, 0.5, 0.75, 1, 1])
     assert sched.get_last_lr() == pytest.approx([1.0, 2.0])  # warmup_max_lr null = each group's own lr
@@ -211,13 +240,13 @@ def test_warmup_lr_scheduler_linear_with_per_group_max():
 
 def test_warmup_lr_scheduler_log_with_explicit_bounds():
     opt = make_optimizer()
-    c = cfg(name="warmup_lr", warmup_num_steps=4, warmup_type="log", warmup_min_lr=0.1, warmup_max_lr=1.1)
+    c = cfg("warmup_lr", warmup_num_steps=4, warmup_type="log", warmup_min_lr=0.1, warmup_max_lr=1.1)
     assert trace(build_lr_scheduler(c, opt, 10), opt, 5)[0] == pytest.approx([0.1, 0.6, 0.8924812504, 1.1, 1.1])
 
 
 def test_warmup_decay_lr_scheduler_total_defaults_to_max_steps():
     opt = make_optimizer(lrs=(2.0,))
-    c = cfg(name="warmup_decay_lr", warmup_num_steps=4, warmup_type="linear", total_num_steps=None)
+    c = cfg("warmup_decay_lr", warmup_num_steps=4, warmup_type="linear", total_num_steps=None)
     lrs, _ = trace(build_lr_scheduler(c, opt, 12), opt, 16)
     assert lrs[::2] == pytest.approx([0, 1.0, 2.0, 1.5, 1.0, 0.5, 0, 0])
     opt = make_optimizer()
@@ -227,7 +256,7 @@ def test_warmup_decay_lr_scheduler_total_defaults_to_max_steps():
 
 def test_warmup_cosine_scheduler_scales_each_groups_lr():
     opt = make_optimizer(lrs=(1.0, 0.1))
-    c = cfg(name="warmup_cosine", warmup_num_steps=10, warmup_min_ratio=0.1, cos_min_ratio=0.01, warmup_type="linear",
+    c = cfg("warmup_cosine", warmup_num_steps=10, warmup_min_ratio=0.1, cos_min_ratio=0.01, warmup_type="linear",
             total_num_steps=100)
     sched = build_lr_scheduler(c, opt, 600)
     lrs, _ = trace(sched, opt, 101)
@@ -238,7 +267,7 @@ def test_warmup_cosine_scheduler_scales_each_groups_lr():
 @pytest.mark.parametrize("kind", ["adamw", "sgd"])
 def test_one_cycle_scheduler_cycles_lr_and_momentum(kind):
     opt = make_optimizer(kind)
-    c = cfg(name="one_cycle", cycle_min_lr=0.1, cycle_max_lr=1.1, cycle_first_step_size=4, decay_step_size=2,
+    c = cfg("one_cycle", cycle_min_lr=0.1, cycle_max_lr=1.1, cycle_first_step_size=4, decay_step_size=2,
             decay_lr_rate=0.5, cycle_min_mom=0.8, cycle_max_mom=0.9)
     sched = build_lr_scheduler(c, opt, 12)
     lrs, moms = trace(sched, opt, 12)
@@ -251,7 +280,7 @@ def test_one_cycle_scheduler_cycles_lr_and_momentum(kind):
 
 def test_one_cycle_scheduler_with_stairs_and_momentum_decay():
     opt = make_optimizer("adamw")
-    c = cfg(name="one_cycle", cycle_min_lr=0.1, cycle_max_lr=1.1, cycle_first_step_size=4, cycle_first_stair_count=2,
+    c = cfg("one_cycle", cycle_min_lr=0.1, cycle_max_lr=1.1, cycle_first_step_size=4, cycle_first_stair_count=2,
             decay_step_size=2, decay_mom_rate=0.05, cycle_min_mom=0.8, cycle_max_mom=0.9)
     lrs, moms = trace(build_lr_scheduler(c, opt, 10), opt, 10)
     assert lrs == pytest.approx([0.1, 0.6, 0.6, 1.1, 0.6, 0.6, 0.1, 0.1, 0.1, 0.1])
@@ -260,7 +289,7 @@ def test_one_cycle_scheduler_with_stairs_and_momentum_decay():
 
 def test_one_cycle_without_momentum_cycling_leaves_momentum_alone():
     opt = make_optimizer("sgd")
-    c = cfg(name="one_cycle", cycle_min_lr=0.1, cycle_max_lr=1.1, cycle_first_step_size=4, cycle_momentum=False)
+    c = cfg("one_cycle", cycle_min_lr=0.1, cycle_max_lr=1.1, cycle_first_step_size=4, cycle_momentum=False)
     sched = build_lr_scheduler(c, opt, 10)
     lrs, moms = trace(sched, opt, 4)
     assert lrs == pytest.approx([0.35, 0.6, 0.85, 1.1]) and moms == [0.5] * 4
@@ -275,31 +304,45 @@ def test_one_cycle_without_momentum_cycling_leaves_momentum_alone():
 @pytest.mark.parametrize("staircase, expected", [(False, [0.015, 0.02, 0.025, 0.03]), (True, [0.01, 0.01, 0.01, 0.03])])
 def test_lr_range_test_scheduler(staircase, expected):
     opt = make_optimizer()
-    c = cfg(name="lr_range_test", lr_range_test_min_lr=0.01, lr_range_test_step_size=4, lr_range_test_step_rate=2.0,
+    c = cfg("lr_range_test", lr_range_test_min_lr=0.01, lr_range_test_step_size=4, lr_range_test_step_rate=2.0,
             lr_range_test_staircase=staircase)
     assert trace(build_lr_scheduler(c, opt, 10), opt, 4)[0] == pytest.approx(expected)
 
 
-def test_target_builds_any_torch_scheduler():
+def test_torch_step_and_custom_targets_build_torch_schedulers_with_flat_arguments():
     opt = make_optimizer()
-    c = cfg(_target_="torch.optim.lr_scheduler.StepLR", kwargs={"step_size": 2, "gamma": 0.5})
-    sched = build_lr_scheduler(c, opt, 10)
-    assert isinstance(sched, torch.optim.lr_scheduler.StepLR)
+    sched = build_lr_scheduler(cfg("torch_step", step_size=2, gamma=0.5), opt, 10)
+    assert type(sched) is torch.optim.lr_scheduler.StepLR
     assert trace(sched, opt, 5)[0] == pytest.approx([1.0, 1.0, 0.5, 0.5, 0.25])
+    # lr_scheduler=custom lr_scheduler._target_=torch.optim.lr_scheduler.MultiStepLR lr_scheduler.milestones=[1,3]
+    c = composed("lr_scheduler=custom", "lr_scheduler._target_=torch.optim.lr_scheduler.MultiStepLR",
+                 "lr_scheduler.milestones=[1,3]", "+lr_scheduler.gamma=0.1")
+    assert type(c) is CustomLRSchedulerConfig and c.extra_arguments == {"milestones": [1, 3], "gamma": 0.1}
+    opt = make_optimizer()
+    sched = build_lr_scheduler(c, opt, 10)
+    assert type(sched) is torch.optim.lr_scheduler.MultiStepLR
+    assert trace(sched, opt, 5)[0] == pytest.approx([1.0, 0.1, 0.1, 0.01, 0.01])
+    assert non_closed_form_target(c) == "torch.optim.lr_scheduler.MultiStepLR"
+    assert non_closed_form_target(cfg("warmup_cosine")) is None
 
 
 @pytest.mark.parametrize(
-    "target, kwargs, message",
+    "target, arguments, message",
     [
-        ("torch.optim.lr_scheduler.NoSuchLR", {}, "lr_scheduler._target_='torch.optim.lr_scheduler.NoSuchLR'"),
+        ("torch.optim.lr_scheduler.NoSuchLR", {}, "lr_scheduler._target_='torch.optim.lr_scheduler.NoSuchLR' cannot be imported"),
         ("no_such_package.schedules.MyLR", {}, "lr_scheduler._target_='no_such_package.schedules.MyLR' cannot be imported"),
-        ("StepLR", {}, "lr_scheduler._target_='StepLR' is not a dotted path"),
+        ("StepLR", {}, "lr_scheduler._target_='StepLR' cannot be imported"),
         ("torch.optim.AdamW", {}, "lr_scheduler._target_='torch.optim.AdamW' is not a torch.optim.lr_scheduler"),
-        ("torch.optim.lr_scheduler.StepLR", {"stepsize": 2}, "lr_scheduler.kwargs={'stepsize': 2} do not fit"),
+        ("torch.optim.lr_scheduler.StepLR", {"stepsize": 2},
+         "lr_scheduler.stepsize is not an argument of torch.optim.lr_scheduler.StepLR (lr_scheduler._target_); "
+         "it takes: step_size, gamma"),
+        ("torch.optim.lr_scheduler.StepLR", {}, "lr_scheduler: torch.optim.lr_scheduler.StepLR cannot be built from "
+                                                "these keys: missing a required argument: 'step_size'"),
+        ("torch.optim.lr_scheduler.StepLR", {"step_size": 2, "last_epoch": 3}, "lr_scheduler.last_epoch is not allowed"),
     ],
 )
-def test_bad_target_is_a_clear_error(target, kwargs, message):
-    c = cfg(_target_=target, kwargs=kwargs)
+def test_bad_target_is_a_clear_error(target, arguments, message):
+    c = custom(target, **arguments)
     with pytest.raises(ValueError) as err:
         build_lr_scheduler(c, make_optimizer(), 10)
     assert message in str(err.value)
@@ -307,21 +350,82 @@ def test_bad_target_is_a_clear_error(target, kwargs, message):
         validate_lr_scheduler_config(c, 10)
 
 
+def test_misspelled_argument_of_a_custom_class_fails_before_training():
+    recipe = compose(["lr_scheduler=custom", "lr_scheduler._target_=torch.optim.lr_scheduler.ExponentialLR",
+                      "lr_scheduler.gama=0.99"])
+    with pytest.raises(ValueError, match=r"lr_scheduler.gama is not an argument of "
+                                         r"torch.optim.lr_scheduler.ExponentialLR \(lr_scheduler._target_\); it takes: gamma"):
+        validate_recipe(recipe, dp_world_size=1)
+    with pytest.raises(ValueError, match=r"lr_scheduler._target_='\?\?\?' must be set"):
+        validate_lr_scheduler_config(CustomLRSchedulerConfig(), 10)
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-option schemas: composition and the dict path
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "option, key, value",
+    [("warmup_cosine", "warmup_min_lr", 0.0), ("warmup_lr", "total_num_steps", 100), ("warmup_decay_lr", "cos_min_ratio", 0.1),
+     ("one_cycle", "warmup_num_steps", 10), ("lr_range_test", "cycle_min_lr", 1e-4), ("constant", "warmup_num_steps", 10),
+     ("torch_step", "milestones", [1, 2])],
+)
+def test_a_key_the_option_does_not_take_fails_at_composition(option, key, value):
+    schema = LR_SCHEDULER_SCHEMAS[option].__name__
+    with pytest.raises(ConfigCompositionException) as err:
+        compose([f"lr_scheduler={option}", f"lr_scheduler.{key}={value}"])
+    cause = str(err.value.__cause__)
+    assert f"Key '{key}' not in '{schema}'" in cause and f"full_key: lr_scheduler.{key}" in cause
+    with pytest.raises(ConfigKeyError) as err:
+        load_config({"lr_scheduler": {"name": option, key: value}})
+    assert f"Key '{key}' not in '{schema}'" in str(err.value) and f"full_key: lr_scheduler.{key}" in str(err.value)
+
+
+def test_dict_path_picks_the_schema_from_name_and_defaults_to_warmup_cosine():
+    root = to_root(load_config({"lr_scheduler": {"name": "one_cycle", "cycle_min_lr": 1e-4, "cycle_max_lr": 1e-3}}))
+    assert type(root.lr_scheduler) is LR_SCHEDULER_SCHEMAS["one_cycle"] and root.lr_scheduler.cycle_max_lr == 1e-3
+    default = to_root(load_config({"lr_scheduler": {"warmup_num_steps": 7}})).lr_scheduler
+    assert type(default) is WarmupCosineConfig and default.warmup_num_steps == 7
+    with pytest.raises(ConfigKeyError, match="Key 'cycle_min_lr' not in 'WarmupCosineConfig'"):
+        load_config({"lr_scheduler": {"cycle_min_lr": 1e-4}})
+    with pytest.raises(MissingMandatoryValue, match="lr_scheduler.step_size"):
+        to_root(load_config({"lr_scheduler": {"name": "torch_step"}}))  # StepLR needs its step_size
+
+
+def test_bad_warmup_type_fails_at_composition_naming_key_and_values():
+    with pytest.raises(ConfigCompositionException) as err:
+        compose(["lr_scheduler=warmup_lr", "lr_scheduler.warmup_type=cubic"])
+    cause = str(err.value.__cause__)
+    assert "Invalid value 'cubic', expected one of [linear, log]" in cause and "full_key: lr_scheduler.warmup_type" in cause
+    with pytest.raises(ValidationError, match=r"Invalid value 'cubic', expected one of \[linear, log\]"):
+        load_config({"lr_scheduler": {"name": "warmup_decay_lr", "warmup_type": "cubic"}})
+    assert composed("lr_scheduler.warmup_type=log").warmup_type is WarmupType.log
+
+
+def test_force_added_key_and_a_mismatched_name_are_rejected():
+    with pytest.raises(ValueError, match="lr_scheduler.cycle_min_lr is not a key of lr_scheduler option 'warmup_cosine'"):
+        validate_recipe(compose(["+lr_scheduler.cycle_min_lr=0.1"]), dp_world_size=1)
+    with pytest.raises(ValueError, match="lr_scheduler.name='one_cycle' does not match the option this config was built "
+                                         "from, 'warmup_cosine'"):
+        validate_lr_scheduler_config(composed("lr_scheduler.name=one_cycle"), 600)
+
+
 # ---------------------------------------------------------------------------------------------
 # state_dict round trips
 # ---------------------------------------------------------------------------------------------
 
 ROUND_TRIP_CONFIGS = {
-    "constant": cfg(name="constant"),
-    "warmup_lr": cfg(name="warmup_lr", warmup_num_steps=8, warmup_type="log"),
-    "warmup_decay_lr": cfg(name="warmup_decay_lr", warmup_num_steps=4, warmup_type="linear", total_num_steps=16),
-    "warmup_cosine": cfg(name="warmup_cosine", warmup_num_steps=4, warmup_type="linear", warmup_min_ratio=0.1,
+    "constant": cfg("constant"),
+    "warmup_lr": cfg("warmup_lr", warmup_num_steps=8, warmup_type="log"),
+    "warmup_decay_lr": cfg("warmup_decay_lr", warmup_num_steps=4, warmup_type="linear", total_num_steps=16),
+    "warmup_cosine": cfg("warmup_cosine", warmup_num_steps=4, warmup_type="linear", warmup_min_ratio=0.1,
                          total_num_steps=16),
-    "one_cycle": cfg(name="one_cycle", cycle_min_lr=0.1, cycle_max_lr=1.0, cycle_first_step_size=4,
+    "one_cycle": cfg("one_cycle", cycle_min_lr=0.1, cycle_max_lr=1.0, cycle_first_step_size=4,
                      cycle_second_step_size=6, cycle_first_stair_count=2, decay_step_size=2, decay_lr_rate=0.5,
                      decay_mom_rate=0.01),
-    "lr_range_test": cfg(name="lr_range_test", lr_range_test_step_size=3, lr_range_test_staircase=True),
-    "torch_step": cfg(_target_="torch.optim.lr_scheduler.StepLR", kwargs={"step_size": 3, "gamma": 0.5}),
+    "lr_range_test": cfg("lr_range_test", lr_range_test_step_size=3, lr_range_test_staircase=True),
+    "torch_step": cfg("torch_step", step_size=3, gamma=0.5),
 }
 
 
@@ -352,6 +456,15 @@ def test_state_dict_round_trip_continues_identically(name, kind):
         assert a == b
 
 
+def test_custom_scheduler_state_loads_with_weights_only():
+    # list arguments reach the class as plain lists (never ListConfig), so its state_dict is a checkpoint's
+    c = custom("torch.optim.lr_scheduler.MultiStepLR", milestones=[2, 4], gamma=0.5)
+    opt = make_optimizer()
+    sched = build_lr_scheduler(c, opt, 10)
+    trace(sched, opt, 3)
+    assert _checkpoint(sched.state_dict())["last_epoch"] == 3
+
+
 @pytest.mark.parametrize("name", [n for n in ROUND_TRIP_CONFIGS if n != "torch_step"])
 def test_scheduler_state_alone_restores_lr_and_momentum(name):
     """This module's schedules are closed-form: scheduler state alone puts step t's lr and momentum back."""
@@ -369,7 +482,7 @@ def test_scheduler_state_alone_restores_lr_and_momentum(name):
 
 def test_resume_takes_the_schedule_shape_from_the_config():
     """Like DeepSpeed, the saved state is the progress; a longer total_num_steps applies on resume."""
-    short = cfg(name="warmup_decay_lr", warmup_num_steps=4, warmup_type="linear", total_num_steps=8)
+    short = cfg("warmup_decay_lr", warmup_num_steps=4, warmup_type="linear", total_num_steps=8)
     opt = make_optimizer()
     sched = build_lr_scheduler(short, opt, 100)
     trace(sched, opt, 6)
@@ -384,43 +497,43 @@ def test_resume_takes_the_schedule_shape_from_the_config():
 # Validation
 # ---------------------------------------------------------------------------------------------
 
-ONE_CYCLE = dict(name="one_cycle", cycle_min_lr=1e-4, cycle_max_lr=1e-3, cycle_first_step_size=100)
+ONE_CYCLE = dict(cycle_min_lr=1e-4, cycle_max_lr=1e-3, cycle_first_step_size=100)
 
 
 @pytest.mark.parametrize(
-    "overrides, max_steps, message",
+    "option, overrides, max_steps, message",
     [
-        (dict(name="foo"), 600,
-         "lr_scheduler.name='foo' is not valid; choose one of: warmup_lr, warmup_decay_lr, warmup_cosine, one_cycle, "
-         "lr_range_test, constant"),
-        (dict(name="warmup_lr", warmup_type="cubic"), 600,
-         "lr_scheduler.warmup_type='cubic' is not valid; choose one of: linear, log"),
-        (dict(name="warmup_cosine", warmup_num_steps=-1), 600, "lr_scheduler.warmup_num_steps=-1 must be >= 0"),
-        (dict(name="warmup_decay_lr", warmup_num_steps=50), 40,
+        ("warmup_lr", dict(warmup_type="cubic"), 600,
+         "lr_scheduler.warmup_type='cubic' is not valid; choose one of: linear, log"),  # only from Python
+        ("warmup_cosine", dict(warmup_num_steps=-1), 600, "lr_scheduler.warmup_num_steps=-1 must be >= 0"),
+        ("warmup_decay_lr", dict(warmup_num_steps=50), 40,
          "lr_scheduler.total_num_steps=None (null = max_steps=40) must be > lr_scheduler.warmup_num_steps=50"),
-        (dict(name="warmup_decay_lr", warmup_num_steps=50, total_num_steps=50), 600,
+        ("warmup_decay_lr", dict(warmup_num_steps=50, total_num_steps=50), 600,
          "lr_scheduler.total_num_steps=50 must be > lr_scheduler.warmup_num_steps=50"),
-        (dict(name="warmup_cosine", total_num_steps=0), 600, "lr_scheduler.total_num_steps=0 must be > 0"),
-        (dict(name="warmup_cosine", cos_min_ratio=1.5), 600, "lr_scheduler.cos_min_ratio=1.5 must be in [0, 1]"),
-        (dict(name="warmup_lr", warmup_min_lr=-0.1), 600, "lr_scheduler.warmup_min_lr=-0.1 must be >= 0"),
-        (dict(name="one_cycle"), 600, "lr_scheduler.cycle_min_lr=None must be set for one_cycle"),
-        (dict(name="one_cycle", cycle_min_lr=1e-4), 600, "lr_scheduler.cycle_max_lr=None must be set for one_cycle"),
-        (ONE_CYCLE | dict(cycle_first_step_size=0), 600, "lr_scheduler.cycle_first_step_size=0 must be > 0"),
-        (ONE_CYCLE | dict(cycle_second_stair_count=-2), 600, "lr_scheduler.cycle_second_stair_count=-2 must be >= 0"),
-        (ONE_CYCLE | dict(decay_lr_rate=0.1), 600,
+        ("warmup_cosine", dict(total_num_steps=0), 600, "lr_scheduler.total_num_steps=0 must be > 0"),
+        ("warmup_cosine", dict(cos_min_ratio=1.5), 600, "lr_scheduler.cos_min_ratio=1.5 must be in [0, 1]"),
+        ("warmup_lr", dict(warmup_min_lr=-0.1), 600, "lr_scheduler.warmup_min_lr=-0.1 must be >= 0"),
+        ("one_cycle", dict(), 600, "lr_scheduler.cycle_min_lr=None must be set for one_cycle"),
+        ("one_cycle", dict(cycle_min_lr=1e-4), 600, "lr_scheduler.cycle_max_lr=None must be set for one_cycle"),
+        ("one_cycle", ONE_CYCLE | dict(cycle_first_step_size=0), 600, "lr_scheduler.cycle_first_step_size=0 must be > 0"),
+        ("one_cycle", ONE_CYCLE | dict(cycle_second_stair_count=-2), 600,
+         "lr_scheduler.cycle_second_stair_count=-2 must be >= 0"),
+        ("one_cycle", ONE_CYCLE | dict(decay_lr_rate=0.1), 600,
          "lr_scheduler.decay_lr_rate=0.1 has no effect with lr_scheduler.decay_step_size=0"),
-        (ONE_CYCLE | dict(decay_mom_rate=0.1), 600,
+        ("one_cycle", ONE_CYCLE | dict(decay_mom_rate=0.1), 600,
          "lr_scheduler.decay_mom_rate=0.1 has no effect with lr_scheduler.decay_step_size=0"),
-        (ONE_CYCLE | dict(decay_mom_rate=0.1, decay_step_size=10), 600,
+        ("one_cycle", ONE_CYCLE | dict(decay_mom_rate=0.1, decay_step_size=10), 600,
          "lr_scheduler.decay_mom_rate=0.1 takes the momentum to"),
-        (ONE_CYCLE | dict(cycle_max_mom=1.0), 600, "lr_scheduler.cycle_max_mom=1.0 must be in [0, 1)"),
-        (dict(name="lr_range_test", lr_range_test_step_size=0), 600, "lr_scheduler.lr_range_test_step_size=0 must be > 0"),
-        (dict(name="constant", kwargs={"step_size": 2}), 600,
-         "lr_scheduler.kwargs={'step_size': 2} is only used with lr_scheduler._target_"),
+        ("one_cycle", ONE_CYCLE | dict(cycle_max_mom=1.0), 600, "lr_scheduler.cycle_max_mom=1.0 must be in [0, 1)"),
+        ("lr_range_test", dict(lr_range_test_step_size=0), 600, "lr_scheduler.lr_range_test_step_size=0 must be > 0"),
+        ("constant", dict(name="foo"), 600,
+         "lr_scheduler.name='foo' does not match the option this config was built from, 'constant' (ConstantConfig); "
+         "the options are: warmup_cosine, warmup_lr, warmup_decay_lr, one_cycle, lr_range_test, constant, "
+         "torch_step, custom"),
     ],
 )
-def test_validation_errors_name_key_value_and_choices(overrides, max_steps, message):
-    c = cfg(**overrides)
+def test_validation_errors_name_key_value_and_choices(option, overrides, max_steps, message):
+    c = cfg(option, **overrides)
     with pytest.raises(ValueError) as err:
         validate_lr_scheduler_config(c, max_steps)
     assert message in str(err.value)
@@ -430,13 +543,12 @@ def test_validation_errors_name_key_value_and_choices(overrides, max_steps, mess
 
 
 def test_validation_prefix_and_valid_configs():
-    with pytest.raises(ValueError, match=r"engine\.lr_scheduler\.name='foo'"):
-        validate_lr_scheduler_config(cfg(name="foo"), 600, prefix="engine.lr_scheduler")
-    validate_lr_scheduler_config(LRSchedulerConfig(), 600)  # the schema's defaults are valid
-    validate_lr_scheduler_config(cfg(**ONE_CYCLE, decay_mom_rate=-0.01, decay_step_size=100), 600)  # shrinks, stays >= 0
-    # with _target_, the built-in keys (name included) are not used
-    validate_lr_scheduler_config(cfg(name="whatever", _target_="torch.optim.lr_scheduler.StepLR",
-                                     kwargs={"step_size": 5}), 600)
+    with pytest.raises(ValueError, match=r"engine\.lr_scheduler\.warmup_num_steps=-1"):
+        validate_lr_scheduler_config(cfg("warmup_lr", warmup_num_steps=-1), 600, prefix="engine.lr_scheduler")
+    for name in ("warmup_cosine", "warmup_lr", "lr_range_test", "constant"):
+        validate_lr_scheduler_config(cfg(name), 600)  # the schemas' defaults are valid
+    validate_lr_scheduler_config(cfg("one_cycle", **ONE_CYCLE, decay_mom_rate=-0.01, decay_step_size=100), 600)  # shrinks
+    validate_lr_scheduler_config(custom("torch.optim.lr_scheduler.StepLR", step_size=5), 600)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -446,17 +558,18 @@ def test_validation_prefix_and_valid_configs():
 
 def test_option_files_exist():
     names = {p.stem for p in CONF_DIR.glob("*.yaml")}
-    assert {"warmup_lr", "warmup_decay_lr", "warmup_cosine", "one_cycle", "lr_range_test", "constant",
-            "torch_step"} <= names
+    assert names == set(LR_SCHEDULERS)
     for path in CONF_DIR.glob("*.yaml"):
-        assert path.read_text().startswith("# "), f"{path.name} should open with a comment saying what it is"
+        text = path.read_text()
+        assert text.startswith("# "), f"{path.name} should open with a comment saying what it is"
+        assert f"- {path.stem}_schema" in text, f"{path.name} should extend {path.stem}_schema in its defaults list"
 
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in CONF_DIR.glob("*.yaml")))
 def test_every_option_file_composes_and_builds(name):
-    from dsrecipes.config.store import compose
-
-    lr_cfg = OmegaConf.to_object(compose([f"lr_scheduler={name}"])).lr_scheduler
+    extra = ["lr_scheduler._target_=torch.optim.lr_scheduler.ExponentialLR", "lr_scheduler.gamma=0.99"]
+    lr_cfg = composed(f"lr_scheduler={name}", *(extra if name == "custom" else []))
+    assert type(lr_cfg) is LR_SCHEDULER_SCHEMAS[name]
     validate_lr_scheduler_config(lr_cfg, 600)
     opt = make_optimizer()
     sched = build_lr_scheduler(lr_cfg, opt, 600)
@@ -466,9 +579,7 @@ def test_every_option_file_composes_and_builds(name):
 
 
 def test_default_recipe_keeps_warmup_cosine():
-    from dsrecipes.config.store import compose
-
-    lr_cfg = OmegaConf.to_object(compose([])).lr_scheduler
+    lr_cfg = composed()
     assert (lr_cfg.name, lr_cfg.warmup_num_steps, lr_cfg.warmup_type, lr_cfg.cos_min_ratio) == (
         "warmup_cosine", 50, "linear", 0.1
     )

@@ -1,4 +1,4 @@
-"""Optimizers: Lamb and Lion arithmetic, DeepSpeed's name mapping, impl selection, configs and validation.
+"""Optimizers: Lamb and Lion arithmetic, DeepSpeed's name mapping, impl selection, per-option schemas and validation.
 
 Expected values of Lamb and Lion are written out here with plain tensor arithmetic (not by calling
 the code under test); everything runs on CPU in a few seconds.
@@ -7,6 +7,7 @@ the code under test); everything runs on CPU in a few seconds.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import io
 import math
 from dataclasses import replace
@@ -14,18 +15,30 @@ from pathlib import Path
 
 import pytest
 import torch
+from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
+from omegaconf.errors import ConfigKeyError, ValidationError
 from torch import nn
 from torch.testing import assert_close
 
+import dsrecipes
+from dsrecipes.config.loading import load_config
 from dsrecipes.config.store import compose
-from dsrecipes.training.config import OptimizerConfig
+from dsrecipes.config.validate import to_root, validate_recipe
+from dsrecipes.training.config import (
+    OPTIMIZER_SCHEMAS,
+    AdamWConfig,
+    CustomOptimizerConfig,
+    OptimizerConfig,
+    OptimizerImpl,
+)
 from dsrecipes.training.lamb import Lamb
 from dsrecipes.training.lion import Lion
 from dsrecipes.training.optimizers import (
     OPTIMIZER_IMPLS,
     OPTIMIZERS,
     build_optimizer,
+    optimizer_class,
     param_groups,
     supported_impls,
     validate_optimizer_config,
@@ -56,8 +69,24 @@ def _regression_batch():
     return idx, target
 
 
-def _cfg(**overrides) -> OptimizerConfig:
-    return replace(OptimizerConfig(), **overrides)
+def _cfg(option: str = "adamw", **overrides) -> OptimizerConfig:
+    """The option's schema with its dataclass defaults (what a dict naming it gets), then overrides."""
+    return replace(OPTIMIZER_SCHEMAS[option](), **overrides)
+
+
+def _custom(target: str, **arguments) -> CustomOptimizerConfig:
+    """optimizer=custom with _target_ and the class's own arguments (flat, as on the command line)."""
+    cfg = CustomOptimizerConfig(_target_=target)
+    for key, value in arguments.items():
+        setattr(cfg, key, value)
+    return cfg
+
+
+def _composed(*overrides: str) -> OptimizerConfig:
+    return to_root(compose(list(overrides))).optimizer
+
+
+BUILT_IN = [name for name in OPTIMIZERS if name != "custom"]
 
 
 def _set_grads(params, seed):
@@ -291,7 +320,8 @@ def test_adam_follows_adam_w_mode(adam_w_mode, expected):
     torch.manual_seed(0)
     model = SmallNet()
     reference_model = copy.deepcopy(model)
-    cfg = _cfg(name="adam", adam_w_mode=adam_w_mode, lr=1e-2, betas=[0.9, 0.95], eps=1e-8, weight_decay=0.5)
+    cfg = _cfg("adam", adam_w_mode=adam_w_mode, lr=1e-2, betas=[0.9, 0.95], eps=1e-8, weight_decay=0.5)
+    assert optimizer_class(cfg) is expected
     opt = build_optimizer(cfg, model)
     assert type(opt) is expected
     reference = expected(param_groups(reference_model, 0.5, True), lr=1e-2, betas=(0.9, 0.95), eps=1e-8)
@@ -310,7 +340,7 @@ def test_adam_and_adamw_weight_decay_differ():
     for adam_w_mode in (True, False):
         torch.manual_seed(0)
         model = nn.Linear(4, 4)
-        opt = build_optimizer(_cfg(name="adam", adam_w_mode=adam_w_mode, weight_decay=0.5, lr=0.1), model)
+        opt = build_optimizer(_cfg("adam", adam_w_mode=adam_w_mode, weight_decay=0.5, lr=0.1), model)
         model(torch.ones(2, 4)).sum().backward()
         opt.step()
         results.append(model.weight.detach().clone())
@@ -337,15 +367,21 @@ def test_param_groups_exempt_biases_and_norms_from_weight_decay():
     assert [g["weight_decay"] for g in norm_only.param_groups] == [0.0]
 
 
-def test_every_name_has_a_config_file():
-    assert set(OPTIMIZERS) <= set(CONF_NAMES) and "rmsprop" in CONF_NAMES
+def test_every_option_has_a_config_file_and_a_schema():
+    assert set(OPTIMIZERS) == set(CONF_NAMES) and list(OPTIMIZERS)[0] == "adamw"  # the default first
+    for name in CONF_NAMES:
+        text = (CONF_DIR / f"{name}.yaml").read_text()
+        assert f"- {name}_schema" in text, f"{name}.yaml should extend {name}_schema in its defaults list"
+        assert OPTIMIZER_SCHEMAS[name]().name == name and issubclass(OPTIMIZER_SCHEMAS[name], OptimizerConfig)
 
 
 @pytest.mark.parametrize("conf_name", CONF_NAMES)
 def test_every_config_file_builds_and_trains(conf_name):
     first_line = (CONF_DIR / f"{conf_name}.yaml").read_text().splitlines()[0]
     assert first_line.startswith("# "), f"{conf_name}.yaml should start with a comment saying what it is"
-    cfg = OmegaConf.to_object(compose([f"optimizer={conf_name}"])).optimizer
+    extra = ["optimizer._target_=torch.optim.NAdam"] if conf_name == "custom" else []
+    cfg = _composed(f"optimizer={conf_name}", *extra)
+    assert type(cfg) is OPTIMIZER_SCHEMAS[conf_name]
     validate_optimizer_config(cfg)
     torch.manual_seed(0)
     model = SmallNet()
@@ -362,11 +398,11 @@ def test_every_config_file_builds_and_trains(conf_name):
     assert losses[-1] < losses[0]
 
 
-@pytest.mark.parametrize("name", OPTIMIZERS)
+@pytest.mark.parametrize("name", BUILT_IN)
 @pytest.mark.parametrize("impl", ["auto", "foreach", "for_loop"])
-def test_every_name_builds_with_every_portable_impl(name, impl):
+def test_every_option_builds_with_every_portable_impl(name, impl):
     model = SmallNet()
-    opt = build_optimizer(_cfg(name=name, impl=impl, momentum=0.9 if name == "sgd" else 0.0), model)
+    opt = build_optimizer(_cfg(name, impl=impl), model)
     assert opt.defaults["foreach"] is (impl != "for_loop")  # auto on CPU = foreach
     model(torch.arange(4)).sum().backward()
     opt.step()
@@ -374,29 +410,37 @@ def test_every_name_builds_with_every_portable_impl(name, impl):
 
 def test_built_in_classes_and_arguments():
     model = SmallNet()
-    sgd = build_optimizer(_cfg(name="sgd", lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-4), model)
+    sgd = build_optimizer(_cfg("sgd", lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-4), model)
     assert type(sgd) is torch.optim.SGD
     assert (sgd.defaults["momentum"], sgd.defaults["nesterov"], sgd.param_groups[0]["weight_decay"]) == (0.9, True, 1e-4)
-    adagrad = build_optimizer(_cfg(name="adagrad", lr=0.01, lr_decay=0.001, eps=1e-10), model)
+    adagrad = build_optimizer(_cfg("adagrad", lr=0.01, lr_decay=0.001, eps=1e-10), model)
     assert type(adagrad) is torch.optim.Adagrad
     assert (adagrad.defaults["lr_decay"], adagrad.defaults["eps"]) == (0.001, 1e-10)
-    lamb = build_optimizer(_cfg(name="lamb", max_coeff=5.0, min_coeff=0.1, betas=[0.8, 0.9]), model)
+    lamb = build_optimizer(_cfg("lamb", max_coeff=5.0, min_coeff=0.1, betas=[0.8, 0.9]), model)
     assert type(lamb) is Lamb and (lamb.defaults["max_coeff"], lamb.defaults["min_coeff"]) == (5.0, 0.1)
-    assert lamb.defaults["betas"] == (0.8, 0.9)
-    lion = build_optimizer(_cfg(name="lion", lr=3e-4, betas=[0.95, 0.98]), model)
+    assert lamb.defaults["betas"] == (0.8, 0.9)  # lists reach the class as tuples, as torch.optim declares them
+    lion = build_optimizer(_cfg("lion", lr=3e-4, betas=[0.95, 0.98]), model)
     assert type(lion) is Lion and lion.defaults["betas"] == (0.95, 0.98)
-    # kwargs reach any other argument of the class
-    amsgrad = build_optimizer(_cfg(name="adamw", kwargs={"amsgrad": True}), model)
-    assert amsgrad.defaults["amsgrad"] is True
-    unbiased = build_optimizer(_cfg(name="lamb", kwargs={"bias_correction": False}), model)
-    assert unbiased.defaults["bias_correction"] is False
+    rmsprop = build_optimizer(_cfg("rmsprop", alpha=0.9, centered=True), model)
+    assert type(rmsprop) is torch.optim.RMSprop and (rmsprop.defaults["alpha"], rmsprop.defaults["centered"]) == (0.9, True)
+    # each option lists the class's other useful arguments as keys of its own
+    assert build_optimizer(_cfg("adamw", amsgrad=True), model).defaults["amsgrad"] is True
+    assert build_optimizer(_cfg("lamb", bias_correction=False), model).defaults["bias_correction"] is False
 
 
-def test_target_builds_any_torch_optimizer():
+def test_engine_keys_never_reach_the_class():
+    # torch.optim.SGD takes none of name / impl / no_decay_bias_and_norm: building at all shows they stay out
+    opt = build_optimizer(_custom("torch.optim.SGD", momentum=0.5, weight_decay=0.01), SmallNet())
+    assert type(opt) is torch.optim.SGD and opt.defaults["momentum"] == 0.5
+    assert not {"name", "impl", "no_decay_bias_and_norm", "_target_"} & set(opt.defaults)
+    assert opt.defaults["weight_decay"] == 0.01  # passed as well, since SGD takes it
+
+
+def test_custom_target_builds_any_torch_optimizer_with_flat_arguments():
     torch.manual_seed(0)
     model = SmallNet()
     reference_model = copy.deepcopy(model)
-    cfg = _cfg(_target_="torch.optim.RMSprop", lr=1e-2, weight_decay=0.1, kwargs={"alpha": 0.9, "centered": True})
+    cfg = _custom("torch.optim.RMSprop", lr=1e-2, weight_decay=0.1, alpha=0.9, centered=True)
     opt = build_optimizer(cfg, model)
     assert type(opt) is torch.optim.RMSprop and opt.defaults["alpha"] == 0.9 and opt.defaults["centered"] is True
     assert [g["weight_decay"] for g in opt.param_groups] == [0.1, 0.0]
@@ -409,86 +453,205 @@ def test_target_builds_any_torch_optimizer():
             o.step()
     for a, b in zip(model.parameters(), reference_model.parameters()):
         assert_close(a, b)
-    # the rmsprop option file composes into the same kind of optimizer
-    from_yaml = OmegaConf.to_object(compose(["optimizer=rmsprop"])).optimizer
-    assert from_yaml._target_ == "torch.optim.RMSprop" and from_yaml.kwargs["alpha"] == 0.99
-    assert type(build_optimizer(from_yaml, SmallNet())) is torch.optim.RMSprop
+
+
+def test_custom_option_on_the_command_line():
+    # README: python -m dsrecipes optimizer=custom optimizer._target_=torch.optim.RMSprop optimizer.alpha=0.9
+    cfg = _composed("optimizer=custom", "optimizer._target_=torch.optim.RMSprop", "optimizer.alpha=0.9",
+                    "+optimizer.centered=true")  # with or without the `+`: the custom node takes new keys
+    assert type(cfg) is CustomOptimizerConfig and cfg.extra_arguments == {"alpha": 0.9, "centered": True}
+    opt = build_optimizer(cfg, SmallNet())
+    assert type(opt) is torch.optim.RMSprop and (opt.defaults["alpha"], opt.defaults["centered"]) == (0.9, True)
+    nadam = build_optimizer(_composed("optimizer=custom", "optimizer._target_=torch.optim.NAdam",
+                                      "optimizer.momentum_decay=0.01", "optimizer.betas=[0.8,0.9]"), SmallNet())
+    assert type(nadam) is torch.optim.NAdam and nadam.defaults["momentum_decay"] == 0.01
+    assert nadam.defaults["betas"] == (0.8, 0.9)
+
+
+def test_custom_arguments_survive_replace_copy_and_the_worker_round_trip():
+    cfg = _composed("optimizer=custom", "optimizer._target_=torch.optim.RMSprop", "optimizer.alpha=0.9")
+    replaced = dataclasses.replace(cfg, impl="for_loop")  # what the tensor-parallel assembly does
+    assert replaced.alpha == 0.9 and replaced.impl == "for_loop" and cfg.impl == "auto"
+    replaced.extra_arguments["alpha"] = 0.5
+    assert cfg.alpha == 0.9 and copy.copy(cfg).alpha == 0.9
+    # workers get OmegaConf.to_container(composed, resolve=True) and rebuild it with load_config
+    plain = OmegaConf.to_container(compose(["optimizer=custom", "optimizer._target_=torch.optim.RMSprop",
+                                            "optimizer.alpha=0.9"]), resolve=True)
+    assert to_root(load_config(OmegaConf.create(plain))).optimizer.extra_arguments == {"alpha": 0.9}
 
 
 @pytest.mark.parametrize("target", ["torch.optim.NoSuchOptimizer", "no_such_module.Optimizer", "RMSprop", "torch.optim."])
 def test_bad_target_names_key_and_value(target):
     with pytest.raises(ValueError) as err:
-        build_optimizer(_cfg(_target_=target), SmallNet())
-    assert f"optimizer._target_={target!r}" in str(err.value)
+        build_optimizer(_custom(target), SmallNet())
+    assert f"optimizer._target_={target!r} cannot be imported" in str(err.value)
+    with pytest.raises(ValueError, match=r"optimizer\._target_='\?\?\?' must be set"):
+        validate_optimizer_config(CustomOptimizerConfig())
 
 
-def test_target_must_return_an_optimizer():
-    with pytest.raises(ValueError, match="not a torch.optim.Optimizer"):
-        build_optimizer(_cfg(_target_="builtins.dict"), SmallNet())
+def test_target_must_be_an_optimizer():
+    with pytest.raises(ValueError, match=r"optimizer._target_='builtins.dict' is not a torch.optim.Optimizer class"):
+        build_optimizer(_custom("builtins.dict"), SmallNet())
+
+
+def test_misspelled_argument_of_a_custom_class_fails_naming_it_and_the_classes_arguments():
+    with pytest.raises(ValueError) as err:
+        validate_optimizer_config(_custom("torch.optim.RMSprop", alpah=0.9))
+    message = str(err.value)
+    assert message.startswith("optimizer.alpah is not an argument of torch.optim.rmsprop.RMSprop (optimizer._target_); "
+                              "it takes: lr, alpha, eps, weight_decay, momentum, centered")
+    assert "foreach" not in message  # the engine's to set (optimizer.impl), so not offered
+    # before any work starts: the recipe's validation, and dsrecipes.initialize before the model is touched
+    recipe = compose(["optimizer=custom", "optimizer._target_=torch.optim.RMSprop", "optimizer.alpah=0.9"])
+    with pytest.raises(ValueError, match="optimizer.alpah is not an argument of torch.optim.rmsprop.RMSprop"):
+        validate_recipe(recipe, dp_world_size=1)
+    with pytest.raises(ValueError, match="optimizer.alpah is not an argument"):
+        dsrecipes.initialize(SmallNet(), config={"optimizer": {"name": "custom", "_target_": "torch.optim.RMSprop",
+                                                               "alpah": 0.9}, "trainer": {"device": "cpu"}})
+    # another class on a fixed option: that option's keys are checked against it too
+    with pytest.raises(ValueError, match="optimizer.momentum is not an argument of torch.optim.adamw.AdamW"):
+        validate_optimizer_config(replace(_cfg("sgd"), _target_="torch.optim.AdamW"))
+
+
+def test_weight_decay_needs_a_class_that_takes_it():
+    with pytest.raises(ValueError, match=r"optimizer.weight_decay=0.1 but torch.optim.rprop.Rprop has no weight_decay "
+                                         r"argument; set optimizer.weight_decay=0"):
+        validate_optimizer_config(_custom("torch.optim.Rprop", weight_decay=0.1))
+    rprop = build_optimizer(_custom("torch.optim.Rprop", etas=[0.4, 1.3]), SmallNet())
+    assert type(rprop) is torch.optim.Rprop and rprop.defaults["etas"] == (0.4, 1.3)
+
+
+@pytest.mark.parametrize(
+    "option, key, value",
+    [("adamw", "momentum", 0.9), ("adam", "nesterov", True), ("sgd", "betas", [0.9, 0.99]), ("adagrad", "betas", [0.9, 0.99]),
+     ("lamb", "momentum", 0.9), ("lion", "eps", 1e-8), ("rmsprop", "betas", [0.9, 0.99])],
+)
+def test_a_key_the_option_does_not_take_fails_at_composition(option, key, value):
+    schema = OPTIMIZER_SCHEMAS[option].__name__
+    with pytest.raises(ConfigCompositionException) as err:
+        compose([f"optimizer={option}", f"optimizer.{key}={value}"])
+    cause = str(err.value.__cause__)
+    assert f"Key '{key}' not in '{schema}'" in cause and f"full_key: optimizer.{key}" in cause
+    # the library path picks the schema from the dict's `name`
+    with pytest.raises(ConfigKeyError) as err:
+        load_config({"optimizer": {"name": option, key: value}})
+    assert f"Key '{key}' not in '{schema}'" in str(err.value) and f"full_key: optimizer.{key}" in str(err.value)
+
+
+def test_dict_path_picks_the_schema_from_name_and_defaults_to_adamw():
+    sgd = to_root(load_config({"optimizer": {"name": "sgd", "momentum": 0.9}})).optimizer
+    assert type(sgd) is OPTIMIZER_SCHEMAS["sgd"] and sgd.momentum == 0.9
+    assert type(to_root(load_config({"optimizer": {"lr": 3e-4}})).optimizer) is AdamWConfig
+    with pytest.raises(ConfigKeyError, match=r"Key 'momentum' not in 'AdamWConfig'\n\s+full_key: optimizer.momentum"):
+        dsrecipes.initialize(SmallNet(), config={"optimizer": {"momentum": 0.9}})
+    with pytest.raises(ValueError, match="optimizer.name='sgdd' is not valid; choose one of: adamw, adam, sgd"):
+        load_config({"optimizer": {"name": "sgdd"}})
+    engine, opt, *_ = dsrecipes.initialize(SmallNet(), config={"optimizer": {"name": "sgd", "momentum": 0.9},
+                                                             "trainer": {"device": "cpu"}})
+    assert type(opt) is torch.optim.SGD and opt.defaults["momentum"] == 0.9
+
+
+def test_bad_impl_fails_at_composition_naming_key_and_values():
+    with pytest.raises(ConfigCompositionException) as err:
+        compose(["optimizer=lion", "optimizer.impl=turbo"])
+    cause = str(err.value.__cause__)
+    assert "Invalid value 'turbo', expected one of [auto, fused, foreach, for_loop]" in cause
+    assert "full_key: optimizer.impl" in cause
+    with pytest.raises(ValidationError, match=r"Invalid value 'cuda', expected one of \[auto, fused, foreach, for_loop\]"):
+        load_config({"optimizer": {"impl": "cuda"}})
+    impl = _composed("optimizer.impl=for_loop").impl
+    assert impl is OptimizerImpl.for_loop and impl == "for_loop" and f"{impl}" == "for_loop"
+
+
+def test_force_added_key_on_a_fixed_option_is_rejected_before_training():
+    # Hydra's `+key=` lets OmegaConf add a key to a typed node; validation catches it
+    recipe = compose(["+optimizer.momentum=0.9"])
+    with pytest.raises(ValueError) as err:
+        validate_recipe(recipe, dp_world_size=1)
+    assert str(err.value).startswith("optimizer.momentum is not a key of optimizer option 'adamw' (AdamWConfig: ")
+
+
+def test_name_must_match_the_option():
+    with pytest.raises(ValueError) as err:
+        validate_optimizer_config(_composed("optimizer.name=sgd"))
+    assert ("optimizer.name='sgd' does not match the option this config was built from, 'adamw' (AdamWConfig); "
+            "choose the option itself: optimizer=sgd on the command line") in str(err.value)
+    with pytest.raises(ValueError, match="'adamw' \\(AdamWConfig\\); the options are: adamw, adam, sgd"):
+        validate_optimizer_config(_cfg("adamw", name="rmsprops"))
+    with pytest.raises(ValueError, match="OptimizerConfig is not the schema of a optimizer option"):
+        validate_optimizer_config(OptimizerConfig(name="adamw", _target_="torch.optim.AdamW"))
 
 
 def test_impl_errors_name_what_the_class_supports():
     with pytest.raises(ValueError) as err:
-        build_optimizer(_cfg(name="lion", impl="fused"), SmallNet())
+        build_optimizer(_cfg("lion", impl="fused"), SmallNet())
     assert str(err.value) == "optimizer.impl='fused' is not supported by lion; choose one of: auto, foreach, for_loop"
     with pytest.raises(ValueError, match="optimizer.impl='fused' is not supported by lamb"):
-        build_optimizer(_cfg(name="lamb", impl="fused"), SmallNet())
+        build_optimizer(_cfg("lamb", impl="fused"), SmallNet())
+    lbfgs = _custom("torch.optim.LBFGS", impl="foreach")
     with pytest.raises(ValueError, match="optimizer.impl='foreach' is not supported by torch.optim.LBFGS; choose one of: auto"):
-        build_optimizer(_cfg(_target_="torch.optim.LBFGS", impl="foreach"), SmallNet())
+        build_optimizer(lbfgs, SmallNet())
     with pytest.raises(ValueError, match="optimizer.impl='turbo' is not valid; choose one of: auto, fused, foreach, for_loop"):
-        build_optimizer(_cfg(impl="turbo"), SmallNet())
-    with pytest.raises(ValueError, match="optimizer.kwargs.foreach conflicts with optimizer.impl='for_loop'"):
-        build_optimizer(_cfg(impl="for_loop", kwargs={"foreach": True}), SmallNet())
+        build_optimizer(_cfg(impl="turbo"), SmallNet())  # only from Python: composition rejects it first
     assert supported_impls(torch.optim.AdamW) == OPTIMIZER_IMPLS and supported_impls(Lion) == ("auto", "foreach", "for_loop")
-    lbfgs = _cfg(_target_="torch.optim.LBFGS", no_decay_bias_and_norm=False)  # LBFGS takes a single group
+    lbfgs = _custom("torch.optim.LBFGS", no_decay_bias_and_norm=False)  # LBFGS takes a single group
     assert type(build_optimizer(lbfgs, SmallNet())) is torch.optim.LBFGS  # auto: built as is
+
+
+@pytest.mark.parametrize("key", ["fused", "foreach", "params", "_recursive_"])
+def test_keys_the_engine_sets_are_refused(key):
+    with pytest.raises(ValueError, match=f"optimizer.{key} is not allowed"):
+        validate_optimizer_config(_custom("torch.optim.AdamW", **{key: True}))
 
 
 @pytest.mark.parametrize("name", ["adamw", "adam", "sgd", "adagrad"])
 def test_forced_fused_on_cpu_uses_torch_fused_kernels(name):
     model = SmallNet()
-    opt = build_optimizer(_cfg(name=name, impl="fused"), model)
+    opt = build_optimizer(_cfg(name, impl="fused"), model)
     assert opt.defaults["fused"] is True
     model(torch.arange(4)).sum().backward()
     opt.step()
 
 
-def test_auto_keeps_an_impl_chosen_in_kwargs():
-    opt = build_optimizer(_cfg(kwargs={"foreach": False}), SmallNet())
-    assert opt.defaults["foreach"] is False
-
-
 @pytest.mark.parametrize(
-    "overrides, message",
+    "name, overrides, message",
     [
-        (
-            {"name": "rmsprop"},
-            "optimizer.name='rmsprop' is not valid; choose one of: adamw, adam, sgd, adagrad, lamb, lion "
-            "(or set optimizer._target_ to a torch.optim class)",
-        ),
-        ({"impl": "cuda"}, "optimizer.impl='cuda' is not valid; choose one of: auto, fused, foreach, for_loop"),
-        ({"lr": 0.0}, "optimizer.lr=0.0 must be > 0"),
-        ({"lr": -1e-3}, "optimizer.lr=-0.001 must be > 0"),
-        ({"betas": [0.9]}, "optimizer.betas=[0.9] must be two values in [0, 1)"),
-        ({"betas": [0.9, 1.0]}, "optimizer.betas=[0.9, 1.0] must be two values in [0, 1)"),
-        ({"betas": [-0.1, 0.9]}, "optimizer.betas=[-0.1, 0.9] must be two values in [0, 1)"),
-        ({"weight_decay": -0.1}, "optimizer.weight_decay=-0.1 must be >= 0"),
-        ({"eps": -1e-8}, "optimizer.eps=-1e-08 must be >= 0"),
-        ({"name": "sgd", "momentum": -0.9}, "optimizer.momentum=-0.9 must be >= 0"),
-        ({"name": "sgd", "nesterov": True}, "optimizer.nesterov=true needs optimizer.momentum > 0"),
-        ({"min_coeff": 20.0}, "optimizer.min_coeff=20.0 and optimizer.max_coeff=10.0: need 0 <= min_coeff <= max_coeff"),
-        ({"kwargs": {"lr": 0.1}}, "optimizer.kwargs.lr=0.1 is not allowed: set optimizer.lr instead"),
-        ({"kwargs": {"weight_decay": 0.1}}, "optimizer.kwargs.weight_decay=0.1 is not allowed"),
+        ("adamw", {"lr": 0.0}, "optimizer.lr=0.0 must be > 0"),
+        ("adamw", {"lr": -1e-3}, "optimizer.lr=-0.001 must be > 0"),
+        ("adamw", {"betas": [0.9]}, "optimizer.betas=[0.9] must be two values in [0, 1)"),
+        ("lion", {"betas": [0.9, 1.0]}, "optimizer.betas=[0.9, 1.0] must be two values in [0, 1)"),
+        ("lamb", {"betas": [-0.1, 0.9]}, "optimizer.betas=[-0.1, 0.9] must be two values in [0, 1)"),
+        ("adamw", {"weight_decay": -0.1}, "optimizer.weight_decay=-0.1 must be >= 0"),
+        ("adamw", {"eps": -1e-8}, "optimizer.eps=-1e-08 must be >= 0"),
+        ("sgd", {"momentum": -0.9}, "optimizer.momentum=-0.9 must be >= 0"),
+        ("sgd", {"nesterov": True}, "optimizer.nesterov=true needs optimizer.momentum > 0"),
+        ("adagrad", {"lr_decay": -1.0}, "optimizer.lr_decay=-1.0 must be >= 0"),
+        ("lamb", {"min_coeff": 20.0}, "optimizer.min_coeff=20.0 and optimizer.max_coeff=10.0: need 0 <= min_coeff <= max_coeff"),
     ],
 )
-def test_validation_errors(overrides, message):
+def test_validation_errors(name, overrides, message):
     with pytest.raises(ValueError) as err:
-        validate_optimizer_config(_cfg(**overrides))
+        validate_optimizer_config(_cfg(name, **overrides))
     assert message in str(err.value)
 
 
 def test_validation_accepts_defaults_and_uses_the_prefix():
-    validate_optimizer_config(OptimizerConfig())
-    validate_optimizer_config(_cfg(name="rmsprop", _target_="torch.optim.RMSprop"))  # name ignored with _target_
+    for schema in OPTIMIZER_SCHEMAS.values():
+        if schema is not CustomOptimizerConfig:
+            validate_optimizer_config(schema())  # every option's dataclass defaults are valid
+    validate_optimizer_config(_custom("torch.optim.RMSprop", alpha=0.9))
     with pytest.raises(ValueError, match="engine.optimizer.lr=0.0 must be > 0"):
         validate_optimizer_config(_cfg(lr=0.0), prefix="engine.optimizer")
+
+
+def test_instantiate_wrapper_builds_objects_and_partials_and_names_a_bad_target():
+    from dsrecipes.utils.instantiate import instantiate
+
+    partial = instantiate({"_target_": "torch.optim.SGD", "_partial_": True, "lr": 0.5, "betas_unused": None}, "x")
+    assert partial.func is torch.optim.SGD and partial.keywords == {"lr": 0.5, "betas_unused": None}
+    linear = instantiate({"_target_": "torch.nn.Linear", "in_features": 2, "out_features": 3}, "model")
+    assert isinstance(linear, nn.Linear) and linear.weight.shape == (3, 2)
+    kept = instantiate({"_target_": "builtins.dict", "_partial_": True, "milestones": [1, 2]}, "x")()
+    assert type(kept["milestones"]) is list  # plain containers, never ListConfig
+    with pytest.raises(ValueError, match=r"^lr_scheduler\._target_='torch.optim.Nope' cannot be imported"):
+        instantiate({"_target_": "torch.optim.Nope", "_partial_": True}, "lr_scheduler")

@@ -21,12 +21,14 @@ from dsrecipes.models.kernels_config import KernelsConfig, validate_kernels_conf
 from dsrecipes.models.moe_config import MoEConfig
 from dsrecipes.models.sparse_attention import SparseAttentionConfig
 from dsrecipes.training.config import (
+    AdamWConfig,
     CheckpointConfig,
     LoggerConfig,
     LRSchedulerConfig,
     OptimizerConfig,
     PrecisionConfig,
     TrainerConfig,
+    WarmupCosineConfig,
 )
 
 # Config groups, in the order the README documents them.
@@ -36,11 +38,12 @@ CONFIG_GROUPS = ("model", "data", "optimizer", "lr_scheduler", "precision", "tra
 @dataclass
 class RootConfig:
     name: str = "gpt"  # run name: appended to the run directory and used by loggers
-    mode: str = "train"  # train | generate | serve-bench (dsrecipes.inference.cli)
+    mode: str = "train"  # train | generate | serve-bench (dsrecipes.inference_cli)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
-    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
-    lr_scheduler: LRSchedulerConfig = field(default_factory=LRSchedulerConfig)
+    # typed by the groups' base schemas: the chosen option's schema (a subclass) fills them in
+    optimizer: OptimizerConfig = field(default_factory=AdamWConfig)
+    lr_scheduler: LRSchedulerConfig = field(default_factory=WarmupCosineConfig)
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)

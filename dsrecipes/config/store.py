@@ -1,4 +1,11 @@
-"""Registers the recipe schema in Hydra's ConfigStore and composes configs outside @hydra.main."""
+"""Registers the recipe schema in Hydra's ConfigStore and composes configs outside @hydra.main.
+
+Stored: RootConfig as `dsrecipes_schema` (first in conf/config.yaml's defaults), and for the
+optimizer and lr_scheduler groups one schema per option, `<group>/<option>_schema`, which the
+option's YAML extends (`defaults: [<option>_schema, _self_]`). So `optimizer=sgd` composes an
+SGDConfig node: a key SGD does not take (`optimizer.betas=...`) fails at composition naming it
+and SGDConfig, and Enum fields (impl, warmup_type) reject other values listing the valid ones.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +13,10 @@ import os
 from datetime import datetime
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 from dsrecipes.config.schema import RootConfig
+from dsrecipes.training.config import OPTION_SCHEMAS, ExtraArguments
 
 SCHEMA_NAME = "dsrecipes_schema"
 CONFIG_MODULE = "dsrecipes.conf"
@@ -31,9 +39,37 @@ def run_stamp(fmt: str) -> str:
 _STAMP: list[datetime] = []
 
 
+def option_node(schema: type) -> DictConfig:
+    """An option's schema as a config node; a `custom` one (ExtraArguments) also accepts keys it does not list.
+
+    Its struct flag is explicitly off: OmegaConf then lets a typed node take new keys, and the flag
+    carries over when the node is merged into the recipe (the class's signature checks them later).
+    """
+    node = OmegaConf.structured(schema)
+    if issubclass(schema, ExtraArguments):
+        OmegaConf.set_struct(node, False)
+    return node
+
+
+def _root_schema() -> DictConfig:
+    """RootConfig with the option groups left MISSING: the option in the defaults list fills each in.
+
+    RootConfig's own defaults (AdamWConfig, WarmupCosineConfig) would not do here: OmegaConf merges
+    a schema only into its own type or a base class of it, never into a sibling such as SGDConfig.
+    """
+    node = OmegaConf.structured(RootConfig)
+    for group in OPTION_SCHEMAS:
+        node[group] = MISSING
+    return node
+
+
 def register_configs() -> None:
-    """Idempotent: store RootConfig as `dsrecipes_schema` (first in conf/config.yaml's defaults), add resolvers."""
-    ConfigStore.instance().store(name=SCHEMA_NAME, node=RootConfig)
+    """Idempotent: store the root schema as `dsrecipes_schema` and each option's `<option>_schema`; add resolvers."""
+    store = ConfigStore.instance()
+    store.store(name=SCHEMA_NAME, node=_root_schema())
+    for group, schemas in OPTION_SCHEMAS.items():
+        for option, schema in schemas.items():
+            store.store(group=group, name=f"{option}_schema", node=option_node(schema))
     if not OmegaConf.has_resolver("run_stamp"):
         OmegaConf.register_new_resolver("run_stamp", run_stamp)
 

@@ -6,12 +6,22 @@ DeepSpeed has one (train_batch_size, train_micro_batch_size_per_gpu, gradient_ac
 gradient_clipping, warmup_num_steps, cos_min_ratio ...) and DeepSpeed's semantics
 (see the README's "Coming from DeepSpeed" section). Choice-valued strings are checked by
 `dsrecipes.config.validate`.
+
+The optimizer and lr_scheduler groups have one schema per option (AdamWConfig, SGDConfig, ...,
+WarmupCosineConfig, OneCycleConfig, ...: OPTIMIZER_SCHEMAS / LR_SCHEDULER_SCHEMAS), so a key the
+chosen option does not take fails at composition; their fixed-choice fields are Enums
+(OptimizerImpl, WarmupType), so a bad value does too. Each names the class it builds in
+`_target_`, its other keys being the class's arguments (built through dsrecipes.utils.instantiate).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from enum import Enum
+from typing import Any
+
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 
 @dataclass
@@ -24,17 +34,17 @@ class TrainerConfig:
     """
 
     max_steps: int = 600
-    train_batch_size: Optional[int] = None
-    train_micro_batch_size_per_gpu: Optional[int] = 16
-    gradient_accumulation_steps: Optional[int] = 1
+    train_batch_size: int | None = None
+    train_micro_batch_size_per_gpu: int | None = 16
+    gradient_accumulation_steps: int | None = 1
     gradient_clipping: float = 1.0  # global-norm clip; 0 disables (DeepSpeed's default is 1.0)
     log_interval: int = 10
     eval_interval: int = 100  # 0 = only at the end
     eval_batches: int = 16  # validation micro-batches per evaluation; 0 = the whole split
     seed: int = 1234
     device: str = "auto"  # auto (cuda when present, else cpu) | cpu | cuda | cuda:N
-    resume: Optional[str] = None  # null = fresh start | auto = newest complete checkpoint if any | a path
-    peak_tflops: Optional[float] = None  # for perf/mfu; null = known GPUs detected, else not logged
+    resume: str | None = None  # null = fresh start | auto = newest complete checkpoint if any | a path
+    peak_tflops: float | None = None  # for perf/mfu; null = known GPUs detected, else not logged
     progress_bar: bool = True
     sample_prompt: str = "def "
     sample_tokens: int = 200  # 0 = no text sample at the end
@@ -42,73 +52,387 @@ class TrainerConfig:
     sample_top_k: int = 40
 
 
-@dataclass
-class OptimizerConfig:
-    """Optimizer: name picks a built-in, or _target_ names any torch.optim class (e.g. torch.optim.RMSprop).
+# --------------------------------------------------------------------------------------------
+# optimizer and lr_scheduler: one schema per option
+# --------------------------------------------------------------------------------------------
 
-    Keys a given optimizer does not take are ignored for it (betas for SGD, momentum for Adam ...).
-    adam_w_mode follows DeepSpeed: name=adam also decouples weight decay (AdamW) unless it is false.
-    impl picks torch's fused / foreach / for-loop kernels where the class has them (auto = best
-    available). kwargs are passed through to the optimizer class.
+
+class ConfigEnum(str, Enum):
+    """A config field with a fixed set of values: OmegaConf rejects any other at composition.
+
+    The str mixin plus __str__ / __format__ / __repr__ returning the value make a member behave
+    as its string in comparisons (`impl == "auto"`), dict lookups, f-strings, messages and
+    json.dumps. OmegaConf converts strings to members by name, so each member's name is its value.
     """
 
-    name: str = "adamw"  # adamw | adam | sgd | adagrad | lamb | lion
-    _target_: Optional[str] = None
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
+class OptimizerImpl(ConfigEnum):
+    """torch's kernels for an optimizer step: auto (fused when every parameter is on CUDA and the
+    class has a working fused kernel, else foreach), or one of them forced."""
+
+    auto = "auto"
+    fused = "fused"
+    foreach = "foreach"
+    for_loop = "for_loop"
+
+
+class WarmupType(ConfigEnum):
+    """DeepSpeed's warmup curves: log(t+1)/log(N) (its default) or t/N."""
+
+    linear = "linear"
+    log = "log"
+
+
+class ExtraArguments:
+    """Mixin of the `custom` options: keys beyond the schema's fields are the class's own arguments.
+
+    Their node accepts any key (flat, Hydra's convention); OmegaConf.to_object sets such keys as
+    attributes, which land in the `extra_arguments` field. That field is hidden from OmegaConf
+    (omegaconf_ignore) but is a real dataclass field, so dataclasses.replace and copy keep it.
+    Reading an extra key as an attribute works too (`cfg.alpha`).
+    """
+
+    def __post_init__(self) -> None:
+        # a copy: dataclasses.replace hands the original's dict to the new object
+        object.__setattr__(self, "extra_arguments", dict(self.extra_arguments))
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        if key in _field_names(type(self)):
+            object.__setattr__(self, key, value)
+        else:
+            self.extra_arguments[key] = value
+
+    def __getattr__(self, key: str) -> Any:
+        extras = self.__dict__.get("extra_arguments")
+        if extras is None or key.startswith("__") or key not in extras:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {key!r}")
+        return extras[key]
+
+
+def _field_names(cls: type) -> frozenset[str]:
+    """The dataclass fields of cls (OmegaConf-hidden ones included)."""
+    return frozenset(f.name for f in dataclasses.fields(cls))
+
+
+def _extra_arguments_field() -> Any:
+    """The hidden `extra_arguments` field of ExtraArguments schemas."""
+    return field(default_factory=dict, metadata={"omegaconf_ignore": True})
+
+
+def config_items(cfg: Any) -> dict[str, Any]:
+    """Every key of an optimizer / lr_scheduler config object: its schema's fields, then any extra keys.
+
+    Extra keys are the `custom` options' class arguments, or keys added to a fixed schema with
+    Hydra's `+key=` (which validation rejects).
+    """
+    items = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name != "extra_arguments"}
+    items.update(extra_keys(cfg))
+    return items
+
+
+def extra_keys(cfg: Any) -> dict[str, Any]:
+    """The keys of cfg that are not fields of its schema."""
+    if isinstance(cfg, ExtraArguments):
+        return dict(cfg.extra_arguments)
+    fields = _field_names(type(cfg))
+    return {k: v for k, v in vars(cfg).items() if k not in fields}
+
+
+@dataclass
+class OptimizerConfig:
+    """Keys every optimizer option has; the base of the option schemas below (not an option itself).
+
+    name is the option (conf/optimizer/<name>.yaml on the command line, the `name` key in a dict
+    given to dsrecipes.initialize); _target_ is the class (or factory) built, by import path, with
+    the option's other keys as its arguments (Hydra's flat convention). The engine itself reads
+    name, impl and no_decay_bias_and_norm (never passed to the class) and applies weight_decay per
+    parameter group (0 for biases, norm weights and other 1-D parameters when
+    no_decay_bias_and_norm), also passing it to the class when the class takes it.
+    """
+
+    name: str = MISSING
+    _target_: str = MISSING
     lr: float = 1e-3
-    betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
-    eps: float = 1e-8
     weight_decay: float = 0.1
-    adam_w_mode: bool = True  # adam: decoupled weight decay (DeepSpeed's default) unless false
-    momentum: float = 0.0  # sgd
-    nesterov: bool = False  # sgd
-    lr_decay: float = 0.0  # adagrad
-    max_coeff: float = 10.0  # lamb: trust-ratio clamp (DeepSpeed FusedLamb)
-    min_coeff: float = 0.01  # lamb
-    impl: str = "auto"  # auto | fused | foreach | for_loop
-    no_decay_bias_and_norm: bool = True  # biases, norm weights and 1-D params get weight_decay=0
-    kwargs: Dict[str, Any] = field(default_factory=dict)
+    impl: OptimizerImpl = OptimizerImpl.auto
+    no_decay_bias_and_norm: bool = True
+
+
+@dataclass
+class AdamWConfig(OptimizerConfig):
+    """optimizer=adamw (the default): torch.optim.AdamW, decoupled weight decay."""
+
+    name: str = "adamw"
+    _target_: str = "torch.optim.AdamW"
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    eps: float = 1e-8
+    amsgrad: bool = False
+
+
+@dataclass
+class AdamConfig(OptimizerConfig):
+    """optimizer=adam, as DeepSpeed reads "Adam": adam_w_mode true (its default) builds AdamW
+    (decoupled weight decay), false builds torch.optim.Adam (L2 weight decay in the gradient)."""
+
+    name: str = "adam"
+    _target_: str = "dsrecipes.training.optimizers.adam"
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    eps: float = 1e-8
+    adam_w_mode: bool = True
+    amsgrad: bool = False
+
+
+@dataclass
+class SGDConfig(OptimizerConfig):
+    """optimizer=sgd: torch.optim.SGD; nesterov needs momentum > 0; weight decay is L2."""
+
+    name: str = "sgd"
+    _target_: str = "torch.optim.SGD"
+    momentum: float = 0.0
+    nesterov: bool = False
+
+
+@dataclass
+class AdagradConfig(OptimizerConfig):
+    """optimizer=adagrad: torch.optim.Adagrad; weight decay is L2."""
+
+    name: str = "adagrad"
+    _target_: str = "torch.optim.Adagrad"
+    lr_decay: float = 0.0
+    eps: float = 1e-8
+
+
+@dataclass
+class LambConfig(OptimizerConfig):
+    """optimizer=lamb: DeepSpeed FusedLamb's update, the trust ratio ||p||/||u|| clamped to [min_coeff, max_coeff]."""
+
+    name: str = "lamb"
+    _target_: str = "dsrecipes.training.lamb.Lamb"
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    eps: float = 1e-8
+    max_coeff: float = 10.0
+    min_coeff: float = 0.01
+    bias_correction: bool = True
+
+
+@dataclass
+class LionConfig(OptimizerConfig):
+    """optimizer=lion: sign momentum (dsrecipes.training.lion.Lion)."""
+
+    name: str = "lion"
+    _target_: str = "dsrecipes.training.lion.Lion"
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+
+
+@dataclass
+class RMSpropConfig(OptimizerConfig):
+    """optimizer=rmsprop: a plain torch.optim class as an option (its arguments as keys)."""
+
+    name: str = "rmsprop"
+    _target_: str = "torch.optim.RMSprop"
+    weight_decay: float = 0.0
+    alpha: float = 0.99
+    eps: float = 1e-8
+    momentum: float = 0.0
+    centered: bool = False
+
+
+@dataclass
+class CustomOptimizerConfig(ExtraArguments, OptimizerConfig):
+    """optimizer=custom: any optimizer class by import path, with its constructor arguments as flat keys.
+
+    `optimizer=custom optimizer._target_=torch.optim.NAdam optimizer.momentum_decay=0.004`: keys
+    beyond the shared ones go to the class; each is checked against its signature before any
+    work starts, so a misspelled one fails naming it and the class's arguments.
+    """
+
+    name: str = "custom"
+    weight_decay: float = 0.0
+    extra_arguments: dict[str, Any] = _extra_arguments_field()
 
 
 @dataclass
 class LRSchedulerConfig:
-    """Learning-rate schedule with DeepSpeed's formulas, stepped once per applied optimizer step.
+    """Keys every lr_scheduler option has; the base of the option schemas below (not an option itself).
 
-    name: warmup_lr (WarmupLR), warmup_decay_lr (WarmupDecayLR), warmup_cosine (WarmupCosineLR),
-    one_cycle (OneCycle, with momentum cycling), lr_range_test (LRRangeTest), constant; or
-    _target_ = any torch.optim.lr_scheduler class with kwargs. Keys keep DeepSpeed's names and
-    defaults; each option file in conf/lr_scheduler sets the keys its schedule uses. A null
-    total_num_steps means trainer.max_steps; a null warmup_max_lr means the optimizer's lr.
+    name is the option, _target_ the scheduler class, built as _target_(optimizer, **other keys);
+    it is stepped once per applied optimizer step. The schedules keep DeepSpeed's key names,
+    defaults and formulas. A null total_num_steps means trainer.max_steps; a null warmup_max_lr
+    means the optimizer's lr.
     """
 
-    name: str = "warmup_cosine"
-    _target_: Optional[str] = None
-    kwargs: Dict[str, Any] = field(default_factory=dict)
-    # WarmupLR / WarmupDecayLR / WarmupCosineLR
+    name: str = MISSING
+    _target_: str = MISSING
+
+
+@dataclass
+class ConstantConfig(LRSchedulerConfig):
+    """lr_scheduler=constant: the optimizer's lr for the whole run."""
+
+    name: str = "constant"
+    _target_: str = "dsrecipes.training.lr_schedules.ConstantSchedule"
+
+
+@dataclass
+class WarmupKeys(LRSchedulerConfig):
+    """The warmup keys of DeepSpeed's WarmupLR, WarmupDecayLR and WarmupCosineLR."""
+
     warmup_num_steps: int = 1000
-    warmup_type: str = "log"  # log | linear
+    warmup_type: WarmupType = WarmupType.log
+
+
+@dataclass
+class WarmupLRConfig(WarmupKeys):
+    """lr_scheduler=warmup_lr: DeepSpeed WarmupLR, warmup_min_lr -> warmup_max_lr, then constant."""
+
+    name: str = "warmup_lr"
+    _target_: str = "dsrecipes.training.lr_schedules.WarmupLR"
     warmup_min_lr: float = 0.0
-    warmup_max_lr: Optional[float] = None
-    total_num_steps: Optional[int] = None
+    warmup_max_lr: float | None = None
+
+
+@dataclass
+class WarmupDecayLRConfig(WarmupLRConfig):
+    """lr_scheduler=warmup_decay_lr: DeepSpeed WarmupDecayLR, WarmupLR's warmup then linear decay."""
+
+    name: str = "warmup_decay_lr"
+    _target_: str = "dsrecipes.training.lr_schedules.WarmupDecayLR"
+    total_num_steps: int | None = None
+
+
+@dataclass
+class WarmupCosineConfig(WarmupKeys):
+    """lr_scheduler=warmup_cosine (the default): DeepSpeed WarmupCosineLR, ratios of the optimizer's lr."""
+
+    name: str = "warmup_cosine"
+    _target_: str = "dsrecipes.training.lr_schedules.WarmupCosineLR"
+    total_num_steps: int | None = None
     warmup_min_ratio: float = 0.0
     cos_min_ratio: float = 0.0001
-    # OneCycle
-    cycle_min_lr: Optional[float] = None
-    cycle_max_lr: Optional[float] = None
+
+
+@dataclass
+class OneCycleConfig(LRSchedulerConfig):
+    """lr_scheduler=one_cycle: DeepSpeed OneCycle, lr min -> max -> min (momentum the reverse), then decay."""
+
+    name: str = "one_cycle"
+    _target_: str = "dsrecipes.training.lr_schedules.OneCycle"
+    cycle_min_lr: float | None = None  # required
+    cycle_max_lr: float | None = None  # required
     decay_lr_rate: float = 0.0
     cycle_first_step_size: int = 2000
-    cycle_second_step_size: Optional[int] = None
+    cycle_second_step_size: int | None = None
     cycle_first_stair_count: int = 0
-    cycle_second_stair_count: Optional[int] = None
+    cycle_second_stair_count: int | None = None
     decay_step_size: int = 0
     cycle_momentum: bool = True
     cycle_min_mom: float = 0.8
     cycle_max_mom: float = 0.9
     decay_mom_rate: float = 0.0
-    # LRRangeTest
+
+
+@dataclass
+class LRRangeTestConfig(LRSchedulerConfig):
+    """lr_scheduler=lr_range_test: DeepSpeed LRRangeTest, lr growing linearly (or in stairs) from its min."""
+
+    name: str = "lr_range_test"
+    _target_: str = "dsrecipes.training.lr_schedules.LRRangeTest"
     lr_range_test_min_lr: float = 1e-3
     lr_range_test_step_size: int = 2000
     lr_range_test_step_rate: float = 1.0
     lr_range_test_staircase: bool = False
+
+
+@dataclass
+class TorchStepConfig(LRSchedulerConfig):
+    """lr_scheduler=torch_step: torch.optim.lr_scheduler.StepLR, a plain torch scheduler as an option."""
+
+    name: str = "torch_step"
+    _target_: str = "torch.optim.lr_scheduler.StepLR"
+    step_size: int = MISSING
+    gamma: float = 0.1
+
+
+@dataclass
+class CustomLRSchedulerConfig(ExtraArguments, LRSchedulerConfig):
+    """lr_scheduler=custom: any scheduler class by import path, its constructor arguments as flat keys.
+
+    `lr_scheduler=custom lr_scheduler._target_=torch.optim.lr_scheduler.ExponentialLR
+    lr_scheduler.gamma=0.999`: each key is checked against the class's signature before any work starts.
+    """
+
+    name: str = "custom"
+    extra_arguments: dict[str, Any] = _extra_arguments_field()
+
+
+# The options of each group (conf/<group>/<name>.yaml extends `<name>_schema`), default first.
+OPTIMIZER_SCHEMAS: dict[str, type] = {
+    cls.name: cls
+    for cls in (AdamWConfig, AdamConfig, SGDConfig, AdagradConfig, LambConfig, LionConfig, RMSpropConfig,
+                CustomOptimizerConfig)
+}
+LR_SCHEDULER_SCHEMAS: dict[str, type] = {
+    cls.name: cls
+    for cls in (WarmupCosineConfig, WarmupLRConfig, WarmupDecayLRConfig, OneCycleConfig, LRRangeTestConfig,
+                ConstantConfig, TorchStepConfig, CustomLRSchedulerConfig)
+}
+OPTION_SCHEMAS: dict[str, dict[str, type]] = {"optimizer": OPTIMIZER_SCHEMAS, "lr_scheduler": LR_SCHEDULER_SCHEMAS}
+
+
+def option_schema(group: str, name: str | None) -> type:
+    """The schema of option `name` of `group` (optimizer / lr_scheduler); None = the group's default.
+
+    Raises ValueError naming `<group>.name` and the valid options for an unknown name.
+    """
+    schemas = OPTION_SCHEMAS[group]
+    if name is None:
+        return next(iter(schemas.values()))
+    if name not in schemas:
+        raise ValueError(f"{group}.name={name!r} is not valid; choose one of: {', '.join(schemas)}")
+    return schemas[name]
+
+
+def check_option(cfg: Any, group: str, prefix: str) -> None:
+    """ValueError unless cfg is an option's schema whose `name` is that option and which holds only its own keys.
+
+    A fixed schema gets extra keys only through Hydra's `+key=value` (OmegaConf lets it add one);
+    they would be silently ignored or passed to a class that does not take them.
+    """
+    schemas = OPTION_SCHEMAS[group]
+    option = next((name for name, cls in schemas.items() if type(cfg) is cls), None)
+    if option is None:
+        raise ValueError(
+            f"{prefix}: {type(cfg).__name__} is not the schema of a {group} option; use one of "
+            f"{', '.join(cls.__name__ for cls in schemas.values())}"
+        )
+    if cfg.name != option:
+        if cfg.name in schemas:
+            hint = f"choose the option itself: {group}={cfg.name} on the command line, or `name` in a dict"
+        else:
+            hint = f"the options are: {', '.join(schemas)}"
+        raise ValueError(
+            f"{prefix}.name={cfg.name!r} does not match the option this config was built from, {option!r} "
+            f"({type(cfg).__name__}); {hint}"
+        )
+    if isinstance(cfg, ExtraArguments):
+        return
+    extras = extra_keys(cfg)
+    if extras:
+        key = next(iter(extras))
+        keys = ", ".join(k for k in _field_names(type(cfg)) if k != "extra_arguments")
+        raise ValueError(
+            f"{prefix}.{key} is not a key of {group} option {option!r} ({type(cfg).__name__}: {keys}); "
+            f"for a class's own arguments use {group}=custom"
+        )
 
 
 @dataclass
@@ -160,8 +484,21 @@ class LoggerConfig:
     tensorboard: bool = True
     wandb: bool = False
     wandb_project: str = "dsrecipes"
-    wandb_entity: Optional[str] = None
+    wandb_entity: str | None = None
     wandb_mode: str = "auto"  # auto (online iff WANDB_API_KEY is set) | offline | online | disabled
-    wandb_tags: List[str] = field(default_factory=list)
-    wandb_group: Optional[str] = None  # null = the multirun sweep's name for sweep jobs, else none
+    wandb_tags: list[str] = field(default_factory=list)
+    wandb_group: str | None = None  # null = the multirun sweep's name for sweep jobs, else none
     level: str = "INFO"
+
+
+def to_dictconfig(root: Any) -> DictConfig:
+    """A typed DictConfig of a recipe object (a RootConfig), keeping the extra keys of a `custom`
+    optimizer / lr_scheduler, which OmegaConf.structured(root) alone drops (they are not schema fields)."""
+    node = OmegaConf.structured(root)
+    for group in OPTION_SCHEMAS:
+        option = getattr(root, group)
+        if isinstance(option, ExtraArguments):
+            OmegaConf.set_struct(node[group], False)
+        for key, value in extra_keys(option).items():
+            node[group][key] = value
+    return node

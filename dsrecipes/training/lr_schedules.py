@@ -1,11 +1,13 @@
 """Learning-rate schedules with DeepSpeed's formulas, stepped once per applied optimizer step.
 
 What: DeepSpeed's five schedules (WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle, LRRangeTest)
-plus a constant one, selected by `lr_scheduler.name`, or any torch scheduler class named by
-`lr_scheduler._target_`. Why: a recipe ported from a DeepSpeed config should see the same lr curve
-(and, for OneCycle, the same momentum curve), while the objects stay ordinary torch
-`LRScheduler`s, so `state_dict()`, `load_state_dict()`, `get_last_lr()` and every tool that
-expects a torch scheduler work unchanged.
+plus a constant one, each an option of the lr_scheduler group (warmup_lr, ..., constant), or any
+torch scheduler class (torch_step: StepLR; custom: `lr_scheduler._target_` by import path). Each
+option names its class in `_target_` and its arguments as flat keys; it is built as
+`_target_(optimizer, **keys)` through dsrecipes.utils.instantiate. Why: a recipe ported from a
+DeepSpeed config should see the same lr curve (and, for OneCycle, the same momentum curve), while
+the objects stay ordinary torch `LRScheduler`s, so `state_dict()`, `load_state_dict()`,
+`get_last_lr()` and every tool that expects a torch scheduler work unchanged.
 
 Step convention: `t` is DeepSpeed's `last_batch_iteration` read as "the 0-based index of the
 optimizer step the lr is used for". As with torch's LambdaLR, building a scheduler already puts
@@ -24,25 +26,37 @@ lrs and momenta), not the schedule's hyperparameters: like DeepSpeed (whose stat
 `{'last_batch_iteration': t}`), the shape of a resumed schedule comes from the config it is built
 from. `load_state_dict()` also writes the loaded step's lr (and momentum) into the optimizer, so
 the order of loading optimizer and scheduler state does not matter.
-
-This module must not import Hydra: `_target_` is resolved with importlib.
 """
 
 from __future__ import annotations
 
-import importlib
+import functools
 import inspect
 import logging
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.optim.lr_scheduler import LRScheduler
 
-from dsrecipes.training.config import LRSchedulerConfig
+from dsrecipes.training.config import (
+    LR_SCHEDULER_SCHEMAS,
+    LRRangeTestConfig,
+    LRSchedulerConfig,
+    OneCycleConfig,
+    WarmupCosineConfig,
+    WarmupDecayLRConfig,
+    WarmupKeys,
+    WarmupLRConfig,
+    WarmupType,
+    check_option,
+    config_items,
+)
+from dsrecipes.utils.instantiate import instantiate
 
-LR_SCHEDULERS = ("warmup_lr", "warmup_decay_lr", "warmup_cosine", "one_cycle", "lr_range_test", "constant")
-WARMUP_TYPES = ("linear", "log")
+LR_SCHEDULERS = tuple(LR_SCHEDULER_SCHEMAS)
+WARMUP_TYPES = tuple(t.value for t in WarmupType)
 
 _log = logging.getLogger(__name__)
 
@@ -455,40 +469,66 @@ class LRRangeTest(ClosedFormLR):
 
 
 # --------------------------------------------------------------------------------------------
-# Config: validation, _target_ resolution, construction
+# Config: validation and construction through _target_
 # --------------------------------------------------------------------------------------------
 
+# Arguments the engine sets: a config key must not name them.
+_RESERVED_ARGUMENTS = {
+    "optimizer": "the engine passes its optimizer",
+    "last_epoch": "the step comes from the checkpoint on resume (trainer.resume)",
+}
 
-def _import_target(path: str, key: str) -> type:
-    """The LRScheduler class named by the dotted `path`; ValueError naming `key` and the path otherwise."""
-    module_name, _, attr = path.rpartition(".")
-    example = "e.g. torch.optim.lr_scheduler.StepLR"
-    if not module_name or not attr:
-        raise ValueError(f"{key}={path!r} is not a dotted path to a class ({example})")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise ValueError(f"{key}={path!r} cannot be imported: {err} ({example})") from err
-    cls = getattr(module, attr, None)
-    if cls is None:
-        raise ValueError(f"{key}={path!r}: module {module_name!r} has no attribute {attr!r} ({example})")
+
+def _constructor_arguments(cfg: LRSchedulerConfig, max_steps: int) -> dict[str, Any]:
+    """The class's arguments besides the optimizer: every key but name / _target_; null total_num_steps = max_steps."""
+    arguments = {k: v for k, v in config_items(cfg).items() if k not in ("name", "_target_")}
+    if "total_num_steps" in arguments and arguments["total_num_steps"] is None:
+        arguments["total_num_steps"] = max_steps
+    return arguments
+
+
+def _scheduler_target(cfg: LRSchedulerConfig, max_steps: int, prefix: str) -> functools.partial:
+    """partial(_target_, **arguments) through dsrecipes.utils.instantiate; call it with the optimizer."""
+    node = {"_target_": cfg._target_, "_partial_": True, **_constructor_arguments(cfg, max_steps)}
+    return instantiate(node, prefix)
+
+
+def _target_name(cls: Any) -> str:
+    """module.QualName of a class, for messages."""
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _check_reserved(cfg: LRSchedulerConfig, prefix: str) -> None:
+    """ValueError for a key naming an argument the engine sets, or one of Hydra's reserved `_x_` keys."""
+    for key in config_items(cfg):
+        if key in _RESERVED_ARGUMENTS:
+            raise ValueError(f"{prefix}.{key} is not allowed: {_RESERVED_ARGUMENTS[key]}")
+        if key.startswith("_") and key != "_target_":
+            raise ValueError(f"{prefix}.{key} is not allowed: keys starting with '_' are Hydra's")
+
+
+def _check_target(cfg: LRSchedulerConfig, target: functools.partial, prefix: str) -> None:
+    """ValueError unless _target_ is an LRScheduler class taking every key (the typo check for `custom`)."""
+    cls = target.func
     if not (isinstance(cls, type) and issubclass(cls, LRScheduler)):
-        raise ValueError(f"{key}={path!r} is not a torch.optim.lr_scheduler.LRScheduler subclass ({example})")
-    return cls
-
-
-def _check_target_kwargs(cls: type, kwargs: dict, prefix: str) -> None:
-    """Raise ValueError if cls(optimizer, **kwargs) cannot bind (missing or unknown arguments)."""
+        raise ValueError(f"{prefix}._target_={cfg._target_!r} is not a torch.optim.lr_scheduler.LRScheduler subclass "
+                         "(e.g. torch.optim.lr_scheduler.StepLR)")
     try:
         signature = inspect.signature(cls)
     except (TypeError, ValueError):  # no introspectable signature: construction will tell
         return
+    params = list(signature.parameters.values())[1:]  # after the optimizer
+    if not any(p.kind is p.VAR_KEYWORD for p in params):
+        names = [p.name for p in params if p.kind is not p.VAR_POSITIONAL]
+        for key in target.keywords:
+            if key not in names:
+                settable = [n for n in names if n not in _RESERVED_ARGUMENTS]
+                raise ValueError(f"{prefix}.{key} is not an argument of {_target_name(cls)} ({prefix}._target_); "
+                                 f"it takes: {', '.join(settable)}")
     try:
-        signature.bind(None, **kwargs)
+        signature.bind(None, **target.keywords)
     except TypeError as err:
-        raise ValueError(
-            f"{prefix}.kwargs={kwargs} do not fit {prefix}._target_={cls.__module__}.{cls.__qualname__}: {err}"
-        ) from err
+        raise ValueError(f"{prefix}: {_target_name(cls)} cannot be built from these keys: {err}") from err
 
 
 def _fail(key: str, value: Any, requirement: str) -> None:
@@ -514,137 +554,135 @@ def _in_unit(key: str, value: float, include_one: bool = True) -> None:
         _fail(key, value, f"must be in [0, 1{']' if include_one else ')'}")
 
 
-def _one_cycle_kwargs(cfg: LRSchedulerConfig) -> dict[str, Any]:
-    """OneCycle's constructor arguments from the config."""
-    return dict(
-        cycle_min_lr=cfg.cycle_min_lr, cycle_max_lr=cfg.cycle_max_lr, decay_lr_rate=cfg.decay_lr_rate,
-        cycle_first_step_size=cfg.cycle_first_step_size, cycle_second_step_size=cfg.cycle_second_step_size,
-        cycle_first_stair_count=cfg.cycle_first_stair_count, cycle_second_stair_count=cfg.cycle_second_stair_count,
-        decay_step_size=cfg.decay_step_size, cycle_momentum=cfg.cycle_momentum, cycle_min_mom=cfg.cycle_min_mom,
-        cycle_max_mom=cfg.cycle_max_mom, decay_mom_rate=cfg.decay_mom_rate,
+def _check_warmup(cfg: WarmupKeys, max_steps: int, prefix: str) -> None:
+    """warmup_type and warmup_num_steps (WarmupLR, WarmupDecayLR, WarmupCosineLR)."""
+    _choice(f"{prefix}.warmup_type", cfg.warmup_type, WARMUP_TYPES)
+    _at_least(f"{prefix}.warmup_num_steps", cfg.warmup_num_steps, 0)
+
+
+def _check_total(cfg: WarmupDecayLRConfig | WarmupCosineConfig, max_steps: int, prefix: str) -> None:
+    """total_num_steps > 0 when set (null = max_steps)."""
+    if cfg.total_num_steps is not None:
+        _at_least(f"{prefix}.total_num_steps", cfg.total_num_steps, 0, strict=True)
+
+
+def _check_warmup_bounds(cfg: WarmupLRConfig, max_steps: int, prefix: str) -> None:
+    """warmup_min_lr >= 0 and warmup_max_lr > 0 when set (null = the optimizer's lr)."""
+    _at_least(f"{prefix}.warmup_min_lr", cfg.warmup_min_lr, 0)
+    if cfg.warmup_max_lr is not None:
+        _at_least(f"{prefix}.warmup_max_lr", cfg.warmup_max_lr, 0, strict=True)
+
+
+def _check_decay_after_warmup(cfg: WarmupDecayLRConfig, max_steps: int, prefix: str) -> None:
+    """WarmupDecayLR decays over the steps after the warmup, so total_num_steps must exceed warmup_num_steps."""
+    total = cfg.total_num_steps if cfg.total_num_steps is not None else max_steps
+    if total <= cfg.warmup_num_steps:
+        source = "" if cfg.total_num_steps is not None else f" (null = max_steps={max_steps})"
+        raise ValueError(
+            f"{prefix}.total_num_steps={cfg.total_num_steps!r}{source} must be > "
+            f"{prefix}.warmup_num_steps={cfg.warmup_num_steps}: warmup_decay_lr decays over the steps after "
+            "the warmup"
+        )
+
+
+def _check_cosine_ratios(cfg: WarmupCosineConfig, max_steps: int, prefix: str) -> None:
+    """WarmupCosineLR's ratios are fractions of the optimizer's lr."""
+    _in_unit(f"{prefix}.warmup_min_ratio", cfg.warmup_min_ratio)
+    _in_unit(f"{prefix}.cos_min_ratio", cfg.cos_min_ratio)
+
+
+def _check_one_cycle(cfg: OneCycleConfig, max_steps: int, prefix: str) -> None:
+    """OneCycle's bounds, step sizes, stairs, decay settings, and momentum staying in [0, 1) for the whole run."""
+
+    def k(name: str) -> str:
+        return f"{prefix}.{name}"
+
+    for name in ("cycle_min_lr", "cycle_max_lr"):
+        value = getattr(cfg, name)
+        if value is None:
+            _fail(k(name), value, "must be set for one_cycle (the cycle's lr bounds: cycle_min_lr, cycle_max_lr)")
+        _at_least(k(name), value, 0)
+    _at_least(k("cycle_first_step_size"), cfg.cycle_first_step_size, 0, strict=True)
+    if cfg.cycle_second_step_size is not None:
+        _at_least(k("cycle_second_step_size"), cfg.cycle_second_step_size, 0, strict=True)
+    _at_least(k("cycle_first_stair_count"), cfg.cycle_first_stair_count, 0)
+    if cfg.cycle_second_stair_count is not None:
+        _at_least(k("cycle_second_stair_count"), cfg.cycle_second_stair_count, 0)
+    _at_least(k("decay_step_size"), cfg.decay_step_size, 0)
+    _at_least(k("decay_lr_rate"), cfg.decay_lr_rate, 0)
+    if cfg.decay_lr_rate > 0 and cfg.decay_step_size == 0:
+        _fail(k("decay_lr_rate"), cfg.decay_lr_rate, f"has no effect with {k('decay_step_size')}=0; set decay_step_size > 0")
+    if not cfg.cycle_momentum:
+        return
+    _in_unit(k("cycle_min_mom"), cfg.cycle_min_mom, include_one=False)
+    _in_unit(k("cycle_max_mom"), cfg.cycle_max_mom, include_one=False)
+    if cfg.decay_mom_rate != 0 and cfg.decay_step_size == 0:
+        _fail(k("decay_mom_rate"), cfg.decay_mom_rate, f"has no effect with {k('decay_step_size')}=0; set decay_step_size > 0")
+    last = one_cycle_momentum(
+        max(0, max_steps - 1), cycle_min_mom=cfg.cycle_min_mom, cycle_max_mom=cfg.cycle_max_mom,
+        decay_mom_rate=cfg.decay_mom_rate, cycle_first_step_size=cfg.cycle_first_step_size,
+        cycle_second_step_size=cfg.cycle_second_step_size, decay_step_size=cfg.decay_step_size,
     )
+    if not 0.0 <= last < 1.0:
+        _fail(
+            k("decay_mom_rate"), cfg.decay_mom_rate,
+            f"takes the momentum to {last:.4g} by step {max_steps - 1}; it must stay in [0, 1) "
+            "(DeepSpeed's post-cycle momentum is cycle_max_mom * (1 + decay_mom_rate * t_after / decay_step_size))",
+        )
+
+
+def _check_range_test(cfg: LRRangeTestConfig, max_steps: int, prefix: str) -> None:
+    """LRRangeTest's start, step size and rate."""
+    _at_least(f"{prefix}.lr_range_test_min_lr", cfg.lr_range_test_min_lr, 0, strict=True)
+    _at_least(f"{prefix}.lr_range_test_step_size", cfg.lr_range_test_step_size, 0, strict=True)
+    _at_least(f"{prefix}.lr_range_test_step_rate", cfg.lr_range_test_step_rate, 0)
+
+
+# The value checks of each option with DeepSpeed's keys (torch_step and custom: the signature check only).
+_VALUE_CHECKS: dict[type, tuple[Callable[[Any, int, str], None], ...]] = {
+    WarmupLRConfig: (_check_warmup, _check_warmup_bounds),
+    WarmupDecayLRConfig: (_check_warmup, _check_total, _check_warmup_bounds, _check_decay_after_warmup),
+    WarmupCosineConfig: (_check_warmup, _check_total, _check_cosine_ratios),
+    OneCycleConfig: (_check_one_cycle,),
+    LRRangeTestConfig: (_check_range_test,),
+}
 
 
 def validate_lr_scheduler_config(cfg: LRSchedulerConfig, max_steps: int, prefix: str = "lr_scheduler") -> None:
-    """Check the keys the selected schedule uses; raise ValueError naming the key, its value and what is valid.
+    """Check the option's keys; raise ValueError naming the key, its value and what is valid.
 
-    With `_target_` set, only the class path and kwargs are checked (the built-in keys, `name`
-    included, are not used). Otherwise: name, warmup_type, step counts, ratios and the OneCycle
+    cfg must be an option's schema with its own name and keys; `_target_` must import to an
+    LRScheduler class taking every key (its signature: what catches a typo in a `custom` option);
+    then the values of DeepSpeed's schedules: warmup_type, step counts, ratios and the OneCycle
     bounds and decay settings. A null total_num_steps stands for max_steps.
     """
+    check_option(cfg, "lr_scheduler", prefix)
+    _check_reserved(cfg, prefix)
+    _check_target(cfg, _scheduler_target(cfg, max_steps, prefix), prefix)
+    for check in _VALUE_CHECKS.get(type(cfg), ()):
+        check(cfg, max_steps, prefix)
 
-    def k(field: str) -> str:
-        return f"{prefix}.{field}"
 
-    if cfg._target_:
-        cls = _import_target(cfg._target_, k("_target_"))
-        _check_target_kwargs(cls, dict(cfg.kwargs or {}), prefix)
-        return
-    _choice(k("name"), cfg.name, LR_SCHEDULERS)
-    if cfg.kwargs:
-        _fail(k("kwargs"), dict(cfg.kwargs), f"is only used with {k('_target_')} (a torch scheduler class)")
-    name = cfg.name
+def non_closed_form_target(cfg: LRSchedulerConfig, prefix: str = "lr_scheduler") -> str | None:
+    """cfg's `_target_` when it is not one of this module's closed-form schedules (None when it is).
 
-    if name in ("warmup_lr", "warmup_decay_lr", "warmup_cosine"):
-        _choice(k("warmup_type"), cfg.warmup_type, WARMUP_TYPES)
-        _at_least(k("warmup_num_steps"), cfg.warmup_num_steps, 0)
-    if name in ("warmup_decay_lr", "warmup_cosine") and cfg.total_num_steps is not None:
-        _at_least(k("total_num_steps"), cfg.total_num_steps, 0, strict=True)
-    if name in ("warmup_lr", "warmup_decay_lr"):
-        _at_least(k("warmup_min_lr"), cfg.warmup_min_lr, 0)
-        if cfg.warmup_max_lr is not None:
-            _at_least(k("warmup_max_lr"), cfg.warmup_max_lr, 0, strict=True)
-    if name == "warmup_decay_lr":
-        total = cfg.total_num_steps if cfg.total_num_steps is not None else max_steps
-        if total <= cfg.warmup_num_steps:
-            source = "" if cfg.total_num_steps is not None else f" (null = max_steps={max_steps})"
-            raise ValueError(
-                f"{k('total_num_steps')}={cfg.total_num_steps!r}{source} must be > "
-                f"{k('warmup_num_steps')}={cfg.warmup_num_steps}: warmup_decay_lr decays over the steps after "
-                "the warmup"
-            )
-    if name == "warmup_cosine":
-        _in_unit(k("warmup_min_ratio"), cfg.warmup_min_ratio)
-        _in_unit(k("cos_min_ratio"), cfg.cos_min_ratio)
-
-    if name == "one_cycle":
-        for field in ("cycle_min_lr", "cycle_max_lr"):
-            value = getattr(cfg, field)
-            if value is None:
-                _fail(k(field), value, "must be set for one_cycle (the cycle's lr bounds: cycle_min_lr, cycle_max_lr)")
-            _at_least(k(field), value, 0)
-        _at_least(k("cycle_first_step_size"), cfg.cycle_first_step_size, 0, strict=True)
-        if cfg.cycle_second_step_size is not None:
-            _at_least(k("cycle_second_step_size"), cfg.cycle_second_step_size, 0, strict=True)
-        _at_least(k("cycle_first_stair_count"), cfg.cycle_first_stair_count, 0)
-        if cfg.cycle_second_stair_count is not None:
-            _at_least(k("cycle_second_stair_count"), cfg.cycle_second_stair_count, 0)
-        _at_least(k("decay_step_size"), cfg.decay_step_size, 0)
-        _at_least(k("decay_lr_rate"), cfg.decay_lr_rate, 0)
-        if cfg.decay_lr_rate > 0 and cfg.decay_step_size == 0:
-            _fail(k("decay_lr_rate"), cfg.decay_lr_rate,
-                  f"has no effect with {k('decay_step_size')}=0; set decay_step_size > 0")
-        if cfg.cycle_momentum:
-            _in_unit(k("cycle_min_mom"), cfg.cycle_min_mom, include_one=False)
-            _in_unit(k("cycle_max_mom"), cfg.cycle_max_mom, include_one=False)
-            if cfg.decay_mom_rate != 0 and cfg.decay_step_size == 0:
-                _fail(k("decay_mom_rate"), cfg.decay_mom_rate,
-                      f"has no effect with {k('decay_step_size')}=0; set decay_step_size > 0")
-            last = one_cycle_momentum(
-                max(0, max_steps - 1), cycle_min_mom=cfg.cycle_min_mom, cycle_max_mom=cfg.cycle_max_mom,
-                decay_mom_rate=cfg.decay_mom_rate, cycle_first_step_size=cfg.cycle_first_step_size,
-                cycle_second_step_size=cfg.cycle_second_step_size, decay_step_size=cfg.decay_step_size,
-            )
-            if not 0.0 <= last < 1.0:
-                _fail(
-                    k("decay_mom_rate"), cfg.decay_mom_rate,
-                    f"takes the momentum to {last:.4g} by step {max_steps - 1}; it must stay in [0, 1) "
-                    "(DeepSpeed's post-cycle momentum is "
-                    "cycle_max_mom * (1 + decay_mom_rate * t_after / decay_step_size))",
-                )
-
-    if name == "lr_range_test":
-        _at_least(k("lr_range_test_min_lr"), cfg.lr_range_test_min_lr, 0, strict=True)
-        _at_least(k("lr_range_test_step_size"), cfg.lr_range_test_step_size, 0, strict=True)
-        _at_least(k("lr_range_test_step_rate"), cfg.lr_range_test_step_rate, 0)
+    What needs the lr at an arbitrary step (`lrs_at`, e.g. random-LTD's layer-token schedule)
+    can only use a ClosedFormLR.
+    """
+    cls = instantiate({"_target_": cfg._target_, "_partial_": True}, prefix).func
+    return None if isinstance(cls, type) and issubclass(cls, ClosedFormLR) else cfg._target_
 
 
 def build_lr_scheduler(cfg: LRSchedulerConfig, optimizer: torch.optim.Optimizer, max_steps: int) -> LRScheduler:
     """The configured schedule for `optimizer`, validated first; total_num_steps defaults to the run's max_steps.
 
-    `_target_` (a dotted class path) takes precedence over `name` and is built as cls(optimizer, **kwargs).
+    Built as `_target_(optimizer, **the option's other keys)` (Hydra's flat convention, `_partial_`).
     """
     validate_lr_scheduler_config(cfg, max_steps)
-    if cfg._target_:
-        cls = _import_target(cfg._target_, "lr_scheduler._target_")
-        kwargs = dict(cfg.kwargs or {})
-        try:
-            return cls(optimizer, **kwargs)
-        except (TypeError, ValueError) as err:
-            raise ValueError(
-                f"lr_scheduler._target_={cfg._target_!r} with lr_scheduler.kwargs={kwargs} failed: {err}"
-            ) from err
-    total = cfg.total_num_steps if cfg.total_num_steps is not None else max_steps
-    warmup = dict(warmup_num_steps=cfg.warmup_num_steps, warmup_type=cfg.warmup_type)
-    if cfg.name == "constant":
-        return ConstantSchedule(optimizer)
-    if cfg.name == "warmup_lr":
-        return WarmupLR(optimizer, warmup_min_lr=cfg.warmup_min_lr, warmup_max_lr=cfg.warmup_max_lr, **warmup)
-    if cfg.name == "warmup_decay_lr":
-        return WarmupDecayLR(
-            optimizer, total_num_steps=total, warmup_min_lr=cfg.warmup_min_lr, warmup_max_lr=cfg.warmup_max_lr, **warmup
-        )
-    if cfg.name == "warmup_cosine":
-        return WarmupCosineLR(
-            optimizer, total_num_steps=total, warmup_min_ratio=cfg.warmup_min_ratio, cos_min_ratio=cfg.cos_min_ratio,
-            **warmup,
-        )
-    if cfg.name == "one_cycle":
-        return OneCycle(optimizer, **_one_cycle_kwargs(cfg))
-    if cfg.name == "lr_range_test":
-        return LRRangeTest(
-            optimizer, lr_range_test_min_lr=cfg.lr_range_test_min_lr,
-            lr_range_test_step_size=cfg.lr_range_test_step_size, lr_range_test_step_rate=cfg.lr_range_test_step_rate,
-            lr_range_test_staircase=cfg.lr_range_test_staircase,
-        )
-    raise ValueError(f"lr_scheduler.name={cfg.name!r} is not valid; choose one of: {', '.join(LR_SCHEDULERS)}")
+    target = _scheduler_target(cfg, max_steps, "lr_scheduler")
+    try:
+        return target(optimizer)
+    except (TypeError, ValueError) as err:
+        raise ValueError(
+            f"lr_scheduler._target_={cfg._target_!r} with arguments {target.keywords} failed: {err}"
+        ) from err

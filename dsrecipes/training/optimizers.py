@@ -1,66 +1,97 @@
 """Optimizer construction: DeepSpeed's optimizer names on torch's classes, parameter groups and kernels.
 
-What: `build_optimizer(cfg, model)` turns an `OptimizerConfig` into a `torch.optim.Optimizer` over
-the model's trainable parameters, split into a decayed group (matrices) and an undecayed group
-(biases, norm weights and other 1-D parameters) when `no_decay_bias_and_norm` is set.
+What: `build_optimizer(cfg, model)` turns an optimizer option's config (AdamWConfig, SGDConfig, ...
+in dsrecipes.training.config) into a `torch.optim.Optimizer` over the model's trainable
+parameters, split into a decayed group (matrices) and an undecayed group (biases, norm weights and
+other 1-D parameters) when `no_decay_bias_and_norm` is set.
 
-Names follow DeepSpeed's config (`optimizer.type`):
+Each option names its class in `_target_` and its constructor arguments as flat keys, built with
+`_partial_` through dsrecipes.utils.instantiate (the parameters are the runtime argument):
 
     adamw    torch.optim.AdamW
-    adam     torch.optim.AdamW while adam_w_mode is true (DeepSpeed's default: "Adam" decouples
-             weight decay), torch.optim.Adam (L2 weight decay in the gradient) when it is false
+    adam     `adam` below: torch.optim.AdamW while adam_w_mode is true (DeepSpeed's default:
+             "Adam" decouples weight decay), torch.optim.Adam (L2 weight decay) when it is false
     sgd      torch.optim.SGD (momentum, nesterov)
     adagrad  torch.optim.Adagrad (lr_decay, eps)
     lamb     dsrecipes.training.lamb.Lamb (FusedLamb's update and trust-ratio clamp)
     lion     dsrecipes.training.lion.Lion
+    rmsprop  torch.optim.RMSprop
+    custom   any class by import path (optimizer._target_=torch.optim.NAdam), its arguments flat,
+             much like DeepSpeed's fallback to `getattr(torch.optim, type)`
 
-and `_target_` names any other optimizer class by import path (e.g. torch.optim.RMSprop), built
-as `cls(param_groups, lr=cfg.lr, **cfg.kwargs)`, much like DeepSpeed's fallback to
-`getattr(torch.optim, type)`. For the built-ins `cfg.kwargs` are extra keyword arguments that override
-the ones derived from the config, so every argument of the class is reachable.
+The engine's own keys (name, impl, no_decay_bias_and_norm) never reach the class; weight_decay is
+set per parameter group and passed to the class when it takes the argument. Every other key must
+be an argument of the class: validation checks them against its signature before any work starts.
 
 Why torch's own kernels: instead of DeepSpeed's hand-written CUDA optimizers, `impl` selects the
 fused / foreach / for-loop implementations torch already has. `auto` picks fused when every
 parameter is on CUDA and the class has a working fused kernel for them, else foreach.
-
-This module imports no Hydra: `_target_` is resolved with importlib.
 """
 
 from __future__ import annotations
 
-import importlib
+import functools
 import inspect
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
 
-from dsrecipes.training.config import OptimizerConfig
-from dsrecipes.training.lamb import Lamb
-from dsrecipes.training.lion import Lion
+from dsrecipes.training.config import (
+    OPTIMIZER_SCHEMAS,
+    OptimizerConfig,
+    OptimizerImpl,
+    check_option,
+    config_items,
+)
+from dsrecipes.utils.instantiate import instantiate
 
 __all__ = [
     "OPTIMIZERS",
     "OPTIMIZER_IMPLS",
+    "adam",
     "build_optimizer",
     "optimizer_class",
     "param_groups",
-    "resolve_target",
     "supported_impls",
     "validate_optimizer_config",
 ]
 
-OPTIMIZERS = ("adamw", "adam", "sgd", "adagrad", "lamb", "lion")
-OPTIMIZER_IMPLS = ("auto", "fused", "foreach", "for_loop")
+OPTIMIZERS = tuple(OPTIMIZER_SCHEMAS)
+OPTIMIZER_IMPLS = tuple(impl.value for impl in OptimizerImpl)
 
-# Arguments build_optimizer always sets itself: kwargs must not repeat them.
-_RESERVED_KWARGS = {
+# Read by the engine itself, never passed to the class. weight_decay is the engine's too (it is set
+# per parameter group) and reaches the class only when the class takes it (_constructor_arguments).
+_ENGINE_KEYS = ("name", "_target_", "impl", "no_decay_bias_and_norm")
+# Arguments the engine sets: a config key must not name them.
+_RESERVED_ARGUMENTS = {
     "params": "the model's parameters are passed by the engine",
-    "lr": "set optimizer.lr instead",
-    "weight_decay": "set optimizer.weight_decay instead (it is applied per parameter group)",
+    "fused": "choose the kernel with optimizer.impl (auto | fused | foreach | for_loop)",
+    "foreach": "choose the kernel with optimizer.impl (auto | fused | foreach | for_loop)",
 }
-_IMPL_KWARGS = ("fused", "foreach")
+
+
+class AdamFactory:
+    """The `_target_` of optimizer=adam: DeepSpeed's "Adam", whose adam_w_mode picks the class.
+
+    adam_w_mode true (DeepSpeed's default) builds torch.optim.AdamW, decoupled weight decay;
+    false builds torch.optim.Adam, weight decay added to the gradient (L2). A callable object
+    rather than a function so that `optimizer_class` can ask which class it builds.
+    """
+
+    def __call__(self, params: Any, adam_w_mode: bool = True, **kwargs: Any) -> torch.optim.Optimizer:
+        """The optimizer: optimizer_class(adam_w_mode)(params, **kwargs)."""
+        return self.optimizer_class(adam_w_mode)(params, **kwargs)
+
+    @staticmethod
+    def optimizer_class(adam_w_mode: bool = True, **_: Any) -> type[torch.optim.Optimizer]:
+        """AdamW while adam_w_mode, else Adam (the other arguments do not matter)."""
+        return torch.optim.AdamW if adam_w_mode else torch.optim.Adam
+
+
+adam = AdamFactory()
 
 
 def param_groups(model: nn.Module, weight_decay: float, no_decay_bias_and_norm: bool) -> list[dict]:
@@ -83,60 +114,87 @@ def param_groups(model: nn.Module, weight_decay: float, no_decay_bias_and_norm: 
     return groups
 
 
-def resolve_target(path: str, key: str = "optimizer._target_") -> Callable[..., torch.optim.Optimizer]:
-    """The object at dotted import path `path` (e.g. "torch.optim.RMSprop"), imported with importlib.
+# --------------------------------------------------------------------------------------------
+# The class and its arguments
+# --------------------------------------------------------------------------------------------
 
-    Tries the longest importable module prefix, then walks attributes (so nested classes work).
-    Raises ValueError naming `key` and the value when the path cannot be resolved to a callable.
+
+def _class_arguments(cfg: OptimizerConfig) -> dict[str, Any]:
+    """The config's keys that go to the class whatever it is: all but the engine's and weight_decay."""
+    return {key: value for key, value in config_items(cfg).items() if key not in (*_ENGINE_KEYS, "weight_decay")}
+
+
+def _call(target: functools.partial, *args: Any, **kwargs: Any) -> Any:
+    """target(*args, **kwargs) with its list arguments as tuples.
+
+    torch.optim declares betas / etas / step_sizes as tuples, and some classes keep what they are
+    given in param_groups; Hydra hands lists (call-time keywords override the partial's).
     """
-    parts = path.split(".") if isinstance(path, str) else []
-    if len(parts) < 2 or not all(parts):
-        raise ValueError(f"{key}={path!r} is not a dotted import path such as 'torch.optim.RMSprop'")
-    error: Exception | None = None
-    for split in range(len(parts) - 1, 0, -1):
-        module_name = ".".join(parts[:split])
-        try:
-            obj: Any = importlib.import_module(module_name)
-        except ImportError as exc:
-            error = error or exc
-            continue
-        try:
-            for attr in parts[split:]:
-                obj = getattr(obj, attr)
-        except AttributeError as exc:
-            raise ValueError(f"{key}={path!r} cannot be imported: {exc}") from None
-        if not callable(obj):
-            raise ValueError(f"{key}={path!r} is not a class or callable")
-        return obj
-    raise ValueError(f"{key}={path!r} cannot be imported: {error}") from None
+    tuples = {key: tuple(value) for key, value in target.keywords.items() if isinstance(value, list)}
+    return target(*args, **tuples, **kwargs)
+
+
+def _target(cfg: OptimizerConfig, arguments: dict[str, Any], prefix: str) -> functools.partial:
+    """partial(_target_, **arguments), through dsrecipes.utils.instantiate; call it with the param groups."""
+    return instantiate({"_target_": cfg._target_, "_partial_": True, **arguments}, prefix)
+
+
+def _built_class(target: functools.partial) -> Callable[..., Any]:
+    """The class a partial builds: its callable, or the class a factory (see AdamFactory) says it builds."""
+    resolve = getattr(target.func, "optimizer_class", None)
+    return resolve(**target.keywords) if callable(resolve) else target.func
+
+
+def _target_and_class(cfg: OptimizerConfig, prefix: str) -> tuple[functools.partial, Callable[..., Any]]:
+    """(partial of _target_ with the class arguments, the class it builds)."""
+    target = _target(cfg, _class_arguments(cfg), prefix)
+    return target, _built_class(target)
 
 
 def optimizer_class(cfg: OptimizerConfig, prefix: str = "optimizer") -> Callable[..., torch.optim.Optimizer]:
-    """The class `cfg` builds: the `_target_` one when set, else the one for `cfg.name`."""
-    if cfg._target_:
-        return resolve_target(cfg._target_, f"{prefix}._target_")
-    classes = {
-        "adamw": torch.optim.AdamW,
-        "adam": torch.optim.AdamW if cfg.adam_w_mode else torch.optim.Adam,
-        "sgd": torch.optim.SGD,
-        "adagrad": torch.optim.Adagrad,
-        "lamb": Lamb,
-        "lion": Lion,
-    }
-    if cfg.name not in classes:
-        raise ValueError(
-            f"{prefix}.name={cfg.name!r} is not valid; choose one of: {', '.join(OPTIMIZERS)} "
-            f"(or set {prefix}._target_ to a torch.optim class)"
-        )
-    return classes[cfg.name]
+    """The class `cfg` builds: its `_target_`, or for a factory target (adam) the class it picks."""
+    return _target_and_class(cfg, prefix)[1]
+
+
+def _constructor_arguments(cfg: OptimizerConfig, cls: Callable[..., Any]) -> dict[str, Any]:
+    """Everything the class gets besides the parameters and impl: weight_decay too when it takes it."""
+    arguments = _class_arguments(cfg)
+    if "weight_decay" in _signature_parameters(cls):
+        arguments["weight_decay"] = cfg.weight_decay
+    return arguments
+
+
+def _signature_parameters(fn: Callable[..., Any]) -> dict[str, inspect.Parameter]:
+    """fn's parameters by name (empty when it has no introspectable signature)."""
+    try:
+        return dict(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return {}
+
+
+def _accepted_arguments(target: Callable[..., Any], cls: Callable[..., Any]) -> tuple[list[str], bool]:
+    """(the keyword arguments target(params, ...) takes, whether it takes any keyword at all).
+
+    A factory that forwards **kwargs to the class it builds (adam) takes its own named arguments
+    plus that class's. No introspectable signature counts as taking anything.
+    """
+    names: list[str] = []
+    takes_any = False
+    for fn in [target] if cls is target else [target, cls]:
+        params = _signature_parameters(fn)
+        if not params:
+            return names, True
+        names += [n for n, p in params.items()
+                  if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and n != "params" and n not in names]
+        takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+        if not takes_any:
+            break
+    return names, takes_any
 
 
 def supported_impls(cls: Callable[..., Any]) -> tuple[str, ...]:
     """The `impl` values `cls` accepts: auto always; fused / foreach / for_loop by its signature."""
-    try:
-        params = inspect.signature(cls).parameters
-    except (TypeError, ValueError):
-        params = {}
+    params = _signature_parameters(cls)
     impls = ["auto"]
     if "fused" in params:
         impls.append("fused")
@@ -146,8 +204,45 @@ def supported_impls(cls: Callable[..., Any]) -> tuple[str, ...]:
 
 
 def _display_name(cfg: OptimizerConfig) -> str:
-    """How messages name the optimizer: the `_target_` path or the built-in name."""
-    return cfg._target_ or cfg.name
+    """How messages name the optimizer: the option's name, or `_target_` when it is not the option's own."""
+    own = type(cfg).__dataclass_fields__["_target_"].default
+    return cfg.name if cfg._target_ == own else cfg._target_
+
+
+# --------------------------------------------------------------------------------------------
+# Validation
+# --------------------------------------------------------------------------------------------
+
+
+def _check_reserved(cfg: OptimizerConfig, prefix: str) -> None:
+    """ValueError for a key naming an argument the engine sets, or one of Hydra's reserved `_x_` keys."""
+    for key in config_items(cfg):
+        if key in _RESERVED_ARGUMENTS:
+            raise ValueError(f"{prefix}.{key} is not allowed: {_RESERVED_ARGUMENTS[key]}")
+        if key.startswith("_") and key != "_target_":
+            raise ValueError(f"{prefix}.{key} is not allowed: keys starting with '_' are Hydra's")
+
+
+def _check_arguments(cfg: OptimizerConfig, target: functools.partial, cls: Callable[..., Any], prefix: str) -> None:
+    """ValueError unless the class takes every key given to it (the typo check for `custom`)."""
+    if isinstance(cls, type) and not issubclass(cls, torch.optim.Optimizer):
+        raise ValueError(f"{prefix}._target_={cfg._target_!r} is not a torch.optim.Optimizer class")
+    names, takes_any = _accepted_arguments(target.func, cls)
+    where = f"{cls.__module__}.{cls.__qualname__}" if isinstance(cls, type) else cfg._target_
+    for key in target.keywords:
+        if not takes_any and key not in names:
+            settable = [n for n in names if n not in _RESERVED_ARGUMENTS]
+            raise ValueError(f"{prefix}.{key} is not an argument of {where} ({prefix}._target_); "
+                             f"it takes: {', '.join(settable)}")
+    if cfg.weight_decay and "weight_decay" not in _signature_parameters(cls) and not takes_any:
+        raise ValueError(f"{prefix}.weight_decay={cfg.weight_decay} but {where} has no weight_decay argument; "
+                         f"set {prefix}.weight_decay=0")
+    try:
+        inspect.signature(target.func).bind(None, **_constructor_arguments(cfg, cls))
+    except TypeError as err:
+        raise ValueError(f"{prefix}: {where} cannot be built from these keys: {err}") from err
+    except ValueError:  # no introspectable signature: construction will tell
+        pass
 
 
 def _check_impl_supported(cfg: OptimizerConfig, cls: Callable[..., Any], prefix: str) -> None:
@@ -161,64 +256,50 @@ def _check_impl_supported(cfg: OptimizerConfig, cls: Callable[..., Any], prefix:
         )
 
 
+def _check_values(cfg: OptimizerConfig, prefix: str) -> None:
+    """The hyperparameters' ranges, for whichever of them the option has."""
+    items = config_items(cfg)
+    if not items["lr"] > 0:
+        raise ValueError(f"{prefix}.lr={items['lr']} must be > 0")
+    if "betas" in items:
+        betas = list(items["betas"])
+        if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
+            raise ValueError(f"{prefix}.betas={betas} must be two values in [0, 1)")
+    for key in ("weight_decay", "eps", "momentum", "lr_decay"):
+        if key in items and items[key] < 0:
+            raise ValueError(f"{prefix}.{key}={items[key]} must be >= 0")
+    if items.get("nesterov") and items.get("momentum", 0) <= 0:
+        raise ValueError(f"{prefix}.nesterov=true needs {prefix}.momentum > 0 (got momentum={items.get('momentum')})")
+    if "min_coeff" in items and not 0 <= items["min_coeff"] <= items["max_coeff"]:
+        raise ValueError(
+            f"{prefix}.min_coeff={items['min_coeff']} and {prefix}.max_coeff={items['max_coeff']}: "
+            "need 0 <= min_coeff <= max_coeff"
+        )
+
+
 def validate_optimizer_config(cfg: OptimizerConfig, prefix: str = "optimizer") -> None:
     """Raise ValueError (naming key, value and what is valid) on a config no optimizer can be built from.
 
-    Checks the name (or that `_target_` imports), impl (in general and for this class), lr > 0,
-    betas = two values in [0, 1), non-negative weight_decay / eps / momentum / lr_decay,
-    nesterov only with momentum (sgd), 0 <= min_coeff <= max_coeff, and kwargs not repeating
-    lr / weight_decay / params.
+    Checks that cfg is an option's schema with its own name and keys, that `_target_` imports and
+    takes every key (the class's signature: what catches a typo in a `custom` option), impl (in
+    general and for this class), lr > 0, betas = two values in [0, 1), non-negative weight_decay /
+    eps / momentum / lr_decay, nesterov only with momentum, 0 <= min_coeff <= max_coeff.
     """
-    cls = optimizer_class(cfg, prefix)
+    check_option(cfg, "optimizer", prefix)
+    _check_reserved(cfg, prefix)
+    target, cls = _target_and_class(cfg, prefix)
+    _check_arguments(cfg, target, cls, prefix)
     _check_impl_supported(cfg, cls, prefix)
-    if not cfg.lr > 0:
-        raise ValueError(f"{prefix}.lr={cfg.lr} must be > 0")
-    betas = list(cfg.betas)
-    if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
-        raise ValueError(f"{prefix}.betas={betas} must be two values in [0, 1)")
-    for key in ("weight_decay", "eps", "momentum", "lr_decay"):
-        value = getattr(cfg, key)
-        if value < 0:
-            raise ValueError(f"{prefix}.{key}={value} must be >= 0")
-    if cfg.name == "sgd" and not cfg._target_ and cfg.nesterov and cfg.momentum <= 0:
-        raise ValueError(f"{prefix}.nesterov=true needs {prefix}.momentum > 0 (got momentum={cfg.momentum})")
-    if cfg.min_coeff < 0 or cfg.min_coeff > cfg.max_coeff:
-        raise ValueError(
-            f"{prefix}.min_coeff={cfg.min_coeff} and {prefix}.max_coeff={cfg.max_coeff}: "
-            "need 0 <= min_coeff <= max_coeff"
-        )
-    for key, hint in _RESERVED_KWARGS.items():
-        if key in cfg.kwargs:
-            raise ValueError(f"{prefix}.kwargs.{key}={cfg.kwargs[key]!r} is not allowed: {hint}")
-    if cfg.impl != "auto":
-        clash = [k for k in _IMPL_KWARGS if k in cfg.kwargs]
-        if clash:
-            raise ValueError(
-                f"{prefix}.kwargs.{clash[0]} conflicts with {prefix}.impl={cfg.impl!r}; set only one of them"
-            )
+    _check_values(cfg, prefix)
 
 
-def _builtin_kwargs(cfg: OptimizerConfig) -> dict:
-    """Keyword arguments (besides params and impl) of the built-in optimizer `cfg.name`."""
-    betas = tuple(cfg.betas)
-    if cfg.name in ("adamw", "adam"):
-        return {"lr": cfg.lr, "betas": betas, "eps": cfg.eps, "weight_decay": cfg.weight_decay}
-    if cfg.name == "sgd":
-        return {"lr": cfg.lr, "momentum": cfg.momentum, "nesterov": cfg.nesterov, "weight_decay": cfg.weight_decay}
-    if cfg.name == "adagrad":
-        return {"lr": cfg.lr, "lr_decay": cfg.lr_decay, "eps": cfg.eps, "weight_decay": cfg.weight_decay}
-    if cfg.name == "lamb":
-        return {
-            "lr": cfg.lr, "betas": betas, "eps": cfg.eps, "weight_decay": cfg.weight_decay,
-            "max_coeff": cfg.max_coeff, "min_coeff": cfg.min_coeff,
-        }
-    if cfg.name == "lion":
-        return {"lr": cfg.lr, "betas": betas, "weight_decay": cfg.weight_decay}
-    raise AssertionError(f"no built-in optimizer {cfg.name!r}")  # unreachable after validation
+# --------------------------------------------------------------------------------------------
+# Construction
+# --------------------------------------------------------------------------------------------
 
 
-def _fused_works(cls: Callable[..., Any], kwargs: dict, params: list[torch.Tensor]) -> tuple[bool, str]:
-    """Whether `cls(..., fused=True)` can step tensors of every (device, dtype) in `params`.
+def _fused_works(target: Callable[..., Any], params: list[torch.Tensor]) -> tuple[bool, str]:
+    """Whether `target(..., fused=True)` can step tensors of every (device, dtype) in `params`.
 
     Fused kernels exist per device and dtype (e.g. torch's fused Adagrad is CPU-only), and some
     classes only find out at the first step, so this steps a throwaway one-element probe of each kind.
@@ -230,24 +311,23 @@ def _fused_works(cls: Callable[..., Any], kwargs: dict, params: list[torch.Tenso
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                cls([probe], **kwargs, fused=True).step()
+                _call(target, [probe], fused=True).step()
         except (RuntimeError, ValueError, TypeError, NotImplementedError) as exc:
             return False, f"{device.type} {str(dtype).replace('torch.', '')} parameters: {exc}"
     return True, ""
 
 
-def _impl_kwargs(cfg: OptimizerConfig, cls: Callable[..., Any], kwargs: dict, params: list[torch.Tensor]) -> dict:
+def _impl_kwargs(cfg: OptimizerConfig, cls: Callable[..., Any], target: Callable[..., Any],
+                 params: list[torch.Tensor]) -> dict:
     """The fused= / foreach= arguments that select `cfg.impl` for `cls` (empty when it has neither)."""
     impls = supported_impls(cls)
     if cfg.impl == "auto":
-        if any(k in kwargs for k in _IMPL_KWARGS):
-            return {}  # the user chose through kwargs
         on_cuda = bool(params) and all(p.is_cuda for p in params)
-        if "fused" in impls and on_cuda and _fused_works(cls, kwargs, params)[0]:
+        if "fused" in impls and on_cuda and _fused_works(target, params)[0]:
             return {"fused": True}
         return {"foreach": True} if "foreach" in impls else {}
     if cfg.impl == "fused":
-        ok, reason = _fused_works(cls, kwargs, params)
+        ok, reason = _fused_works(target, params)
         if not ok:
             raise ValueError(
                 f"optimizer.impl='fused' is not available for {_display_name(cfg)} on {reason}; "
@@ -265,19 +345,17 @@ def build_optimizer(cfg: OptimizerConfig, model: nn.Module) -> torch.optim.Optim
     """
     validate_optimizer_config(cfg)
     cls = optimizer_class(cfg)
+    target = _target(cfg, _constructor_arguments(cfg, cls), "optimizer")
     groups = param_groups(model, cfg.weight_decay, cfg.no_decay_bias_and_norm)
     params = [p for g in groups for p in g["params"]]
     if not params:
         raise ValueError(f"{type(model).__name__} has no trainable parameters to optimize")
-    if cfg._target_:
-        kwargs = {"lr": cfg.lr, **cfg.kwargs}
-    else:
-        kwargs = {**_builtin_kwargs(cfg), **cfg.kwargs}
-    kwargs.update(_impl_kwargs(cfg, cls, kwargs, params))
+    impl = _impl_kwargs(cfg, cls, target, params)
     try:
-        optimizer = cls(groups, **kwargs)
+        optimizer = _call(target, groups, **impl)
     except TypeError as exc:
-        raise ValueError(f"cannot build optimizer {_display_name(cfg)} with arguments {sorted(kwargs)}: {exc}") from exc
+        arguments = sorted({**target.keywords, **impl})
+        raise ValueError(f"cannot build optimizer {_display_name(cfg)} with arguments {arguments}: {exc}") from exc
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise ValueError(
             f"optimizer._target_={cfg._target_!r} returned {type(optimizer).__name__}, not a torch.optim.Optimizer"
