@@ -16,7 +16,7 @@ __all__ = ["__version__", "initialize"]
 def __getattr__(name):
     # Imported lazily so that `import dsrecipes.data` (or the kernels) stays light.
     if name == "initialize":
-        from dsrecipes.training.initialize import initialize
+        from dsrecipes.library import initialize
 
         return initialize
     raise AttributeError(f"module 'dsrecipes' has no attribute {name!r}")

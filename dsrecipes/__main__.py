@@ -16,9 +16,8 @@ import warnings
 from datetime import datetime
 from pathlib import Path
 
-import torch
-
 import hydra
+import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
@@ -40,7 +39,7 @@ def run(cfg: DictConfig) -> dict:
 
     try:
         if cfg.mode != "train":  # generate / serve-bench: the inference engine, no training
-            from dsrecipes.inference.cli import run_inference_mode
+            from dsrecipes.inference_cli import run_inference_mode
 
             return run_inference_mode(cfg, HydraConfig.get().runtime.output_dir, list(HydraConfig.get().overrides.task))
         validate_launcher_config(cfg.launcher)
@@ -83,7 +82,7 @@ def main() -> None:
         os.environ[RUN_STAMP_ENV] = stamp[0]
         if torch.distributed.get_rank() != 0:
             sys.argv.append("hydra.output_subdir=null")  # .hydra/ is written once, by rank 0
-    from dsrecipes.inference.cli import rewrite_aliases
+    from dsrecipes.inference_cli import rewrite_aliases
 
     sys.argv[1:] = rewrite_aliases(sys.argv[1:])  # mode=generate checkpoint=PATH prompt=TEXT
     run()

@@ -64,7 +64,7 @@ def _load(cfg: DictConfig, overrides: list[str], device):
         model_cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), cfg.model))
     if g.checkpoint is None:  # serve-bench on random weights of the recipe's model
         from dsrecipes.models import GPT
-        from dsrecipes.training.trainer import padded_vocab_size
+        from dsrecipes.models.config import padded_vocab_size
 
         model_cfg = model_cfg or OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), cfg.model))
         tokenizer = build_tokenizer(cfg.data.tokenizer)
@@ -96,7 +96,9 @@ def run_inference_mode(cfg: DictConfig, run_dir: str, overrides: list[str]) -> d
     model, tokenizer, source = _load(cfg, overrides, device)
     say = print if rank == 0 else (lambda *a, **k: None)
     if cfg.mode == "serve-bench":
-        return _serve_bench(model, g, device, run_dir, say, source)
+        from dsrecipes.benchmarks.inference import serve_bench
+
+        return serve_bench(model, g, device, run_dir, say, source)
 
     from dsrecipes.inference.engine import init_inference
 
@@ -131,18 +133,3 @@ def run_inference_mode(cfg: DictConfig, run_dir: str, overrides: list[str]) -> d
                 f.write(json.dumps(record) + "\n")
         say(f"wrote {g.output_file}")
     return {"generations": records}
-
-
-def _serve_bench(model, g: GenerateConfig, device, run_dir: str, say, source: str) -> dict:
-    from dsrecipes.benchmarks.inference import DTYPES, print_table, run_benchmark
-    from dsrecipes.benchmarks.results import write_rows
-
-    dtype = DTYPES.get(g.dtype, torch.float32)
-    prompt_len = min(g.bench_prompt_len, model.cfg.max_seq_len - g.bench_new_tokens)
-    rows = run_benchmark(model, list(g.bench_batch_sizes), prompt_len, g.bench_new_tokens, dtype, str(device),
-                         g.bench_repeats, list(g.bench_impls))
-    print_table(rows, f"serve-bench: {source}, {device}, {g.dtype}, prompt {prompt_len}, {g.bench_new_tokens} new tokens")
-    out = Path(run_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    say(f"wrote {write_rows(out, 'serve_bench', rows)}")
-    return {"serve_bench": rows}

@@ -20,7 +20,6 @@ Only torch and triton may be imported here (this package must not depend on the 
 
 from __future__ import annotations
 
-import os
 import warnings
 
 import torch
@@ -77,11 +76,6 @@ def cdiv(a: int, b: int) -> int:
 def triton_available() -> bool:
     """True when the `triton` package imported (says nothing about a GPU being present)."""
     return HAS_TRITON
-
-
-def interpreter_enabled() -> bool:
-    """True when TRITON_INTERPRET=1 is set in the environment *now* (see `kernel_is_interpreted`)."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def kernel_is_interpreted(kernel) -> bool:

@@ -10,7 +10,8 @@ import pytest
 
 from dsrecipes.config import validate_recipe
 from dsrecipes.config.store import compose
-from dsrecipes.training.extensions import Callback, build_extensions
+from dsrecipes.training.extensions import Callback
+from dsrecipes.training.recipe_extensions import build_extensions
 from dsrecipes.training.lr_schedules import build_lr_scheduler
 from dsrecipes.training.trainer import Trainer
 

@@ -114,7 +114,7 @@ def _cli(args, cwd, timeout=120):
 def _in_process(args, run_dir):
     """What `python -m dsrecipes ARGS` does after composing, without a new interpreter."""
     from dsrecipes.config.store import compose
-    from dsrecipes.inference.cli import rewrite_aliases, run_inference_mode
+    from dsrecipes.inference_cli import rewrite_aliases, run_inference_mode
 
     overrides = rewrite_aliases(args)
     return run_inference_mode(compose(overrides), str(run_dir), overrides)

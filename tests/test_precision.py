@@ -72,7 +72,7 @@ def test_fp16_unscale_and_clip_in_one_pass_on_the_true_norm():
     assert true_norm > 0.05
     expected_scale = 0.05 / (true_norm.item() + 1e-6)
     by_name = dict(zip([id(p) for p in masters], masters))
-    low_to_master = {id(low): master for low, master in engine.precision.master.pairs}
+    low_to_master = {id(low): master for low, master in engine.masters.pairs}
     for ref, low in zip(reference.parameters(), engine.module.parameters()):
         master = low_to_master[id(low)]
         update = before[id(master)] - by_name[id(master)]

@@ -30,7 +30,6 @@ from dsrecipes.distributed.sequence_parallel import (
     heads_to_seq,
     seq_to_heads,
     sequence_parallel_disabled,
-    sequence_parallel_extensions,
     shard_sequence,
     validate_sequence_parallel,
     validate_sequence_parallel_recipe,
@@ -104,11 +103,11 @@ def _check_forward_backward(rank: int, world: int, style: str, local_attention=N
 def _worker_styles(rank: int, world: int) -> None:
     for style in STYLES:
         _check_forward_backward(rank, world, style)
-    # the Trainer's pieces: a model transform and a batch hook
-    ext = sequence_parallel_extensions(SequenceParallel(dist.group.WORLD))
-    model = ext.model_transforms[0](_model("gpt2"))
+    # what parallelize and the micro-batch runner use: install on the model, shard each batch
+    sp = SequenceParallel(dist.group.WORLD)
+    model = sp.install(_model("gpt2"))
     assert all(isinstance(b.attn.attention_fn, UlyssesAttention) for b in model.blocks)
-    local = ext.batch_hooks[0](_batch(), 0)
+    local = sp.shard(_batch())
     assert local["position_offset"] == rank * SEQ // world and local["input_ids"].shape[1] == SEQ // world
     _check_forward_backward(rank, world, "llama_gqa2", ignore_labels=True)
     _check_forward_backward(rank, world, "gpt2", ignore_labels=True)
@@ -293,8 +292,6 @@ def test_recipe_validation_names_the_keys():
         (dict(block_size=31), "data.block_size=31 is not divisible by parallel.sp=2"),
         (dict(tp=4), "model.n_head=4 is not divisible by parallel.tp=4 x parallel.sp=2"),
         (dict(dropout=0.1), "model.dropout=0.1 with parallel.sp=2"),
-        (dict(random_ltd=True), "data_efficiency.random_ltd.enabled=true is not supported with parallel.sp=2"),
-        (dict(seqlen_cl=True), "data_efficiency.curriculum_learning.metric=seqlen is not supported"),
     ]:
         with pytest.raises(ValueError) as err:
             validate_sequence_parallel_recipe(_recipe(**kwargs))

@@ -25,9 +25,9 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 from dsrecipes.distributed.tensor_parallel import apply_tensor_parallel, full_logits
-from dsrecipes.inference.sampling import sample_tokens
 from dsrecipes.models import GPT
 from dsrecipes.models.config import ModelConfig
+from dsrecipes.models.sampling import sample_tokens
 from tests.distributed_harness import run_distributed
 
 FWD = dict(rtol=1e-5, atol=1e-5)

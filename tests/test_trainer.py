@@ -7,8 +7,9 @@ import torch
 
 from dsrecipes.config import validate_recipe
 from dsrecipes.config.store import compose
-from dsrecipes.training.extensions import Callback, Extensions, build_extensions, register_extension
-from dsrecipes.training.trainer import Trainer, padded_vocab_size
+from dsrecipes.models.config import padded_vocab_size
+from dsrecipes.training.extensions import Callback, Extensions, RunContext
+from dsrecipes.training.trainer import Trainer
 
 
 def make_trainer(tmp_path, overrides, extensions=None):
@@ -67,13 +68,44 @@ def test_training_smoke_loss_falls_and_extensions_fire(tmp_path, fast_overrides)
     assert {"train/lr", "train/grad_norm", "perf/tokens_per_s"} <= set(train[0])
 
 
-def test_registered_extension_builders_are_used(monkeypatch):
-    from dsrecipes.training import extensions as ext
+def test_recipe_extensions_are_one_ordered_list():
+    """No registration by import: the recipe's builders are one tuple, applied in its order."""
+    from dsrecipes.training.recipe_extensions import RECIPE_EXTENSIONS, build_extensions
 
-    monkeypatch.setattr(ext, "_BUILDERS", [])
-    marker = Callback()
-    register_extension(lambda cfg: Extensions(callbacks=[marker]))
-    assert build_extensions(None).callbacks == [marker]
+    assert [b.__name__ for b in RECIPE_EXTENSIONS] == ["compression_extension", "data_efficiency_extension",
+                                                       "moe_extension"]
+    root, _ = validate_recipe(compose(["moe=top2", "data_efficiency=random_ltd", "compression=qat_int8"]),
+                              dp_world_size=1)
+    names = [type(c).__name__ for c in build_extensions(root).callbacks]
+    assert names == ["CompressionCallback", "DataEfficiencyCallback", "MoEMetrics"]
+
+
+class Counting(Callback):
+    """Counts steps; its count must survive a resume through the checkpoint."""
+
+    def __init__(self):
+        self.steps, self.contexts = 0, set()
+
+    def on_step_end(self, context, step, metrics):
+        self.steps += 1
+        self.contexts.add(type(context))
+
+    def state_dict(self):
+        return {"steps": self.steps}
+
+    def load_state_dict(self, state):
+        self.steps = state["steps"]
+
+
+def test_every_callbacks_state_is_checkpointed_and_restored(tmp_path, fast_overrides):
+    first = Counting()
+    make_trainer(tmp_path / "a", fast_overrides + ["trainer.max_steps=6"], Extensions(callbacks=[first])).fit()
+    assert first.steps == 6 and first.contexts == {RunContext}  # a narrow context, not the Trainer
+    checkpoint = next((tmp_path / "a" / "run" / "checkpoints").glob("step_6"))
+    second = Counting()
+    make_trainer(tmp_path / "b", fast_overrides + ["trainer.max_steps=8", f"trainer.resume={checkpoint}"],
+                 Extensions(callbacks=[second])).fit()
+    assert second.steps == 8  # 6 restored + 2 more
 
 
 def test_vocab_size_taken_from_tokenizer_and_padded():

@@ -155,7 +155,7 @@ def _build_model_and_data(spec: dict, device, rank: int, world: int):
 
     from dsrecipes.data import BatchIterator, DataConfig, prepare_data
     from dsrecipes.models import GPT, load_flavor
-    from dsrecipes.training.trainer import padded_vocab_size
+    from dsrecipes.models.config import padded_vocab_size
     from dsrecipes.utils.seed import seed_everything
 
     seed_everything(SEED)

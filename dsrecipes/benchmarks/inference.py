@@ -7,7 +7,7 @@
 
 Implementations, each on its own copy of the same weights, measured side by side in one run:
   plain       the model's own forward over the whole sequence for every token, greedy (what
-              dsrecipes.inference.sampling does, batched): no KV cache, no fused kernels;
+              dsrecipes.models.sampling does, batched): no KV cache, no fused kernels;
   engine      init_inference(model, dtype): preallocated KV cache, one token per decode step;
   kernels     + kernel_inject (fused norms, flash prefill, decode-attention kernel, fused MLP
               activations); GPU only: on CPU without the interpreter the kernels would fall back;
@@ -45,11 +45,11 @@ from dsrecipes.benchmarks.results import write_rows
 from dsrecipes.inference import init_inference, load_model
 from dsrecipes.inference.quantized import module_bytes
 from dsrecipes.models import GPT, ModelConfig
+from dsrecipes.utils.dtypes import DTYPES
 
 IMPLS = ("plain", "engine", "kernels", "int8", "int4", "graph", "int8_graph", "hf")
 GPU_ONLY = {"kernels": "the Triton kernels need a GPU; on CPU they would run their torch references",
             "graph": "CUDA graphs need a GPU", "int8_graph": "CUDA graphs need a GPU"}
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def _sync(device) -> None:
@@ -78,7 +78,7 @@ def plain_generate(model: GPT, ids: torch.Tensor, new_tokens: int) -> tuple[floa
     _sync(ids.device)
     t0 = __import__("time").perf_counter()
     steps = []
-    for i in range(new_tokens):
+    for _i in range(new_tokens):
         nxt = model(ids).logits[:, -1].argmax(-1, keepdim=True)
         ids = torch.cat([ids, nxt], dim=1)
         _sync(ids.device)
@@ -274,6 +274,21 @@ def main(argv: list[str] | None = None) -> list[dict]:
     out.mkdir(parents=True, exist_ok=True)
     print(f"wrote {write_rows(out, 'inference', rows)}")
     return rows
+
+
+def serve_bench(model, g, device, run_dir: str, say, source: str) -> dict:
+    """`python -m dsrecipes mode=serve-bench`: this benchmark on the recipe's model (g: the generate
+    group), its table printed and written to <run_dir>/serve_bench.csv/json."""
+
+    dtype = DTYPES.get(g.dtype, torch.float32)
+    prompt_len = min(g.bench_prompt_len, model.cfg.max_seq_len - g.bench_new_tokens)
+    rows = run_benchmark(model, list(g.bench_batch_sizes), prompt_len, g.bench_new_tokens, dtype, str(device),
+                         g.bench_repeats, list(g.bench_impls))
+    print_table(rows, f"serve-bench: {source}, {device}, {g.dtype}, prompt {prompt_len}, {g.bench_new_tokens} new tokens")
+    out = Path(run_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    say(f"wrote {write_rows(out, 'serve_bench', rows)}")
+    return {"serve_bench": rows}
 
 
 if __name__ == "__main__":

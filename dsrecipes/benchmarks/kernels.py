@@ -35,18 +35,18 @@ import gc
 import json
 import math
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
 from dsrecipes.benchmarks.results import write_csv
+from dsrecipes.utils.dtypes import DTYPES
 
 GPU_NEEDED = ("dsrecipes.benchmarks.kernels: no CUDA device: the kernel benchmarks need a GPU "
               "(Triton kernels, do_bench, torch.compile).")
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # Implementations, in column order. On a GPU the subject is "triton"; on the CPU smoke "reference".
 IMPLS = ("triton", "reference", "eager", "compile", "torch_fused", "dense_matmul")
 GRAD_PASSES = ("fwd", "bwd", "fwd+bwd")

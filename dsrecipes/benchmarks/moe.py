@@ -23,6 +23,7 @@ from dsrecipes.benchmarks.results import write_rows
 from dsrecipes.models import ModelConfig
 from dsrecipes.models.moe import MoELayer
 from dsrecipes.models.moe_config import MoEConfig
+from dsrecipes.utils.dtypes import DTYPES
 
 
 def _time_ms(layer: MoELayer, x: torch.Tensor, repeats: int) -> float:
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--out", type=Path, default=Path("bench_out"))
     args = parser.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype or ("bf16" if device == "cuda" else "fp32")]
+    dtype = DTYPES[args.dtype or ("bf16" if device == "cuda" else "fp32")]
     rows = run(args.tokens, args.experts, args.k, args.d_model, args.repeats, device, dtype)
     args.out.mkdir(parents=True, exist_ok=True)
     print(f"rows: {write_rows(args.out, 'moe_dispatch', rows)}")

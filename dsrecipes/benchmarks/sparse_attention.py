@@ -33,6 +33,7 @@ from dsrecipes.benchmarks.results import write_rows
 from dsrecipes.distributed.activation_checkpoint import saved_activation_bytes
 from dsrecipes.kernels import block_sparse_attention as bsa
 from dsrecipes.models.sparse_attention import SparseAttentionConfig, build_sparsity_config
+from dsrecipes.utils.dtypes import DTYPES
 
 
 def _dense(q, k, v, layout, block):
@@ -85,7 +86,7 @@ def measure(fn, q, k, v, repeats: int) -> tuple[float, int]:
 
 def run(args) -> list[dict]:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    dtype = DTYPES[args.dtype]
     sa = SparseAttentionConfig(mode=args.layout, block=args.block, num_random_blocks=1 if args.layout == "bigbird" else 0)
     layout_cfg = build_sparsity_config(sa, args.heads)
     impls = {"dense": _dense, "sparse": _sparse}

@@ -10,7 +10,7 @@ checkpointed one, so module names and state-dict keys do not change. Uses torch.
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch

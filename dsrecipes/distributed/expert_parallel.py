@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from dsrecipes.models.moe import MoELayer
@@ -35,15 +35,14 @@ def is_expert_param(param: torch.Tensor) -> bool:
 
 
 class ExpertParallel:
-    def __init__(self, model: nn.Module, ep_size: int, device: torch.device):
-        world, rank = dist.get_world_size(), dist.get_rank()
-        if world % ep_size:
-            raise ValueError(f"moe.ep_size={ep_size} must divide the world size {world}")
-        self.ep_size, self.world = ep_size, world
-        self.mesh = init_device_mesh(device.type, (world // ep_size, ep_size), mesh_dim_names=("edp", "ep"))
-        self.ep_group = self.mesh.get_group("ep")
-        self.edp_group = self.mesh.get_group("edp")
-        self.ep_rank = rank % ep_size
+    def __init__(self, model: nn.Module, mesh: DeviceMesh):
+        """mesh: the 2-D (edp, ep) mesh of ParallelDims.get_mesh("expert")."""
+        self.mesh = mesh
+        self.ep_size, self.world = mesh["ep"].size(), mesh.size()
+        self.ep_group = mesh.get_group("ep")
+        self.edp_group = mesh.get_group("edp")
+        self.ep_rank = mesh.get_local_rank("ep")
+        ep_size = self.ep_size
         self.expert_names: set[str] = set()
         self.params: list[nn.Parameter] = []
         for layer_name, layer in model.named_modules():
@@ -142,10 +141,10 @@ def split_expert_param_groups(optimizer: torch.optim.Optimizer, model: nn.Module
         optimizer.add_param_group(group)
 
 
-def setup_expert_parallel(model: nn.Module, ep_size: int, device: torch.device) -> ExpertParallel | None:
-    """Shard the model's experts over ep_size ranks (None when ep_size is 1 or there is no process group)."""
-    if ep_size <= 1:
+def setup_expert_parallel(model: nn.Module, dims) -> ExpertParallel | None:
+    """Shard the model's experts over dims.ep ranks (None when dims.ep is 1; dims: ParallelDims)."""
+    if dims.ep <= 1:
         return None
     if not (dist.is_available() and dist.is_initialized()):
-        raise ValueError(f"moe.ep_size={ep_size} needs a distributed run (launcher.nproc_per_node >= {ep_size})")
-    return ExpertParallel(model, ep_size, device)
+        raise ValueError(f"moe.ep_size={dims.ep} needs a distributed run (launcher.nproc_per_node >= {dims.ep})")
+    return ExpertParallel(model, dims.get_mesh("expert"))

@@ -1,9 +1,15 @@
 """fp32 master weights for a model that computes in bf16/fp16 (DeepSpeed's fp16/bf16 optimizer idea).
 
-The optimizer is built over the model's fp32 parameters as usual; `MasterWeights.attach` then gives
-the module low-precision copies of them, so the optimizer keeps stepping the fp32 originals (the
-masters) while forward/backward run in bf16/fp16. Tied weights stay tied (one copy per master).
-Each step: low-precision grads -> fp32 master grads, optimizer step on masters, masters -> model.
+`MasterWeights(module, dtype)` gives the module low-precision copies of its fp32 parameters and
+keeps the fp32 originals as the masters: the optimizer steps the masters (build it over `view()`,
+or over the original parameters before attaching) while forward and backward run in bf16/fp16.
+Tied weights stay tied (one copy per master). Each step: low-precision grads -> fp32 master grads,
+optimizer step on the masters, masters -> model.
+
+Used by the data-parallel strategies that keep whole parameters on every rank (none, DDP, ZeRO-1,
+the pipeline's boundary all-reduce); they attach it before wrapping the model, so DDP's reducer
+hooks sit on the parameters that actually receive gradients. ZeRO-2 and FSDP2 keep their own fp32
+shards as the masters instead.
 """
 
 from __future__ import annotations
@@ -11,13 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-
-def cast_float_buffers(module: nn.Module, dtype: torch.dtype) -> None:
-    """Every floating-point buffer of `module` to the model's low-precision dtype (integer ones stay)."""
-    for owner in module.modules():
-        for name, buf in list(owner.named_buffers(recurse=False)):
-            if buf is not None and buf.is_floating_point():
-                setattr(owner, name, buf.to(dtype))
+from dsrecipes.utils.modules import cast_float_buffers, module_view
 
 
 class MasterWeights:
@@ -39,6 +39,11 @@ class MasterWeights:
                     self.names[id(master)] = f"{module_name}.{name}" if module_name else name
                 setattr(submodule, name, copies[id(master)])
         cast_float_buffers(module, dtype)
+        self._view = module_view(module, {id(low): master for low, master in self.pairs})
+
+    def view(self) -> nn.Module:
+        """The module's tree holding the fp32 masters under the model's names (what the optimizer steps)."""
+        return self._view
 
     def grads_to_master(self) -> None:
         """Move the model's low-precision grads onto the fp32 masters (upcast), freeing the former."""

@@ -1,17 +1,42 @@
-"""The one parallel-layout object: validates degrees against the world size and builds every DeviceMesh.
+"""ParallelDims: the run's parallel layout, validated once, and the one place DeviceMeshes are built.
 
-world = pp x dp x sp x tp, tensor parallelism innermost (consecutive ranks form a TP group, so its
-collectives stay inside a node), then sequence parallelism, then data parallelism (split into
-dp_replicate x dp_shard by the ZeRO stage and zero.hybrid_shard_size). Expert parallelism builds
-its own (edp, ep) view of the world in dsrecipes.distributed.expert_parallel.
+    dims = ParallelDims.from_config(cfg, world_size)      # arithmetic only; raises ValueError naming keys
+    dims.get_mesh("tp")                                    # meshes are built on first use, then cached
+
+world = pp x dp_replicate x dp_shard x sp x tp, tensor parallelism innermost (consecutive ranks form
+a TP group, so its collectives stay inside a node), then sequence parallelism, then data
+parallelism (dp = dp_replicate x dp_shard, split by the ZeRO stage and zero.hybrid_shard_size),
+pipeline stages outermost. Expert parallelism (moe.ep_size) views the same ranks as edp x ep with
+consecutive ranks in one expert-parallel group (DeepSpeed's layout; MoE composes with data
+parallelism only, see the compatibility matrix).
+
+Mesh names for `get_mesh`:
+
+| name | ranks | used by |
+|---|---|---|
+| pp, dp_replicate, dp_shard, sp, tp | one axis of the world mesh | pipeline, HSDP, FSDP2, Ulysses, TP |
+| dp | dp_replicate x dp_shard | data sharding |
+| dp_sp | dp x sp | gradient reduction and loss averaging (sequence-parallel ranks hold other tokens of the same samples) |
+| dp_shard_sp | dp_shard x sp | FSDP2's shard axis |
+| fsdp | dp_shard_sp, or (dp_replicate, dp_shard_sp) under hybrid sharding | FSDP2 |
+| ep, edp, expert | expert-parallel groups, their data-parallel peers, and the 2-D (edp, ep) mesh | MoE |
+
+Nothing else in dsrecipes calls init_device_mesh: the meshes (and their process groups) are made
+here, once per ParallelDims object, and the object is passed down from where the run is assembled.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, field
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+WORLD_DIMS = ("pp", "dp_replicate", "dp_shard", "sp", "tp")
+_FLATTENED = {"dp": ("dp_replicate", "dp_shard"), "dp_sp": ("dp_replicate", "dp_shard", "sp"),
+              "dp_shard_sp": ("dp_shard", "sp")}
+_EXPERT_DIMS = ("edp", "ep")
 
 
 def _divisors(n: int) -> str:
@@ -26,37 +51,58 @@ class ParallelDims:
     tp: int = 1
     sp: int = 1
     pp: int = 1
+    ep: int = 1
+    device_type: str = "cpu"
+    _meshes: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
+
+    # ------------------------------------------------------------------ construction and validation
+    @classmethod
+    def from_config(cls, cfg, world_size: int, device_type: str = "cpu") -> ParallelDims:
+        """The layout of a recipe (its zero, parallel and moe groups) at `world_size` processes."""
+        par, moe = cfg.parallel, cfg.moe
+        return cls.from_degrees(world_size, zero_stage=cfg.zero.stage, hybrid_shard_size=cfg.zero.hybrid_shard_size,
+                                tp=par.tp, sp=par.sp, pp=par.pp, ep=moe.ep_size if moe.enabled else 1,
+                                device_type=device_type)
 
     @classmethod
-    def from_zero(
-        cls, world_size: int, zero_stage: int, hybrid_shard_size: int = 0, tp: int = 1, sp: int = 1, pp: int = 1
-    ) -> "ParallelDims":
-        """dp = world / (tp*sp*pp); stage 0-1 replicate across dp, stage 2-3 shard (within hybrid_shard_size groups if set)."""
+    def from_degrees(cls, world_size: int, zero_stage: int = 0, hybrid_shard_size: int = 0, tp: int = 1, sp: int = 1,
+                     pp: int = 1, ep: int = 1, device_type: str = "cpu") -> ParallelDims:
+        """dp = world / (tp*sp*pp); ZeRO stages 0-1 replicate across dp, 2-3 shard (within groups of
+        zero.hybrid_shard_size data-parallel ranks if set). ValueError naming the keys otherwise."""
         if world_size < 1:
             raise ValueError(f"world size must be >= 1, got {world_size}")
-        for key, value in (("tp", tp), ("sp", sp), ("pp", pp)):
+        for key, value in (("parallel.tp", tp), ("parallel.sp", sp), ("parallel.pp", pp), ("moe.ep_size", ep)):
             if value < 1:
-                raise ValueError(f"parallel.{key}={value} must be >= 1")
+                raise ValueError(f"{key}={value} must be >= 1")
         model_parallel = tp * sp * pp
         if world_size % model_parallel:
             raise ValueError(
                 f"parallel.tp={tp} x parallel.sp={sp} x parallel.pp={pp} = {model_parallel} does not divide the "
                 f"world size {world_size}; the product must be one of: {_divisors(world_size)}"
             )
+        if world_size % ep:
+            raise ValueError(f"moe.ep_size={ep} must divide the world size {world_size} (valid: {_divisors(world_size)})")
         dp = world_size // model_parallel
         if zero_stage < 2:
-            return cls(world_size, dp, 1, tp, sp, pp)
+            return cls(world_size, dp, 1, tp, sp, pp, ep, device_type)
         shard = hybrid_shard_size or dp
         if dp % shard:
             what = "world size" if dp == world_size else "data-parallel size"
             raise ValueError(
                 f"zero.hybrid_shard_size={hybrid_shard_size} does not divide the {what} {dp}; valid sizes: {_divisors(dp)}"
             )
-        return cls(world_size, dp // shard, shard, tp, sp, pp)
+        return cls(world_size, dp // shard, shard, tp, sp, pp, ep, device_type)
 
+    # ------------------------------------------------------------------ arithmetic
     @property
     def dp(self) -> int:
+        """Data-parallel degree: how many different micro-batches one step sees (the batch triple's W)."""
         return self.dp_replicate * self.dp_shard
+
+    @property
+    def dp_sp(self) -> int:
+        """Ranks over which gradients are averaged: data parallelism x sequence parallelism."""
+        return self.dp * self.sp
 
     @property
     def model_parallel(self) -> bool:
@@ -66,17 +112,56 @@ class ParallelDims:
         """This global rank's index along the data-parallel axis (which data shard it reads)."""
         return (rank % (self.world_size // self.pp)) // (self.sp * self.tp)
 
-    def build_mesh(self, device_type: str) -> DeviceMesh:
-        """("dp_replicate", "dp_shard") over all ranks; with model parallelism also "sp" and "tp" (and "pp" first)."""
-        if not self.model_parallel:
-            return init_device_mesh(
-                device_type, (self.dp_replicate, self.dp_shard), mesh_dim_names=("dp_replicate", "dp_shard")
-            )
-        return init_device_mesh(
-            device_type,
-            (self.pp, self.dp_replicate, self.dp_shard, self.sp, self.tp),
-            mesh_dim_names=("pp", "dp_replicate", "dp_shard", "sp", "tp"),
-        )
+    def describe(self) -> str:
+        """world 8 = pp 2 x dp 2 (replicate 1 x shard 2) x sp 1 x tp 2, ep 1."""
+        return (f"world {self.world_size} = pp {self.pp} x dp {self.dp} (replicate {self.dp_replicate} x shard "
+                f"{self.dp_shard}) x sp {self.sp} x tp {self.tp}, ep {self.ep}")
+
+    # ------------------------------------------------------------------ meshes
+    @property
+    def world_mesh(self) -> DeviceMesh:
+        """The (pp, dp_replicate, dp_shard, sp, tp) mesh over every rank (built on first use)."""
+        if "world" not in self._meshes:
+            shape = (self.pp, self.dp_replicate, self.dp_shard, self.sp, self.tp)
+            self._meshes["world"] = init_device_mesh(self.device_type, shape, mesh_dim_names=WORLD_DIMS)
+        return self._meshes["world"]
+
+    def get_mesh(self, name: str) -> DeviceMesh:
+        """The named mesh (see the module docstring), built once and cached; needs a process group."""
+        if name in self._meshes:
+            return self._meshes[name]
+        if name in WORLD_DIMS:
+            mesh = self.world_mesh[name]
+        elif name in _FLATTENED:
+            mesh = self._flattened(name)
+        elif name == "fsdp":
+            mesh = self._fsdp_mesh()
+        elif name == "expert":
+            mesh = init_device_mesh(self.device_type, (self.world_size // self.ep, self.ep), mesh_dim_names=_EXPERT_DIMS)
+        elif name in _EXPERT_DIMS:
+            mesh = self.get_mesh("expert")[name]
+        else:
+            valid = (*WORLD_DIMS, *_FLATTENED, "fsdp", "expert", *_EXPERT_DIMS)
+            raise KeyError(f"no mesh named {name!r}; valid names: {', '.join(valid)}")
+        self._meshes[name] = mesh
+        return mesh
+
+    def _flattened(self, name: str) -> DeviceMesh:
+        """Several world axes as one; when at most one of them is larger than 1, that axis itself
+        (no extra process group)."""
+        axes = _FLATTENED[name]
+        wide = [axis for axis in axes if getattr(self, axis) > 1]
+        if len(wide) <= 1:
+            return self.world_mesh[wide[0] if wide else axes[0]]
+        return self.world_mesh[axes]._flatten(name)
+
+    def _fsdp_mesh(self) -> DeviceMesh:
+        shard = self.get_mesh("dp_shard_sp")
+        if self.dp_replicate == 1:
+            return shard
+        with warnings.catch_warnings():  # torch >= 2.11 warns that slicing a flattened dim will change
+            warnings.filterwarnings("ignore", message="Slicing a flattened dim")
+            return self.world_mesh["dp_replicate", shard.mesh_dim_names[0]]
 
 
 def device_type_of(device: torch.device) -> str:

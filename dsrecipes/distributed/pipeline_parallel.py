@@ -15,8 +15,8 @@
   tied weight; after the backward their gradients are summed between the two ranks
   (DeepSpeed's ReduceTiedGrads), so both copies stay equal; the last stage's copy is left out of
   the gradient norm so it counts once.
-* Data parallelism: each stage's gradients are averaged over its data-parallel group after the
-  schedule (one flat all-reduce per step, as DDP would at the accumulation boundary).
+* Data parallelism is the data-parallel strategy's (dsrecipes.distributed.data_parallel): each
+  stage's gradients are averaged over its data-parallel peers at the accumulation boundary.
 * The loss (mean over micro-batches) is computed on the last stage and broadcast to the group.
 """
 
@@ -26,8 +26,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.tensor import DTensor
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+from torch.distributed.tensor import DTensor
 
 from dsrecipes.distributed.tensor_parallel import vocab_parallel_cross_entropy
 from dsrecipes.models.gpt import GPT
@@ -113,12 +113,12 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 class PipelineParallel:
     def __init__(self, gpt: GPT, group, schedule: str, n_microbatches: int, partition: str, device: torch.device,
-                 all_pipelines: list[list[int]] | None = None, dp_group=None):
+                 all_pipelines: list[list[int]] | None = None):
         """group: this rank's pipeline group; all_pipelines: the global ranks of every pipeline group
         (every rank must create the tied-weight groups of all of them, in the same order)."""
         if schedule not in PP_SCHEDULES:
             raise ValueError(f"parallel.pp_schedule={schedule!r} is not valid; choose one of: {', '.join(PP_SCHEDULES)}")
-        self.group, self.device, self.dp_group = group, device, dp_group
+        self.group, self.device = group, device
         self.size, self.rank = dist.get_world_size(group), dist.get_rank(group)
         per_rank = stages_per_rank(schedule)
         num_stages = self.size * per_rank
@@ -145,27 +145,11 @@ class PipelineParallel:
                 if me in (ranks[self.first_rank], ranks[self.last_rank]):
                     self.tied_group = tied
 
-    def local_module(self, gpt: GPT) -> "GPTStage":
+    def local_module(self, gpt: GPT) -> GPTStage:
         """One module holding every parameter of this rank's stages under the model's names: what the
         optimizer steps and checkpoints save (the schedule runs the stage modules themselves)."""
         blocks = sorted(i for r in self.block_ranges for i in r)
         return GPTStage(gpt, blocks, self.has_first, self.has_last)
-
-    @torch.no_grad()
-    def average_data_parallel_grads(self) -> None:
-        """Average this rank's stage gradients over its data-parallel group (one flat all-reduce)."""
-        if self.dp_group is None:
-            return
-        grads = [_local(p.grad) for m in self.stage_modules for p in m.parameters() if p.grad is not None]
-        if not grads:
-            return
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat, group=self.dp_group)
-        flat.div_(dist.get_world_size(self.dp_group))
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset:offset + g.numel()].view_as(g))
-            offset += g.numel()
 
     def tied_params(self) -> list[nn.Parameter]:
         """The tied embedding copies this rank holds (first: tok_emb.weight, last: lm_head.weight)."""
@@ -205,7 +189,6 @@ class PipelineParallel:
             self.schedule.step(input_ids, **kwargs)
         else:
             self.schedule.step(**kwargs)
-        self.average_data_parallel_grads()
         self.reduce_tied_grads()
         return self._broadcast_loss(losses)
 

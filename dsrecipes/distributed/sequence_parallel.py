@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -73,8 +73,8 @@ def validate_sequence_parallel(
 
 def validate_sequence_parallel_recipe(cfg) -> None:
     """Recipe-level checks for parallel.sp > 1 (call from validate_recipe, before workers start):
-    heads and block size divisible, heads divisible by tp*sp with TP, no attention dropout, and
-    no data-efficiency feature that changes the sequence per rank."""
+    heads and block size divisible, heads divisible by tp*sp with TP, no attention dropout. What
+    sequence parallelism does not compose with is dsrecipes.config.compatibility's."""
     sp = cfg.parallel.sp
     model = cfg.model
     validate_sequence_parallel(sp, model.n_head, model.n_kv_head, cfg.data.block_size)
@@ -90,17 +90,6 @@ def validate_sequence_parallel_recipe(cfg) -> None:
         raise ValueError(
             f"model.dropout={model.dropout} with parallel.sp={sp}: Ulysses runs attention through the "
             "attention_fn hook, which has no attention dropout; set model.dropout=0"
-        )
-    de = getattr(cfg, "data_efficiency", None)
-    if de is not None and de.random_ltd.enabled:
-        raise ValueError(
-            f"data_efficiency.random_ltd.enabled=true is not supported with parallel.sp={sp}: token dropping "
-            "would drop different tokens in each sequence chunk; use parallel.sp=1 or disable random-LTD"
-        )
-    if de is not None and de.curriculum_learning.enabled and de.curriculum_learning.metric == "seqlen":
-        raise ValueError(
-            f"data_efficiency.curriculum_learning.metric=seqlen is not supported with parallel.sp={sp}: it "
-            "changes the sequence length per step, which must stay divisible by parallel.sp; use parallel.sp=1"
         )
 
 
@@ -200,11 +189,6 @@ class UlyssesAttention:
     def __repr__(self) -> str:
         name = getattr(self.local_attention, "__name__", type(self.local_attention).__name__)
         return f"UlyssesAttention(local_attention={name}, sp={self.size})"
-
-
-def ulysses_attention(local_attention: AttentionFn | None, group) -> UlyssesAttention:
-    """Wrap `local_attention` (None: causal SDPA) in Ulysses all-to-alls over the sp `group`."""
-    return UlyssesAttention(local_attention, group)
 
 
 def apply_sequence_parallel(model: nn.Module, group) -> int:
@@ -315,13 +299,3 @@ class SequenceParallel:
 
     def loss(self, loss: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return sequence_parallel_loss(loss, labels, self.group)
-
-
-def sequence_parallel_extensions(sp: SequenceParallel):
-    """Trainer Extensions for one sp group: a model transform installing Ulysses (it must run after
-    kernel injection, so that it wraps flash_attention rather than being replaced by it) and a batch
-    hook cutting every micro-batch to this rank's chunk with "position_offset" set (it must run
-    last among batch hooks). The loop passes batch["position_offset"] to the model."""
-    from dsrecipes.training.extensions import Extensions  # training builds on distributed, not the reverse
-
-    return Extensions(model_transforms=[sp.install], batch_hooks=[lambda batch, step: sp.shard(batch)])

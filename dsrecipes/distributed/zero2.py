@@ -23,7 +23,7 @@ Why not FSDP2 with reshard_after_forward=False: FSDP2 keeps the parameters shard
 so it all-gathers them block by block in every forward and pays its hooks and DTensor bookkeeping
 per block; here the forward is a plain module and each step all-gathers once, in buckets.
 FSDP2 still serves stage 2 where this path does not apply (tensor/sequence parallelism, expert
-parallelism, hybrid sharding, CPU offload): see `replicated_stage2_applies`.
+parallelism, hybrid sharding, CPU offload): see the choice table in dsrecipes.distributed.data_parallel.
 """
 
 from __future__ import annotations
@@ -36,20 +36,12 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
 
-from dsrecipes.training.master_weights import cast_float_buffers
+from dsrecipes.utils.modules import broadcast_module, cast_float_buffers, module_view
 
 BUCKET_BYTES = 25 * 2**20  # DDP's default bucket size
 # torch >= 2.10 names the flat-tensor collectives *_single (the *_tensor names are deprecated there)
 _reduce_scatter = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
 _all_gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
-
-
-def replicated_stage2_applies(zero, dims, sequence_parallel: bool = False, expert_parallel: bool = False) -> bool:
-    """Stage 2 over plain data parallelism runs on this module (zero: ZeroConfig, dims: ParallelDims);
-    with tensor/sequence/pipeline/expert parallelism, hybrid sharding or CPU offload it runs on FSDP2."""
-    offload = zero.offload_optimizer == "cpu" or zero.offload_param == "cpu"
-    plain = not (dims.model_parallel or sequence_parallel or expert_parallel or offload or dims.dp_replicate > 1)
-    return zero.stage == 2 and dims.dp_shard > 1 and plain
 
 
 @dataclass
@@ -113,7 +105,7 @@ class ZeroStage2:
                 raise ValueError(f"zero.stage=2 shards parameters along dim 0; {name} is a scalar")
             if isinstance(p, DTensor):
                 raise ValueError(f"zero.stage=2 (replicated parameters) cannot take the DTensor parameter {name}")
-        self._broadcast_from_first_rank(module)
+        broadcast_module(module, self.group)  # every rank starts from rank 0's weights, as DDP does
         self.shards: dict[int, _ParamShard] = {}
         self._bucket_of: dict[int, _Bucket] = {}
         self.buckets = self._make_buckets(params, bucket_bytes)
@@ -122,20 +114,13 @@ class ZeroStage2:
                 shard.master = self._make_master(shard, low_precision is not None)
         if low_precision is not None:  # the model computes in bf16/fp16; the shards are its fp32 masters
             _cast_module(module, low_precision)
-        self.shadow = _shadow_module(module, self.masters())
+        self.shadow = module_view(module, self.masters())  # the model's names holding the sharded masters
         self._next_bucket = 0
         self._callback_queued = False
         for p in params:
             p.register_post_accumulate_grad_hook(self._on_grad)
 
     # ------------------------------------------------------------------ layout
-    @torch.no_grad()
-    def _broadcast_from_first_rank(self, module: nn.Module) -> None:
-        """Start every rank from rank 0's weights and buffers (as DDP does at construction)."""
-        source = dist.get_global_rank(self.group, 0)
-        for tensor in list(module.parameters()) + list(module.buffers()):
-            dist.broadcast(tensor.data, src=source, group=self.group)
-
     def _make_buckets(self, params: list[nn.Parameter], bucket_bytes: int) -> list[_Bucket]:
         buckets, current, size = [], [], 0
         for p in reversed(params):  # backward produces the last layers' gradients first
@@ -323,22 +308,3 @@ def _cast_module(module: nn.Module, dtype: torch.dtype) -> None:
     for p in module.parameters():
         p.data = p.data.to(dtype)
     cast_float_buffers(module, dtype)
-
-
-def _shadow_module(module: nn.Module, masters: dict[int, nn.Parameter]) -> nn.Module:
-    """A module tree with the model's names holding the sharded masters in place of the parameters (and
-    the model's own buffers), so torch's state-dict and DCP helpers see what FSDP2 would show them."""
-    mirrors: dict[str, nn.Module] = {}
-    for name, sub in module.named_modules():
-        mirror = nn.Module()
-        mirrors[name] = mirror
-        if name:
-            parent, _, leaf = name.rpartition(".")
-            mirrors[parent].add_module(leaf, mirror)
-        for pname, p in sub._parameters.items():
-            if p is not None:
-                mirror.register_parameter(pname, masters.get(id(p), p))
-        for bname, buf in sub._buffers.items():
-            if buf is not None:
-                mirror.register_buffer(bname, buf, persistent=bname not in sub._non_persistent_buffers_set)
-    return mirrors[""]

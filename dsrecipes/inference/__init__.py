@@ -9,8 +9,8 @@ Modules: kv_cache (preallocated cache), decoder (prefill/decode forward over the
 (batched loop, stop tokens, streaming), logits_processing (temperature, top-k, top-p, repetition
 penalty), decode_attention (Triton kernel), quantized (weight-only int8/int4), tensor_parallel,
 loading (checkpoints and exports), engine (init_inference), config + cli (mode=generate /
-serve-bench). sampling.sample_tokens is the plain no-cache loop the trainer uses for its end-of-run
-sample. The names below are imported lazily, so the config schema can import inference.config alone.
+serve-bench). The plain no-cache loop the trainer uses for its end-of-run sample is
+dsrecipes.models.sampling. The names below are imported lazily, so the config schema can import inference.config alone.
 """
 
 from __future__ import annotations

@@ -11,7 +11,6 @@ when mode is generate or serve-bench; `checkpoint` alone otherwise names the che
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional
 
 INFERENCE_MODES = ("generate", "serve-bench")
 RECIPE_MODES = ("train", *INFERENCE_MODES)
@@ -21,19 +20,19 @@ DTYPE_CHOICES = ("fp32", "bf16", "fp16", "int8")
 
 @dataclass
 class GenerateConfig:
-    checkpoint: Optional[str] = None  # run dir, checkpoints folder, checkpoints/step_N or safetensors export
-    prompt: Optional[str] = None  # one prompt (text)
-    prompts_file: Optional[str] = None  # one prompt per line (empty lines skipped), generated in batches
+    checkpoint: str | None = None  # run dir, checkpoints folder, checkpoints/step_N or safetensors export
+    prompt: str | None = None  # one prompt (text)
+    prompts_file: str | None = None  # one prompt per line (empty lines skipped), generated in batches
     batch_size: int = 8  # prompts per batch from prompts_file
     max_new_tokens: int = 64
     temperature: float = 0.0  # 0 = greedy
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1 = off
     repetition_penalty: float = 1.0  # 1 = off
-    stop_tokens: Optional[List[int]] = None  # None = the tokenizer's end-of-sequence id
+    stop_tokens: list[int] | None = None  # None = the tokenizer's end-of-sequence id
     seed: int = 0
     stream: bool = True  # print a single prompt's tokens as they are generated
-    output_file: Optional[str] = None  # also write {"prompt", "completion", "finish_reason"} JSON lines
+    output_file: str | None = None  # also write {"prompt", "completion", "finish_reason"} JSON lines
     dtype: str = "fp32"  # fp32 | bf16 | fp16 | int8 (fp16/bf16 activations + int8 weights)
     kernel_inject: bool = False  # fused kernels (needs CUDA; on CPU they fall back to torch references)
     quant: str = "none"  # none | int8 | int4 weight-only
@@ -41,11 +40,11 @@ class GenerateConfig:
     tp_size: int = 1  # tensor-parallel degree: run under torchrun --nproc-per-node tp_size
     cuda_graph: bool = False  # replay the decode step as a CUDA graph (CUDA, tp_size 1, dense models)
     # serve-bench
-    bench_batch_sizes: List[int] = field(default_factory=lambda: [1, 8])
+    bench_batch_sizes: list[int] = field(default_factory=lambda: [1, 8])
     bench_prompt_len: int = 32
     bench_new_tokens: int = 32
     bench_repeats: int = 3
-    bench_impls: List[str] = field(default_factory=lambda: ["plain", "engine", "kernels", "int8", "int4", "graph", "int8_graph", "hf"])
+    bench_impls: list[str] = field(default_factory=lambda: ["plain", "engine", "kernels", "int8", "int4", "graph", "int8_graph", "hf"])
 
 
 def validate_generate_config(cfg: GenerateConfig, mode: str, prefix: str = "generate") -> None:

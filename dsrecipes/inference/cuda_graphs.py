@@ -31,7 +31,7 @@ WARMUP_STEPS = 2
 
 @dataclass
 class _Graph:
-    graph: "torch.cuda.CUDAGraph"
+    graph: torch.cuda.CUDAGraph
     ids: torch.Tensor  # [B, 1] input buffer
     slot: torch.Tensor  # [1] long: the cache slot this step writes
     logits: torch.Tensor  # [B, V] output buffer

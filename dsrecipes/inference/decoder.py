@@ -28,8 +28,8 @@ dsrecipes.models.kernel_injection (they are called as modules). Anything else us
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -44,13 +44,13 @@ from dsrecipes.models.moe import MoELayer
 class InferenceKernels:
     """Fused functions the decoder calls; None = the plain-torch expression."""
 
-    prefill_attention: Optional[Callable] = None  # fn(q, k, v [B,H(kv),T,D]) -> causal attention [B,H,T,D]
-    decode_attention: Optional[Callable] = None  # fn(q [B,H,1,D], k, v [B,Hkv,S,D], start [B]) -> [B,H,1,D]
-    bias_gelu: Optional[Callable] = None  # fn(x @ W.T, bias) -> gelu_tanh(x + bias)
-    swiglu: Optional[Callable] = None  # fn(gate, up) -> silu(gate) * up
+    prefill_attention: Callable | None = None  # fn(q, k, v [B,H(kv),T,D]) -> causal attention [B,H,T,D]
+    decode_attention: Callable | None = None  # fn(q [B,H,1,D], k, v [B,Hkv,S,D], start [B]) -> [B,H,1,D]
+    bias_gelu: Callable | None = None  # fn(x @ W.T, bias) -> gelu_tanh(x + bias)
+    swiglu: Callable | None = None  # fn(gate, up) -> silu(gate) * up
 
     @classmethod
-    def triton(cls, head_dim: int) -> "InferenceKernels":
+    def triton(cls, head_dim: int) -> InferenceKernels:
         """The dsrecipes.kernels set (imported here, after TRITON_INTERPRET is settled)."""
         from dsrecipes.inference.decode_attention import decode_attention
         from dsrecipes.kernels.activations import bias_gelu, swiglu

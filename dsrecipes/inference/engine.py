@@ -24,8 +24,8 @@ in that order so each rank quantizes only its own shard. Every argument is check
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -37,9 +37,7 @@ from dsrecipes.inference.kv_cache import KVCache
 from dsrecipes.inference.logits_processing import SamplingParams
 from dsrecipes.inference.quantized import QuantConfig, QuantReport, module_bytes, quantize_linears
 from dsrecipes.inference.tensor_parallel import check_tp_size, shard_for_inference
-
-DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-          "fp16": torch.float16, "float16": torch.float16, "half": torch.float16}
+from dsrecipes.utils.dtypes import DTYPE_ALIASES, DTYPES, dtype_from_name
 
 
 def _resolve_dtype(dtype, device: torch.device) -> tuple[torch.dtype, bool]:
@@ -53,9 +51,9 @@ def _resolve_dtype(dtype, device: torch.device) -> tuple[torch.dtype, bool]:
     name = str(dtype).lower()
     if name == "int8":
         return (torch.float16 if device.type == "cuda" else torch.float32), True
-    if name not in DTYPES:
+    if DTYPE_ALIASES.get(name, name) not in DTYPES:
         raise ValueError(f"dtype={dtype!r} is not valid; choose one of: fp32, bf16, fp16, int8")
-    return DTYPES[name], False
+    return dtype_from_name(name), False
 
 
 def _resolve_tp(tensor_parallel, mp_size) -> int:
@@ -93,7 +91,7 @@ def _resolve_quant(quant, int8_dtype: bool) -> QuantConfig:
 
 @dataclass
 class GenerationOutput(GenerationResult):
-    texts: Optional[list[str]] = None  # decoded new text per prompt, when the engine has a tokenizer
+    texts: list[str] | None = None  # decoded new text per prompt, when the engine has a tokenizer
 
 
 class InferenceEngine:

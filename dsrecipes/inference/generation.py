@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -84,7 +84,7 @@ def generate(
     stop_ids: Sequence[int] = (),
     seed: int = 0,
     pad_id: int = 0,
-    on_token: Optional[TokenCallback] = None,
+    on_token: TokenCallback | None = None,
     cache: KVCache | None = None,
     tp_group=None,
 ) -> GenerationResult:
@@ -100,7 +100,7 @@ def generate(
     budget = cfg.max_seq_len - longest
     if max_new_tokens > budget:
         warnings.warn(f"generate.max_new_tokens={max_new_tokens} does not fit the context: the longest prompt has "
-                      f"{longest} tokens and model.max_seq_len={cfg.max_seq_len}; generating at most {budget}")
+                      f"{longest} tokens and model.max_seq_len={cfg.max_seq_len}; generating at most {budget}", stacklevel=2)
         max_new_tokens = budget
     device = decoder.model.tok_emb.weight.device
     ids, start = left_pad(prompts, pad_id, device)

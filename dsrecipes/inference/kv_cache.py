@@ -26,7 +26,7 @@ class KVCache:
 
     @classmethod
     def allocate(cls, n_layer: int, batch: int, n_kv_head: int, capacity: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device | str = "cpu") -> "KVCache":
+                 dtype: torch.dtype, device: torch.device | str = "cpu") -> KVCache:
         shape = (n_layer, batch, n_kv_head, capacity, head_dim)
         return cls(
             keys=torch.zeros(shape, dtype=dtype, device=device),
@@ -52,7 +52,7 @@ class KVCache:
         return (k.shape[0] == n_layer and k.shape[1] >= batch and k.shape[2] == n_kv_head and k.shape[3] >= capacity
                 and k.shape[4] == head_dim and k.dtype == dtype and k.device == torch.device(device))
 
-    def view(self, batch: int) -> "KVCache":
+    def view(self, batch: int) -> KVCache:
         """The first `batch` rows of this cache, reset to empty (shares the storage: no allocation)."""
         return KVCache(self.keys[:, :batch], self.values[:, :batch], self.start[:batch].zero_(), 0)
 

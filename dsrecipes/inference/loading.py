@@ -52,7 +52,7 @@ def _model_cfg_from(recipe, tokenizer: str) -> ModelConfig:
     cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), recipe))
     if cfg.vocab_size is None:
         from dsrecipes.data.tokenizers import build_tokenizer
-        from dsrecipes.training.trainer import padded_vocab_size
+        from dsrecipes.models.config import padded_vocab_size
 
         cfg.vocab_size = padded_vocab_size(build_tokenizer(tokenizer).vocab_size)
     return cfg
@@ -92,8 +92,8 @@ def read_source(path: str | Path) -> tuple[LoadedFrom, dict]:
     """(where and what, the full-precision state dict) without building a model."""
     kind, where = resolve_source(path)
     if kind == "export":
-        from safetensors.torch import load_file
         from safetensors import safe_open
+        from safetensors.torch import load_file
 
         config = json.loads((where / CONFIG_FILE).read_text())
         tokenizer = config.get("tokenizer", "byte")

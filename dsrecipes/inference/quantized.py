@@ -56,7 +56,7 @@ class WeightOnlyInt8Linear(nn.Module):
         self.bias = nn.Parameter(bias, requires_grad=False) if bias is not None else None
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, group_size: int = 0) -> "WeightOnlyInt8Linear":
+    def from_linear(cls, linear: nn.Linear, group_size: int = 0) -> WeightOnlyInt8Linear:
         from dsrecipes.kernels.quantization import quantize_int8_reference
 
         w = linear.weight.detach().float()
@@ -116,7 +116,7 @@ class WeightOnlyInt4Linear(nn.Module):
         self.bias = nn.Parameter(bias, requires_grad=False) if bias is not None else None
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, group_size: int) -> "WeightOnlyInt4Linear":
+    def from_linear(cls, linear: nn.Linear, group_size: int) -> WeightOnlyInt4Linear:
         packed, scale = pack_int4(linear.weight.detach(), group_size)
         return cls(packed, scale, linear.bias.detach() if linear.bias is not None else None)
 

@@ -7,10 +7,15 @@ the constructor argument of `dsrecipes.models.GPT`. Choice-valued fields are pla
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Optional
 
 MODEL_STYLES = ("gpt2", "llama")
+
+
+def padded_vocab_size(tokenizer_vocab: int, multiple: int = 64) -> int:
+    """Round the embedding table up to a multiple of 64 rows (faster matmuls; extra rows never targets)."""
+    return multiple * math.ceil(tokenizer_vocab / multiple)
 
 
 @dataclass
@@ -25,10 +30,10 @@ class ModelConfig:
     style: str = "gpt2"
     n_layer: int = 4
     n_head: int = 4
-    n_kv_head: Optional[int] = None  # None = n_head (multi-head); fewer = grouped-query attention
+    n_kv_head: int | None = None  # None = n_head (multi-head); fewer = grouped-query attention
     d_model: int = 128
-    d_ff: Optional[int] = None  # None = 4*d_model (gpt2) or ~8/3*d_model rounded to 64 (llama)
-    vocab_size: Optional[int] = None  # None = taken from the tokenizer by the recipe
+    d_ff: int | None = None  # None = 4*d_model (gpt2) or ~8/3*d_model rounded to 64 (llama)
+    vocab_size: int | None = None  # None = taken from the tokenizer by the recipe
     max_seq_len: int = 128
     dropout: float = 0.0
     bias: bool = True

@@ -19,7 +19,7 @@ KERNEL_BACKENDS = ("auto", "torch", "triton")
 
 @dataclass
 class KernelsConfig:
-    backend: str = "auto"  # auto | torch | triton
+    backend: str = "torch"  # torch (the default until the injected path is measured on a GPU) | triton | auto
 
 
 def validate_kernels_config(cfg: KernelsConfig) -> None:

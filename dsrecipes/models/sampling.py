@@ -1,14 +1,14 @@
 """Plain autoregressive sampling (temperature, top-k) without a KV cache.
 
-Enough for the short text sample that ends a training run; the inference engine (KV cache,
-fused kernels, tensor parallel) is a separate, faster path.
+Enough for the short text sample that ends a training run (the Trainer uses it); the inference
+engine (dsrecipes.inference: KV cache, fused kernels, tensor parallel) is a separate, faster path.
 """
 
 from __future__ import annotations
 
 import torch
-from torch.distributed.tensor import DTensor
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 
 @torch.no_grad()

@@ -26,7 +26,6 @@ Pure torch; no Hydra (the config group lives in dsrecipes.models.sparse_attentio
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 import torch
 
@@ -80,7 +79,7 @@ class SparsityConfig:
                              f"(seq_len / {self.prefix}.block)")
 
 
-def _check_global_blocks(prefix: str, starts: list[int], ends: Optional[list[int]]) -> None:
+def _check_global_blocks(prefix: str, starts: list[int], ends: list[int] | None) -> None:
     """Global block starts >= 0 and, when ends are given, one end per start with start < end."""
     if any(i < 0 for i in starts):
         raise ValueError(f"{prefix}.global_block_indices={list(starts)} must be >= 0")
@@ -95,7 +94,7 @@ def _check_global_blocks(prefix: str, starts: list[int], ends: Optional[list[int
                              f"< end {e}")
 
 
-def _global_ranges(starts: list[int], ends: Optional[list[int]]) -> list[tuple[int, int]]:
+def _global_ranges(starts: list[int], ends: list[int] | None) -> list[tuple[int, int]]:
     """[start, end) block ranges of the global blocks: one block each when no ends are given."""
     if ends is None:
         return [(i, i + 1) for i in starts]
@@ -206,7 +205,7 @@ class VariableSparsityConfig(SparsityConfig):
     num_random_blocks: int = 0
     local_window_blocks: list[int] = field(default_factory=lambda: [4])
     global_block_indices: list[int] = field(default_factory=lambda: [0])
-    global_block_end_indices: Optional[list[int]] = None
+    global_block_end_indices: list[int] | None = None
     attention: str = "bidirectional"
     horizontal_global_attention: bool = False
     seed: int = 0
@@ -295,7 +294,7 @@ class BSLongformerSparsityConfig(SparsityConfig):
 
     num_sliding_window_blocks: int = 3
     global_block_indices: list[int] = field(default_factory=lambda: [0])
-    global_block_end_indices: Optional[list[int]] = None
+    global_block_end_indices: list[int] | None = None
     attention: str = "bidirectional"
 
     def __post_init__(self) -> None:
@@ -351,11 +350,6 @@ LAYOUT_CLASSES: dict[str, type[SparsityConfig]] = {
     "bslongformer": BSLongformerSparsityConfig,
     "sliding_window": LocalSlidingWindowSparsityConfig,
 }
-
-
-def block_causal(layout: torch.Tensor) -> torch.Tensor:
-    """The layout with key blocks after each query block removed (what a causal decoder can use)."""
-    return torch.tril(layout)
 
 
 def expand_layout(layout: torch.Tensor, block: int, causal: bool) -> torch.Tensor:

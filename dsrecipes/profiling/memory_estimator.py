@@ -4,16 +4,20 @@ Counted at rest after an optimizer step with gradients present: parameters, grad
 states (activations, communication buffers and FSDP2's transient unsharded parameters are not
 model states). Ψ = parameter count, N = data-parallel ranks, b = bytes of the model dtype.
 
-| stage | dsrecipes engine (mechanism)                 | parameters | gradients | optimizer states |
-|-------|----------------------------------------------|------------|-----------|------------------|
-| 0     | DDP                                          | bΨ (+4Ψ masters) | bΨ  | sΨ               |
-| 1     | DDP + ZeroRedundancyOptimizer                | bΨ (+4Ψ/N)  | bΨ        | sΨ/N             |
-| 2     | replicated parameters, sharded fp32 grads and optimizer (zero2.py) | bΨ (+4Ψ/N masters) | 4Ψ/N | sΨ/N |
-| 3     | FSDP2: fp32 shards are the masters           | 4Ψ/N       | 4Ψ/N      | sΨ/N             |
+Each data-parallel strategy states what it holds (`model_state_bytes` of the classes in
+dsrecipes.distributed.data_parallel); the estimate asks the strategy the run would use, chosen by
+the same table the engine uses:
 
-b = 4 unless precision.master_weights keeps the model in bf16/fp16 (b = 2). Stage 2 combined with
-tensor/sequence/expert parallelism, hybrid sharding or CPU offload runs on FSDP2 and holds the
-stage-3 figures at rest.
+| stage | strategy (mechanism)                              | parameters | gradients | optimizer states |
+|-------|---------------------------------------------------|------------|-----------|------------------|
+| 0     | ddp: DDP                                          | bΨ (+4Ψ masters) | bΨ  | sΨ               |
+| 1     | zero1: DDP + ZeroRedundancyOptimizer              | bΨ (+4Ψ/N)  | bΨ        | sΨ/N             |
+| 2     | zero2: replicated parameters, sharded fp32 grads and optimizer | bΨ (+4Ψ/N masters) | 4Ψ/N | sΨ/N |
+| 3     | fsdp2: fp32 shards are the masters                | 4Ψ/N       | 4Ψ/N      | sΨ/N             |
+
+b = 4 unless precision.master_weights keeps the model in bf16/fp16 (b = 2; its gradients then move
+to the fp32 masters: 4Ψ). Stage 2 combined with tensor/sequence/expert parallelism, hybrid sharding
+or CPU offload runs on FSDP2 and holds the stage-3 figures at rest.
 s = optimizer state bytes per parameter (8 for Adam-family and LAMB, 4 for Lion, Adagrad and SGD
 with momentum, 0 for plain SGD). DeepSpeed's mixed-precision formula (ZeRO paper, K=12):
 16Ψ, 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N.
@@ -25,6 +29,10 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from dsrecipes.distributed.config import ZeroConfig
+from dsrecipes.distributed.data_parallel import STRATEGIES, choose_strategy
+from dsrecipes.distributed.parallel_dims import ParallelDims
 
 _STATE_BYTES = {"adamw": 8, "adam": 8, "lamb": 8, "lion": 4, "adagrad": 4}
 _DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -65,22 +73,15 @@ def estimate_model_states(
     optimizer: str = "adamw",
     momentum: float = 0.0,
 ) -> MemoryEstimate:
-    """Per-rank bytes of parameters, gradients and optimizer states held by dsrecipes' engine."""
-    n, w = num_params, world_size
-    states = optimizer_state_bytes(optimizer, momentum) * n
-    stage_eff = stage if w > 1 else 0  # a single process shards nothing
+    """Per-rank bytes of parameters, gradients and optimizer states held by dsrecipes' engine
+    (plain data parallelism over world_size ranks)."""
+    dims = ParallelDims.from_degrees(world_size, zero_stage=stage)
+    strategy = STRATEGIES[choose_strategy(ZeroConfig(stage=stage), dims)]
     model_bytes = _DTYPE_BYTES[precision] if master_weights else 4
-    masters = 4 * n if master_weights else 0
-    if stage_eff == 3:
-        params, grads, opt = 4 * n / w, 4 * n / w, states / w
-    elif stage_eff == 2:
-        params, grads, opt = model_bytes * n + masters / w, 4 * n / w, states / w
-    else:
-        sharded = stage_eff == 1
-        params = model_bytes * n + (masters / w if sharded else masters)
-        grads = model_bytes * n if not master_weights else 4 * n  # grads move to the fp32 masters at the step
-        opt = states / w if sharded else states
-    return MemoryEstimate(stage, w, params, grads, opt, deepspeed_model_state_bytes(n, w, stage))
+    held = strategy.model_state_bytes(num_params, world_size, model_bytes,
+                                      optimizer_state_bytes(optimizer, momentum), master_weights)
+    return MemoryEstimate(stage, world_size, held.parameters, held.gradients, held.optimizer_states,
+                          deepspeed_model_state_bytes(num_params, world_size, stage))
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,6 @@ ValueError that shows the arithmetic rather than an AssertionError.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 
 @dataclass(frozen=True)
@@ -20,9 +19,9 @@ class BatchSizes:
 
 
 def resolve_batch_sizes(
-    train_batch_size: Optional[int],
-    micro_batch_size: Optional[int],
-    gradient_accumulation_steps: Optional[int],
+    train_batch_size: int | None,
+    micro_batch_size: int | None,
+    gradient_accumulation_steps: int | None,
     dp_world_size: int = 1,
     prefix: str = "trainer",
 ) -> BatchSizes:

@@ -3,8 +3,8 @@
     python -m dsrecipes +experiment=gpt_qat_int8
     python -m dsrecipes +experiment=gpt_layer_reduction compression.layer_reduction.teacher_path=outputs/<run>/export
 
-Registered at import (dsrecipes.training.trainer imports this module). What it adds:
-  * model transform (before the engine wraps the model): layer reduction first (the model is
+One of dsrecipes.training.recipe_extensions.RECIPE_EXTENSIONS. What it adds:
+  * model transform (parallelize's step 4, before any sharding): layer reduction first (the model is
     loaded with the teacher's weights from `layer_reduction.teacher_path`, then cut to the
     `teacher_layer` layers in place, so model.n_layer and the export follow), then
     `init_compression` (fake-quantized forwards, activation hooks, pruners) on the model.
@@ -17,7 +17,8 @@ Registered at import (dsrecipes.training.trainer imports this module). What it a
     parameters the optimizer updates (also the fp32 masters when precision.master_weights); under
     DDP every replica applies the same masks to the same weights. on_train_end runs redundancy
     clean, writes <run dir>/<export_dirname>/ (safetensors + config), loads it back, evaluates it, and
-    adds summary["compression"] = {bytes and validation loss before / after, ratio, path}.
+    adds summary["compression"] = {bytes and validation loss before / after, ratio, path}. The
+    Compressor's state (bit schedules, masks, activation ranges) is saved in every checkpoint.
 FSDP-sharded parameters (zero.stage >= 2 at world size > 1) are refused by validate_recipe.
 """
 
@@ -34,8 +35,7 @@ from dsrecipes.compression.compress import Compressor
 from dsrecipes.compression.config import layer_reduction_configs, library_configs
 from dsrecipes.compression.layer_reduction import DistillationLoss, reduce_layers
 from dsrecipes.data import eval_batches
-from dsrecipes.distributed.zero import unwrap
-from dsrecipes.training.extensions import Callback, Extensions, register_extension
+from dsrecipes.training.extensions import Callback, Extensions, RunContext
 
 log = logging.getLogger("dsrecipes")
 
@@ -58,6 +58,8 @@ def load_teacher(path: str, model_cfg, device) -> nn.Module:
 
 
 class CompressionCallback(Callback):
+    state_key = "compression"
+
     def __init__(self, cfg):
         self.cfg = cfg
         self.comp_cfg = cfg.compression
@@ -97,12 +99,19 @@ class CompressionCallback(Callback):
 
     # callbacks ------------------------------------------------------------------------------------
 
+    def state_dict(self) -> dict:
+        return self.compressor.state_dict() if self.compressor is not None else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.compressor is not None and state:
+            self.compressor.load_state_dict(state)
+
     @torch.no_grad()
-    def _apply_masks(self, trainer) -> None:
+    def _apply_masks(self, context: RunContext) -> None:
         pairs = self.compressor.mask_pairs()
         for t, m in pairs:
             t.mul_(m.to(device=t.device, dtype=t.dtype))
-        master = trainer.engine.precision.master
+        master = context.engine.masters
         if master is not None and pairs:
             masks = {id(t): m for t, m in pairs}
             for low, fp32 in master.pairs:
@@ -110,7 +119,7 @@ class CompressionCallback(Callback):
                 if m is not None:
                     fp32.mul_(m.to(device=fp32.device, dtype=fp32.dtype))
 
-    def _advance(self, trainer, step: int) -> None:
+    def _advance(self, context: RunContext, step: int) -> None:
         c = self.compressor
         c.global_step = step
         if c.weight_quant is not None:
@@ -121,61 +130,60 @@ class CompressionCallback(Callback):
             c.sparse.update(step)
         for p in c.structured:
             p.update(step)
-        self._apply_masks(trainer)
+        self._apply_masks(context)
 
-    def on_train_start(self, trainer) -> None:
+    def on_train_start(self, context: RunContext) -> None:
         if self.kd is not None:  # the teacher's forward at the student's precision (autocast dtype)
-            self.kd.autocast = trainer.engine.precision.autocast
-        self._advance(trainer, trainer.engine.global_steps)
+            self.kd.autocast = context.engine.precision.autocast
+        self._advance(context, context.engine.global_steps)
 
-    def on_step_end(self, trainer, step: int, metrics: dict) -> None:
-        self._advance(trainer, step)
-        t = trainer.cfg.trainer
-        if step % t.log_interval == 0 or step == t.max_steps:
-            trainer.loggers.log(self.compressor.metrics(), step)
+    def on_step_end(self, context: RunContext, step: int, metrics: dict) -> None:
+        self._advance(context, step)
+        if context.is_log_step(step):
+            context.loggers.log(self.compressor.metrics(), step)
 
-    def on_train_end(self, trainer, summary: dict) -> None:
+    def on_train_end(self, context: RunContext, summary: dict) -> None:
         if not self.comp_cfg.export:
             return
-        report = self.export(trainer, summary)
+        report = self.export(context, summary)
         if report is not None:
             summary["compression"] = report
 
     # redundancy clean + export ---------------------------------------------------------------------
 
     @torch.no_grad()
-    def _val_loss(self, trainer, model: nn.Module) -> float:
+    def _val_loss(self, context: RunContext, model: nn.Module) -> float:
         losses = []
-        max_batches = trainer.cfg.trainer.eval_batches or None
-        for batch in eval_batches(trainer.data.validation, trainer.batch.micro_batch_size, max_batches=max_batches):
-            out = model(batch["input_ids"].to(trainer.device), labels=batch["labels"].to(trainer.device))
+        max_batches = context.cfg.trainer.eval_batches or None
+        for batch in eval_batches(context.data.validation, context.batch.micro_batch_size, max_batches=max_batches):
+            out = model(batch["input_ids"].to(context.device), labels=batch["labels"].to(context.device))
             losses.append(float(out.loss))
         return sum(losses) / max(1, len(losses))
 
-    def export(self, trainer, summary: dict) -> dict | None:
+    def export(self, context: RunContext, summary: dict) -> dict | None:
         from dsrecipes.models.compressed_export import export_compressed, load_compressed
 
-        if not trainer.is_logging_rank:
+        if not context.is_logging_rank:
             return None
-        model = unwrap(trainer.engine.module)
-        master = trainer.engine.precision.master
+        model = context.engine.strategy.unwrapped
+        master = context.engine.masters
         if master is not None:  # clean from the fp32 masters
             import copy
 
             model = copy.deepcopy(model)
-            model.load_state_dict(master.master_state_dict(unwrap(trainer.engine.module)))
+            model.load_state_dict(master.master_state_dict(context.engine.strategy.unwrapped))
             model.float()
         model.eval()
         before_loss = summary["metrics"].get("val/loss")
         if before_loss is None:
-            before_loss = self._val_loss(trainer, model)
+            before_loss = self._val_loss(context, model)
         float_bytes = state_dict_bytes({k: v.float() if v.is_floating_point() else v
                                         for k, v in model.state_dict().items()})
         clean = self.compressor.redundancy_clean(model)
-        out_dir = trainer.run_dir / self.comp_cfg.export_dirname
-        info = export_compressed(clean, out_dir, extra={"tokenizer": trainer.cfg.data.tokenizer})
-        loaded, _ = load_compressed(out_dir, device=trainer.device)
-        after_loss = self._val_loss(trainer, loaded)
+        out_dir = context.run_dir / self.comp_cfg.export_dirname
+        info = export_compressed(clean, out_dir, extra={"tokenizer": context.cfg.data.tokenizer})
+        loaded, _ = load_compressed(out_dir, device=context.device)
+        after_loss = self._val_loss(context, loaded)
         report = {
             "path": str(out_dir),
             "bytes_fp32": float_bytes,
@@ -185,15 +193,14 @@ class CompressionCallback(Callback):
             "val_loss_before": before_loss,
             "val_loss_after": after_loss,
         }
-        trainer.loggers.log({"compression/bytes": info["bytes"], "compression/val_loss_after": after_loss},
-                            trainer.engine.global_steps)
+        context.loggers.log({"compression/bytes": info["bytes"], "compression/val_loss_after": after_loss},
+                            context.engine.global_steps)
         log.info("compression export: %s  %s -> %s bytes (x%.2f)  val/loss %.4f -> %.4f", out_dir, f"{float_bytes:,}",
                  f"{info['bytes']:,}", report["size_ratio"], before_loss,
                  after_loss if math.isfinite(after_loss) else float("nan"))
         return report
 
 
-@register_extension
 def compression_extension(cfg) -> Extensions:
     comp_cfg = getattr(cfg, "compression", None)
     if comp_cfg is None or not comp_cfg.enabled:

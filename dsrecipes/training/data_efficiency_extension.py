@@ -1,6 +1,6 @@
 """Data efficiency as a Trainer extension: applies the recipe's `data_efficiency` group.
 
-Registered at import (dsrecipes.training.trainer imports this module). What it plugs in:
+One of dsrecipes.training.recipe_extensions.RECIPE_EXTENSIONS. What it plugs in:
 
 * sequence-length curriculum (curriculum_learning.metric=seqlen): a batch hook cutting every micro-batch
   to the current difficulty (truncate or pack);
@@ -10,7 +10,7 @@ Registered at import (dsrecipes.training.trainer imports this module). What it p
   for the step; with layer_token_lr_schedule, the LR is set from consumed layer-tokens after every step;
 * a callback counting consumed tokens / layer-tokens against the full-length baseline, logging
   data/* and random_ltd/* metrics every log interval and saving its state (and the schedules') in
-  checkpoints under client_state["data_efficiency"].
+  checkpoints.
 
     python -m dsrecipes data_efficiency=seqlen_curriculum
     python -m dsrecipes +experiment=gpt_random_ltd
@@ -34,7 +34,7 @@ from dsrecipes.data_efficiency import (
     resolve_custom_fn,
 )
 from dsrecipes.distributed.utils import rank_zero_first
-from dsrecipes.training.extensions import Callback, Extensions, register_extension
+from dsrecipes.training.extensions import Callback, Extensions, RunContext
 
 log = logging.getLogger("dsrecipes")
 
@@ -87,38 +87,37 @@ class DataEfficiencyCallback(Callback):
         return batch
 
     # ------------------------------------------------------------------ per step
-    def on_train_start(self, trainer) -> None:
+    def on_train_start(self, context: RunContext) -> None:
         if self.ltd is not None:
-            self.ltd.reseed(trainer.rank)
+            self.ltd.reseed(context.rank)
         if self.layer_token_lr:
-            self._apply_layer_token_lr(trainer)
+            self._apply_layer_token_lr(context)
 
-    def on_step_end(self, trainer, step: int, metrics: dict) -> None:
-        dp = trainer.batch.dp_world_size
+    def on_step_end(self, context: RunContext, step: int, metrics: dict) -> None:
+        dp = context.batch.dp_world_size
         self.consumed_tokens += self._step_tokens * dp
         self.consumed_layer_tokens += self._step_layer_tokens * dp
-        self.baseline_tokens += trainer.batch.train_batch_size * self.block_size
+        self.baseline_tokens += context.batch.train_batch_size * self.block_size
         self._step_tokens = self._step_layer_tokens = 0
         if self.ltd is not None:
             self.ltd.consumed_layer_tokens = self.consumed_layer_tokens
             self.ltd.consumed_tokens = self.consumed_tokens
         if self.layer_token_lr:
-            self._apply_layer_token_lr(trainer)
-        t = trainer.cfg.trainer
-        if step % t.log_interval == 0 or step == t.max_steps:
-            trainer.loggers.log(self.metrics(), step)
+            self._apply_layer_token_lr(context)
+        if context.is_log_step(step):
+            context.loggers.log(self.metrics(), step)
 
-    def on_train_end(self, trainer, summary: dict) -> None:
+    def on_train_end(self, context: RunContext, summary: dict) -> None:
         summary.setdefault("metrics", {}).update(self.metrics())
 
-    def _apply_layer_token_lr(self, trainer) -> None:
-        scheduler = trainer.engine.lr_scheduler
+    def _apply_layer_token_lr(self, context: RunContext) -> None:
+        scheduler = context.engine.lr_scheduler
         if scheduler is None or not hasattr(scheduler, "lrs_at"):
             raise ValueError("data_efficiency.random_ltd.layer_token_lr_schedule=true needs one of dsrecipes' "
                              "closed-form LR schedules (lr_scheduler.name), not lr_scheduler._target_")
-        full_per_step = trainer.batch.train_batch_size * self.block_size * self.n_layer
+        full_per_step = context.batch.train_batch_size * self.block_size * self.n_layer
         equivalent = layer_token_equivalent_step(self.consumed_layer_tokens, full_per_step)
-        for group, lr in zip(trainer.engine.optimizer.param_groups, scheduler.lrs_at(equivalent)):
+        for group, lr in zip(context.engine.optimizer.param_groups, scheduler.lrs_at(equivalent)):
             if isinstance(group["lr"], torch.Tensor):
                 group["lr"].fill_(lr)
             else:
@@ -166,7 +165,6 @@ class DataEfficiencyCallback(Callback):
             self.ltd.load_state_dict(state["random_ltd"])
 
 
-@register_extension
 def data_efficiency_extension(cfg) -> Extensions:
     de = getattr(cfg, "data_efficiency", None)
     if de is None or not (de.curriculum_learning.enabled or de.random_ltd.enabled):
@@ -180,14 +178,14 @@ def data_efficiency_extension(cfg) -> Extensions:
         extensions.batch_hooks.append(callback.seqlen)
         log.info("data efficiency: sequence-length curriculum (%s), %s", cl.seqlen_mode, cl.schedule_type)
     elif cl.enabled:
-        def curriculum_source(trainer, batches):
+        def curriculum_source(context: RunContext, batches):
             with rank_zero_first():  # rank 0 fills datasets' cache; the others read it
-                index = analyze_metric(trainer.data.train, cl.metric, cfg.data.num_proc, trainer.run_dir / "data_analysis")
+                index = analyze_metric(context.data.train, cl.metric, cfg.data.num_proc, context.run_dir / "data_analysis")
             callback.sampler = CurriculumSampler(
-                trainer.data.train, index.values, build_curriculum_scheduler(cl, block_size),
-                trainer.batch.micro_batch_size, seed=de.seed, rank=trainer.data_rank,
-                world_size=trainer.batch.dp_world_size,
-                gradient_accumulation_steps=trainer.batch.gradient_accumulation_steps,
+                context.data.train, index.values, build_curriculum_scheduler(cl, block_size),
+                context.batch.micro_batch_size, seed=de.seed, rank=context.data_rank,
+                world_size=context.batch.dp_world_size,
+                gradient_accumulation_steps=context.batch.gradient_accumulation_steps,
                 difficulty_type=cl.difficulty_type)
             log.info("data efficiency: %s curriculum over %d samples (%s)", cl.metric, len(index), cl.difficulty_type)
             return callback.sampler

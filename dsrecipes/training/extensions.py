@@ -1,45 +1,105 @@
-"""Extension points of the recipe Trainer, where later capabilities plug in without touching its loop.
+"""Extension points of the recipe Trainer, where capabilities plug in without touching its loop.
 
-* model_transforms: `fn(model) -> model`, applied after the model is built and before the engine
-  wraps it (kernel injection, compression wrappers, MoE layers).
+* model_transforms: `fn(model) -> model`, applied by `parallelize` (step 4) to the whole model, after
+  kernel injection and activation checkpointing, before any sharding (compression wrappers,
+  random-LTD).
 * loss_terms: `fn(model, batch, output) -> {name: scalar tensor}`, added to the language-model loss
   and logged as train/<name> (MoE auxiliary loss, distillation).
 * batch_hooks: `fn(batch, step) -> batch`, applied to every micro-batch before the forward
   (curriculum truncation, token dropping schedules).
 * callbacks: `Callback` objects told about train start/end, every optimizer step and every
-  evaluation (pruning / quantization schedules, profilers). A callback with a `state_key` has its
-  `state_dict()` saved in every checkpoint (client_state[state_key]) and restored on resume.
-* batch_sources: `fn(trainer, batches) -> batches`, applied once to the Trainer's training batch
+  evaluation (pruning / quantization schedules, profilers). Every callback's `state_dict()` is saved
+  in every checkpoint (client_state["callbacks"][state_key]) and restored on resume.
+* batch_sources: `fn(context, batches) -> batches`, applied once to the Trainer's training batch
   iterator after it is built (a curriculum sampler replacing it). The result is what the Trainer
   draws from and checkpoints: it needs `__next__`, `state_dict` and `load_state_dict`.
 
-A capability registers an `ExtensionBuilder` (`fn(cfg) -> Extensions`) with `register_extension`;
-the Trainer calls every registered builder with the recipe and concatenates what they return.
+Callbacks and batch sources see a `RunContext` (the recipe, the run directory, rank and device, the
+batch arithmetic, the data and, once built, the engine and the loggers), not the Trainer. The recipe's
+own extensions are one ordered list, dsrecipes.training.recipe_extensions.RECIPE_EXTENSIONS; a user
+passes more with `Trainer(..., extensions=...)`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any
 
+import torch
 from torch import nn
 
 
-class Callback:
-    """Base class: override what you need. `trainer` is the running dsrecipes Trainer.
+@dataclass
+class RunContext:
+    """What extensions may use of a running recipe."""
 
-    Set `state_key` (and implement state_dict / load_state_dict) to be checkpointed with the run.
+    cfg: Any  # the RootConfig
+    run_dir: Path
+    rank: int
+    device: torch.device
+    batch: Any  # BatchSizes
+    data: Any = None  # PreparedData: train / validation splits and the tokenizer
+    data_rank: int = 0  # which data shard this rank reads (model-parallel peers share one)
+    engine: Any = None  # the Engine, once built
+    loggers: Any = None  # MetricLoggers, once built
+
+    @property
+    def is_logging_rank(self) -> bool:
+        return self.rank == 0
+
+    def is_log_step(self, step: int) -> bool:
+        t = self.cfg.trainer
+        return step % t.log_interval == 0 or step == t.max_steps
+
+
+class Callback:
+    """Base class: override what you need. `context` is the run's RunContext.
+
+    state_dict / load_state_dict: what this callback must carry across a resume (default: nothing);
+    state_key: its name in the checkpoint (default: the class name).
     """
 
     state_key: str | None = None
 
-    def on_train_start(self, trainer: Any) -> None: ...
+    def on_train_start(self, context: RunContext) -> None: ...
 
-    def on_step_end(self, trainer: Any, step: int, metrics: dict) -> None: ...
+    def on_step_end(self, context: RunContext, step: int, metrics: dict) -> None: ...
 
-    def on_eval_end(self, trainer: Any, step: int, metrics: dict) -> None: ...
+    def on_eval_end(self, context: RunContext, step: int, metrics: dict) -> None: ...
 
-    def on_train_end(self, trainer: Any, summary: dict) -> None: ...
+    def on_train_end(self, context: RunContext, summary: dict) -> None: ...
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+def _state_keys(callbacks: list[Callback]) -> list[str]:
+    """Each callback's checkpoint key, made unique in list order (a second X becomes X.1)."""
+    keys: list[str] = []
+    for callback in callbacks:
+        key = callback.state_key or type(callback).__name__
+        unique, n = key, 0
+        while unique in keys:
+            n += 1
+            unique = f"{key}.{n}"
+        keys.append(unique)
+    return keys
+
+
+def callback_states(callbacks: list[Callback]) -> dict[str, dict]:
+    """{key: state_dict()} of every callback (what a checkpoint stores)."""
+    return {key: callback.state_dict() for key, callback in zip(_state_keys(callbacks), callbacks)}
+
+
+def load_callback_states(callbacks: list[Callback], states: dict[str, dict]) -> None:
+    """Restore what callback_states saved (callbacks without a stored state are left as they are)."""
+    for key, callback in zip(_state_keys(callbacks), callbacks):
+        if key in states:
+            callback.load_state_dict(states[key])
 
 
 @dataclass
@@ -48,9 +108,9 @@ class Extensions:
     loss_terms: list[Callable[..., dict]] = field(default_factory=list)
     batch_hooks: list[Callable[[dict, int], dict]] = field(default_factory=list)
     callbacks: list[Callback] = field(default_factory=list)
-    batch_sources: list[Callable[[Any, Any], Any]] = field(default_factory=list)
+    batch_sources: list[Callable[[RunContext, Any], Any]] = field(default_factory=list)
 
-    def extend(self, other: "Extensions") -> "Extensions":
+    def extend(self, other: Extensions) -> Extensions:
         self.model_transforms += other.model_transforms
         self.loss_terms += other.loss_terms
         self.batch_hooks += other.batch_hooks
@@ -60,19 +120,3 @@ class Extensions:
 
 
 ExtensionBuilder = Callable[[Any], Extensions]
-_BUILDERS: list[ExtensionBuilder] = []
-
-
-def register_extension(builder: ExtensionBuilder) -> ExtensionBuilder:
-    """Register a builder called with the recipe config for every Trainer (usable as a decorator)."""
-    if builder not in _BUILDERS:
-        _BUILDERS.append(builder)
-    return builder
-
-
-def build_extensions(cfg: Any) -> Extensions:
-    """Everything the registered builders contribute for this recipe."""
-    extensions = Extensions()
-    for builder in _BUILDERS:
-        extensions.extend(builder(cfg))
-    return extensions

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Iterable, Optional
+from collections.abc import Iterable
 
 import torch
 
@@ -71,7 +71,7 @@ class Lamb(MultiTensorOptimizer):
         max_coeff: float = 10.0,
         min_coeff: float = 0.01,
         bias_correction: bool = True,
-        foreach: Optional[bool] = None,
+        foreach: bool | None = None,
     ):
         _check_hyperparameters(lr, tuple(betas), eps, weight_decay, max_coeff, min_coeff)
         defaults = dict(

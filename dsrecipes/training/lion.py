@@ -20,7 +20,7 @@ State per parameter: `exp_avg`.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Iterable, Optional
+from collections.abc import Iterable
 
 import torch
 
@@ -48,7 +48,7 @@ class Lion(MultiTensorOptimizer):
         lr: float = 1e-4,
         betas: tuple[float, float] = (0.9, 0.99),
         weight_decay: float = 0.0,
-        foreach: Optional[bool] = None,
+        foreach: bool | None = None,
     ):
         if not lr > 0.0:
             raise ValueError(f"Lion: lr={lr} must be > 0")

@@ -1,6 +1,6 @@
 """MoE as a Trainer extension: the auxiliary losses in the training loss, routing metrics in the logs.
 
-Registered at import (dsrecipes.training.trainer imports this module); inert when moe.num_experts=0.
+One of dsrecipes.training.recipe_extensions.RECIPE_EXTENSIONS; inert when moe.num_experts=0.
 
 * loss term `moe_aux_loss` = moe.aux_loss_coef x sum over MoE layers of the load-balancing loss, and
   `moe_z_loss` = moe.z_loss_coef x sum of router z-losses (when that coefficient is > 0). They are
@@ -17,13 +17,13 @@ import torch
 import torch.distributed as dist
 
 from dsrecipes.distributed.utils import is_distributed
-from dsrecipes.distributed.zero import unwrap
 from dsrecipes.models.moe import MoELayer
-from dsrecipes.training.extensions import Callback, Extensions, register_extension
+from dsrecipes.training.extensions import Callback, Extensions, RunContext
 
 
 def _named_moe_layers(model: torch.nn.Module) -> list[tuple[str, MoELayer]]:
-    return [(name, m) for name, m in unwrap(model).named_modules() if isinstance(m, MoELayer)]
+    """(name under the user's module, layer) of every MoE layer, a DDP wrapper's "module." prefix removed."""
+    return [(name.removeprefix("module."), m) for name, m in model.named_modules() if isinstance(m, MoELayer)]
 
 
 def moe_loss_terms(aux_coef: float, z_coef: float):
@@ -42,14 +42,13 @@ def moe_loss_terms(aux_coef: float, z_coef: float):
 class MoEMetrics(Callback):
     """Logs routing statistics every log interval (all ranks take part in one all-reduce)."""
 
-    def on_step_end(self, trainer, step: int, metrics: dict) -> None:
-        t = trainer.cfg.trainer
-        if step % t.log_interval and step != t.max_steps:
+    def on_step_end(self, context: RunContext, step: int, metrics: dict) -> None:
+        if not context.is_log_step(step):
             return
-        layers = _named_moe_layers(trainer.engine.module)
+        layers = _named_moe_layers(context.engine.module)
         if not layers:
             return
-        device = trainer.device
+        device = context.device
         num_experts = layers[0][1].num_experts
         stats = torch.zeros(len(layers), num_experts + 2, dtype=torch.float64, device=device)
         for row, (_, layer) in enumerate(layers):
@@ -66,16 +65,15 @@ class MoEMetrics(Callback):
         if float(routes.sum()) == 0:
             return
         mean_load = loads.mean(dim=1).clamp(min=1e-9)
-        trainer.loggers.log({
+        context.loggers.log({
             "moe/dropped_frac": float(dropped.sum() / routes.sum()),
             "moe/max_load_ratio": float((loads.max(dim=1).values / mean_load).mean()),
         }, step)
         for (name, _), load in zip(layers, loads):
             block = name.split(".")[1] if name.startswith("blocks.") else name
-            trainer.loggers.log_histogram(f"moe/expert_load/block{block}", load.tolist(), step)
+            context.loggers.log_histogram(f"moe/expert_load/block{block}", load.tolist(), step)
 
 
-@register_extension
 def moe_extension(cfg) -> Extensions:
     moe = getattr(cfg, "moe", None)
     if moe is None or not moe.enabled:

@@ -6,7 +6,7 @@ the gathered lists, a multi-tensor (`torch._foreach_*`) one and a per-tensor loo
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 
@@ -22,7 +22,7 @@ class MultiTensorOptimizer(torch.optim.Optimizer):
         raise NotImplementedError
 
     @torch.no_grad()
-    def step(self, closure: Optional[Callable[[], torch.Tensor]] = None):
+    def step(self, closure: Callable[[], torch.Tensor] | None = None):
         """One update of every parameter that has a gradient; returns closure()'s loss if given."""
         loss = None
         if closure is not None:

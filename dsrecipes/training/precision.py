@@ -1,8 +1,10 @@
 """Forward/backward precision: fp32, bf16 or fp16, by autocast or with fp32 master weights.
 
-`Precision` owns what the engine needs to know: the compute dtype, whether to autocast the forward,
-the fp16 loss scaler (None for fp32/bf16), and the fp32 master weights when the model itself is
-kept in bf16/fp16 (see master_weights.py).
+`Precision` is built from the `precision` group before anything wraps parameters and owns what the
+engine needs to know: the compute dtype, whether to autocast the forward, and the fp16 loss scaler
+(None for fp32/bf16). Where the fp32 master weights of a bf16/fp16 model live is the data-parallel
+strategy's business (beside the module, or its sharded fp32 parameters): it reads
+`compute_dtype` and `master_weights` from here.
 """
 
 from __future__ import annotations
@@ -10,15 +12,13 @@ from __future__ import annotations
 import contextlib
 
 import torch
-from torch import nn
 
 from dsrecipes.training.config import PrecisionConfig
 from dsrecipes.training.loss_scaler import build_loss_scaler
-from dsrecipes.training.master_weights import MasterWeights
+from dsrecipes.utils.dtypes import DTYPES
 
-PRECISIONS = ("fp32", "bf16", "fp16")
+PRECISIONS = tuple(DTYPES)
 NONFINITE_POLICIES = ("error", "skip")
-_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def validate_precision_config(cfg: PrecisionConfig, prefix: str = "precision") -> None:
@@ -45,16 +45,15 @@ class Precision:
         self.cfg = cfg
         self.name = cfg.dtype
         self.device = device
-        self.compute_dtype = _DTYPES[cfg.dtype]
+        self.compute_dtype = DTYPES[cfg.dtype]
         # autocast also with master weights: it casts fp32 inputs and keeps norms and losses in fp32
         self.use_autocast = cfg.dtype != "fp32"
         self.loss_scaler = build_loss_scaler(cfg)
-        self.master: MasterWeights | None = None
 
-    def attach(self, module: nn.Module) -> None:
-        """With master weights, switch the module to low precision (after the optimizer was built)."""
-        if self.cfg.master_weights:
-            self.master = MasterWeights(module, self.compute_dtype)
+    @property
+    def master_weights(self) -> bool:
+        """The model itself computes in bf16/fp16 and the optimizer steps fp32 masters."""
+        return bool(self.cfg.master_weights)
 
     @property
     def loss_scale(self) -> float:

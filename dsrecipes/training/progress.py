@@ -29,7 +29,7 @@ class TrainingProgress:
             "train", total=total_steps, completed=start_step, loss="-", lr="-", tps="-"
         )
 
-    def __enter__(self) -> "TrainingProgress":
+    def __enter__(self) -> TrainingProgress:
         if self.enabled:
             self.progress.start()
         return self

@@ -1,10 +1,13 @@
 """The recipe Trainer: what `python -m dsrecipes` runs.
 
-Build order, fixed and readable: device -> data -> model -> engine -> loggers. Then the loop:
-micro-batches through the Engine (forward, extra loss terms, backward, step), metrics every
-log_interval, validation every eval_interval, checkpoints every checkpoint.interval, and at the end a
-final evaluation, the final checkpoint, a summary table and a short text sample from the model.
-Later capabilities plug in through dsrecipes.training.extensions, not by editing this loop.
+Build order, fixed and readable: device -> data -> layout (ParallelDims) -> model -> engine (through
+dsrecipes.training.assembly, the same path `dsrecipes.initialize` takes) -> loggers. Then the loop:
+`engine.train_batch` for every optimizer step (micro-batches, extra loss terms, backward, step: the
+engine's runner knows whether a pipeline schedule runs them), metrics every log_interval,
+validation every eval_interval, checkpoints every checkpoint.interval, and at the end a final
+evaluation, the final checkpoint, a summary table and a short text sample from the model. The
+recipe's extensions (compression, data efficiency, MoE) plug in through
+dsrecipes.training.extensions; the loop does not know which ones are there.
 """
 
 from __future__ import annotations
@@ -20,20 +23,20 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
-from dsrecipes.config.schema import RootConfig
 from dsrecipes.data import BatchIterator, eval_batches, prepare_data
-from dsrecipes.config.validate import parallel_dims
-from dsrecipes.distributed.sequence_parallel import sequence_parallel_disabled
+from dsrecipes.distributed.parallel_dims import ParallelDims, device_type_of
 from dsrecipes.distributed.utils import is_distributed, maybe_inject_failure, mean_over_ranks, rank_zero_first
-from dsrecipes.inference.sampling import sample_tokens
 from dsrecipes.models import GPT, export_safetensors
+from dsrecipes.models.config import padded_vocab_size
+from dsrecipes.models.sampling import sample_tokens
+from dsrecipes.training.assembly import build_engine
 from dsrecipes.training.batch import BatchSizes
 from dsrecipes.training.checkpoint import find_resume_checkpoint
-from dsrecipes.training.extensions import Extensions, build_extensions
-from dsrecipes.training import activation_checkpoint_extension, compression_extension, data_efficiency_extension, kernel_extension, moe_extension, sparse_attention_extension  # noqa: F401  (register extensions)
-from dsrecipes.training.initialize import build_engine
+from dsrecipes.training.config import to_dictconfig
+from dsrecipes.training.extensions import Extensions, RunContext, callback_states, load_callback_states
 from dsrecipes.training.loggers import MetricLoggers
 from dsrecipes.training.progress import TrainingProgress
+from dsrecipes.training.recipe_extensions import build_extensions
 from dsrecipes.utils.device import peak_tflops, resolve_device
 from dsrecipes.utils.logging import get_logger, setup_logging
 from dsrecipes.utils.seed import seed_everything
@@ -41,15 +44,10 @@ from dsrecipes.utils.seed import seed_everything
 SUMMARY_FILE = "summary.json"
 
 
-def padded_vocab_size(tokenizer_vocab: int, multiple: int = 64) -> int:
-    """Round the embedding table up to a multiple of 64 rows (faster matmuls; extra rows never targets)."""
-    return multiple * math.ceil(tokenizer_vocab / multiple)
-
-
 class Trainer:
     def __init__(
         self,
-        cfg: RootConfig,
+        cfg,
         run_dir: str | Path,
         batch: BatchSizes,
         overrides: list[str] | None = None,
@@ -58,6 +56,8 @@ class Trainer:
         rank: int = 0,
         sweep_name: str | None = None,
     ):
+        """cfg: a validated RootConfig (dsrecipes.config.validate_recipe returns it with `batch`);
+        extensions: replaces the recipe's own (dsrecipes.training.recipe_extensions.build_extensions(cfg))."""
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.batch = batch
@@ -83,8 +83,9 @@ class Trainer:
         with rank_zero_first():  # rank 0 fills datasets' cache; the others then read it
             self.data = prepare_data(cfg.data, status=lambda msg: self.log.info("data: %s", msg))
         world = torch.distributed.get_world_size() if is_distributed() else 1
-        self.dims = parallel_dims(cfg, world)
+        self.dims = ParallelDims.from_config(cfg, world, device_type_of(self.device))
         self.data_rank = self.dims.dp_rank(self.rank)  # model-parallel peers read the same data shard
+        self.context = RunContext(cfg, self.run_dir, self.rank, self.device, self.batch, self.data, self.data_rank)
         self.train_batches = BatchIterator(
             self.data.train,
             self.batch.micro_batch_size,
@@ -93,7 +94,7 @@ class Trainer:
             world_size=self.batch.dp_world_size,
         )
         for batch_source in self.extensions.batch_sources:  # e.g. a curriculum sampler
-            self.train_batches = batch_source(self, self.train_batches)
+            self.train_batches = batch_source(self.context, self.train_batches)
 
         model_cfg = cfg.model
         if model_cfg.vocab_size is None:
@@ -104,16 +105,13 @@ class Trainer:
                 f"{self.data.tokenizer.vocab_size} tokens; set it to null to take it from the tokenizer"
             )
         with torch.device(self.device):
-            model = GPT(model_cfg, moe=cfg.moe)
-        self.gpt = model
-        for transform in self.extensions.model_transforms:
-            model = transform(model)
+            self.gpt = GPT(model_cfg, moe=cfg.moe)
+        config_yaml = OmegaConf.to_yaml(to_dictconfig(cfg))
+        self.engine = build_engine(self.gpt, cfg, self.batch, self.dims, config_yaml=config_yaml,
+                                   transforms=self.extensions.model_transforms)
         self.log.info(
             "model: %s (%s), %s parameters", model_cfg.name, model_cfg.style, f"{self.gpt.num_params():,}"
         )
-
-        config_yaml = OmegaConf.to_yaml(OmegaConf.structured(cfg))
-        self.engine = build_engine(model, cfg, self.batch, config_yaml=config_yaml)
         self.log.info(
             "batch: train_batch_size=%d = micro %d x accumulation %d x dp %d",
             self.batch.train_batch_size,
@@ -127,10 +125,11 @@ class Trainer:
             cfg.logger,
             self.run_dir,
             cfg.name,
-            OmegaConf.to_container(OmegaConf.structured(cfg)),
+            OmegaConf.to_container(to_dictconfig(cfg), enum_to_str=True),
             self.is_logging_rank,
             group=self.sweep_name,
         )
+        self.context.engine, self.context.loggers = self.engine, self.loggers
         self.tokens_per_step = self.batch.train_batch_size * cfg.data.block_size
         self.flops_per_token = self.gpt.flops_per_token(cfg.data.block_size)
         self.peak_flops = peak_tflops(self.device, cfg.trainer.peak_tflops)
@@ -140,16 +139,7 @@ class Trainer:
         batch = {k: v.to(self.device, non_blocking=True) for k, v in next(self.train_batches).items()}
         for hook in self.extensions.batch_hooks:
             batch = hook(batch, step)
-        return self._shard_sequence(batch)
-
-    def _shard_sequence(self, batch: dict) -> dict:
-        """Under Ulysses sequence parallelism: this rank's chunk of every sequence (+ position_offset)."""
-        sp = self.engine.sequence_parallel
-        return sp.shard(batch) if sp is not None else batch
-
-    def _forward(self, batch: dict):
-        extra = {"position_offset": batch["position_offset"]} if "position_offset" in batch else {}
-        return self.engine(batch["input_ids"], labels=batch["labels"], **extra)
+        return batch
 
     def train_step(self, step: int, reduce_across_ranks: bool = True) -> dict:
         """One optimizer step over gradient_accumulation_steps micro-batches; returns its metrics.
@@ -160,7 +150,7 @@ class Trainer:
         engine = self.engine
         engine.train()
         lr = engine.get_lr()[0]
-        totals = self._pipeline_micro_batches(step) if engine.pipeline is not None else self._micro_batches(step)
+        totals = engine.train_batch(lambda: self._micro_batch(step), self.extensions.loss_terms)
         gas = engine.gradient_accumulation_steps
         names = list(totals)
         values = torch.stack([totals[n] for n in names])
@@ -172,61 +162,15 @@ class Trainer:
         metrics["train/skipped_steps"] = engine.skipped_steps
         return metrics
 
-    def _micro_batches(self, step: int) -> dict[str, torch.Tensor]:
-        """Forward, extra loss terms, backward and engine.step for each micro-batch; the terms' sums."""
-        engine, totals = self.engine, {}
-        for _ in range(engine.gradient_accumulation_steps):
-            batch = self._micro_batch(step)
-            output = self._forward(batch)
-            loss, terms = output.loss, {}
-            if self.extensions.loss_terms:
-                terms["lm_loss"] = output.loss
-                for loss_term in self.extensions.loss_terms:
-                    extra = loss_term(engine.module, batch, output)
-                    terms.update(extra)
-                    loss = loss + sum(extra.values())
-            engine.backward(loss)
-            engine.step()
-            terms["loss"] = loss
-            for name, value in terms.items():
-                totals[name] = totals.get(name, 0.0) + value.detach().float()
-        return totals
-
-    def _pipeline_micro_batches(self, step: int) -> dict[str, torch.Tensor]:
-        """Pipeline parallelism: the schedule runs all micro-batches of the step at once; the loss sum."""
-        gas = self.engine.gradient_accumulation_steps
-        micro = [self._micro_batch(step) for _ in range(gas)]
-        input_ids, labels = (torch.cat([b[key] for b in micro]) for key in ("input_ids", "labels"))
-        return {"loss": self.engine.pipeline_train_step(input_ids, labels) * gas}
-
     @torch.no_grad()
     def evaluate(self) -> dict:
         engine = self.engine
         engine.eval()
         max_batches = self.cfg.trainer.eval_batches or None
-        batches = eval_batches(self.data.validation, self.batch.micro_batch_size, max_batches=max_batches)
-        if engine.pipeline is not None:  # groups of gradient_accumulation_steps micro-batches per schedule run
-            losses = self._pipeline_eval(batches)
-        else:
-            losses = [float(self._forward(self._shard_sequence({k: v.to(self.device) for k, v in b.items()})).loss)
-                      for b in batches]
+        val_loss = engine.eval_loss(eval_batches(self.data.validation, self.batch.micro_batch_size,
+                                                 max_batches=max_batches))
         engine.train()
-        val_loss = sum(losses) / max(1, len(losses))
-        if engine.sequence_parallel is not None:  # each rank scored its chunk: the mean is the full loss
-            val_loss = float(mean_over_ranks(torch.tensor([val_loss], device=self.device))[0])
         return {"val/loss": val_loss, "val/ppl": math.exp(min(val_loss, 50.0))}
-
-    def _pipeline_eval(self, batches) -> list[float]:
-        """Validation through the pipeline schedule, gradient_accumulation_steps micro-batches at a time
-        (a last incomplete group is left out)."""
-        gas, group, losses = self.engine.gradient_accumulation_steps, [], []
-        for batch in batches:
-            group.append(batch)
-            if len(group) == gas:
-                input_ids, labels = (torch.cat([b[k] for b in group]).to(self.device) for k in ("input_ids", "labels"))
-                losses.append(self.engine.pipeline_eval_loss(input_ids, labels))
-                group = []
-        return losses
 
     def _perf_metrics(self, steps: int, seconds: float) -> dict:
         tokens_per_s = steps * self.tokens_per_step / max(seconds, 1e-9)
@@ -239,10 +183,8 @@ class Trainer:
 
     def save_checkpoint(self) -> Path:
         save_dir = self.run_dir / self.cfg.checkpoint.dirname
-        client_state = {"data": self.train_batches.state_dict()}
-        for callback in self.extensions.callbacks:
-            if getattr(callback, "state_key", None):
-                client_state[callback.state_key] = callback.state_dict()
+        client_state = {"data": self.train_batches.state_dict(),
+                        "callbacks": callback_states(self.extensions.callbacks)}
         path = self.engine.save_checkpoint(save_dir, client_state=client_state)
         self.log.info("checkpoint: %s", path)
         return path
@@ -260,9 +202,7 @@ class Trainer:
         _, client_state = self.engine.load_checkpoint(path.parent, tag=path.name)
         if "data" in client_state:
             self.train_batches.load_state_dict(client_state["data"])
-        for callback in self.extensions.callbacks:
-            if getattr(callback, "state_key", None) in client_state:
-                callback.load_state_dict(client_state[callback.state_key])
+        load_callback_states(self.extensions.callbacks, client_state.get("callbacks", {}))
         self.log.info("resumed from %s at step %d", path, self.engine.global_steps)
 
     def fit(self) -> dict:
@@ -282,7 +222,7 @@ class Trainer:
     def _train(self) -> dict:
         cfg, t = self.cfg, self.cfg.trainer
         for callback in self.extensions.callbacks:
-            callback.on_train_start(self)
+            callback.on_train_start(self.context)
         started = window_start = time.perf_counter()
         window_steps, first_loss, last_train, last_eval, last_checkpoint = 0, None, {}, {}, None
         show_bar = t.progress_bar and self.is_logging_rank
@@ -313,7 +253,7 @@ class Trainer:
                 else:
                     bar.update(step)
                 for callback in self.extensions.callbacks:
-                    callback.on_step_end(self, step, metrics)
+                    callback.on_step_end(self.context, step, metrics)
                 if t.eval_interval and step % t.eval_interval == 0 and step < t.max_steps:
                     last_eval = self._evaluate_and_log(step)
                 if cfg.checkpoint.interval and step % cfg.checkpoint.interval == 0 and step < t.max_steps:
@@ -330,7 +270,7 @@ class Trainer:
             summary["sample"] = sample
         self._report(summary)
         for callback in self.extensions.callbacks:
-            callback.on_train_end(self, summary)
+            callback.on_train_end(self.context, summary)
         if self.is_logging_rank:
             (self.run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
         return summary
@@ -351,30 +291,23 @@ class Trainer:
         self.loggers.log(metrics, step)
         self.log.info("eval step %d: val/loss %.4f  val/ppl %.2f", step, metrics["val/loss"], metrics["val/ppl"])
         for callback in self.extensions.callbacks:
-            callback.on_eval_end(self, step, metrics)
+            callback.on_eval_end(self.context, step, metrics)
         return metrics
 
     def sample_text(self) -> str | None:
         t = self.cfg.trainer
         if not t.sample_tokens:
             return None
-        if self.engine.pipeline is not None:
-            self.log.info("sample: skipped under pipeline parallelism (generate from the export instead)")
-            return None
-        tokenizer = self.data.tokenizer
-        prompt = tokenizer.encode(t.sample_prompt)
-        with self.engine.precision.autocast(), sequence_parallel_disabled(self.engine.module):
-            new_ids = sample_tokens(
-                self.engine.module,
-                prompt,
-                t.sample_tokens,
-                self.cfg.data.block_size,
-                temperature=t.sample_temperature,
-                top_k=t.sample_top_k,
-                seed=t.seed,
-                device=self.device,
-                stop_id=getattr(tokenizer, "eos_id", None),
-            )
+        with self.engine.runner.single_rank_module(self.engine) as model:
+            if model is None:
+                self.log.info("sample: skipped under pipeline parallelism (generate from the export instead)")
+                return None
+            tokenizer = self.data.tokenizer
+            prompt = tokenizer.encode(t.sample_prompt)
+            with self.engine.precision.autocast():
+                new_ids = sample_tokens(model, prompt, t.sample_tokens, self.cfg.data.block_size,
+                                        temperature=t.sample_temperature, top_k=t.sample_top_k, seed=t.seed,
+                                        device=self.device, stop_id=getattr(tokenizer, "eos_id", None))
         return t.sample_prompt + tokenizer.decode(new_ids)
 
     def _summary(self, first_loss, last_train, last_eval, total_s, checkpoint) -> dict:

@@ -10,6 +10,7 @@ per-step losses at TRAIN_LOSS_TOL (rtol 1e-4, atol 1e-5; observed differences ~1
 from __future__ import annotations
 
 import copy
+import functools
 import warnings
 
 import pytest
@@ -106,14 +107,13 @@ def test_training_with_kernels_matches_torch():
     torch.testing.assert_close(torch.tensor(losses["triton"]), torch.tensor(losses["torch"]), **TRAIN_LOSS_TOL)
 
 
-def test_kernels_config_group_and_extension():
+def test_kernels_config_group():
     from dsrecipes.config import validate_recipe
     from dsrecipes.config.store import compose
     from dsrecipes.models.kernels_config import KernelsConfig, resolve_kernels_backend, validate_kernels_config
-    from dsrecipes.training.extensions import build_extensions
-    from dsrecipes.training.kernel_extension import kernel_injection_extension
 
     assert compose([]).kernels.backend == "torch"  # the default until the injected GPU path has been measured
+    assert KernelsConfig().backend == "torch"  # the library path's default too
     root, _ = validate_recipe(compose(["kernels=triton", "model=gpt_debug"]), dp_world_size=1)
     assert root.kernels.backend == "triton"
     with pytest.raises(ValueError, match=r"kernels\.backend='cuda'.*auto, torch, triton"):
@@ -123,14 +123,86 @@ def test_kernels_config_group_and_extension():
     assert resolve_kernels_backend("auto", "cpu") == "torch"
     assert resolve_kernels_backend("triton", "cpu") == "triton"
 
-    extensions = build_extensions(root)  # importing the trainer module registered the builder
-    assert any(getattr(t, "__qualname__", "").startswith("kernel_injection_extension") for t in extensions.model_transforms)
-    model = GPT(ModelConfig(**STYLES["gpt2"]))
-    for transform in kernel_injection_extension(root).model_transforms:
-        model = transform(model)
-    assert type(model.final_norm).__name__ == "FusedLayerNorm" and model.loss_fn is not None
-    torch_root, _ = validate_recipe(compose(["kernels=torch"]), dp_world_size=1)
-    model = GPT(ModelConfig(**STYLES["gpt2"]))
-    for transform in kernel_injection_extension(torch_root).model_transforms:
-        model = transform(model)
-    assert type(model.final_norm).__name__ == "LayerNorm" and model.loss_fn is None
+
+class UserBlock(torch.nn.Module):
+    def __init__(self, width: int):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(width)
+        self.proj = torch.nn.Linear(width, width)
+
+    def forward(self, x):
+        return x + self.proj(self.norm(x))
+
+
+class UserModel(torch.nn.Module):
+    """Not a dsrecipes model: a stack of LayerNorm + Linear blocks in an nn.ModuleList."""
+
+    def __init__(self, width: int = 16, depth: int = 2):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(UserBlock(width) for _ in range(depth))
+        self.head = torch.nn.Linear(width, 1)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def test_initialize_applies_kernels_and_checkpointing_to_a_user_module():
+    """dsrecipes.initialize goes through parallelize: the user's LayerNorms become FusedLayerNorm, every
+    block is checkpointed, and the engine trains exactly like the plain module (fp32, SGD)."""
+    from dsrecipes.kernels.layer_norm import FusedLayerNorm
+
+    import dsrecipes
+
+    torch.manual_seed(0)
+    plain = UserModel()
+    fused = copy.deepcopy(plain)
+    overrides = ["kernels=triton", "activation_checkpointing=full", "optimizer=sgd", "optimizer.lr=0.1",
+                 "optimizer.momentum=0.0", "optimizer.nesterov=false", "optimizer.weight_decay=0.0",
+                 "lr_scheduler=constant", "trainer.device=cpu", "trainer.gradient_clipping=0.0",
+                 "trainer.train_micro_batch_size_per_gpu=8"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        engine, *_ = dsrecipes.initialize(model=fused, config=overrides)
+    assert not [w for w in caught if "ignored" in str(w.message) or "changed nothing" in str(w.message)]
+    assert all(type(b.norm) is FusedLayerNorm for b in engine.module.blocks)
+    assert all(isinstance(b.forward, functools.partial) for b in engine.module.blocks)  # checkpointed
+    reference = torch.optim.SGD(plain.parameters(), lr=0.1)
+    x, y = torch.randn(8, 16), torch.randn(8, 1)
+    for _ in range(3):
+        loss = torch.nn.functional.mse_loss(engine(x), y)
+        engine.backward(loss)
+        engine.step()
+        ref_loss = torch.nn.functional.mse_loss(plain(x), y)
+        ref_loss.backward()
+        reference.step()
+        reference.zero_grad()
+        torch.testing.assert_close(loss, ref_loss, **MODEL_TOL)
+    for a, b in zip(engine.module.parameters(), plain.parameters()):
+        torch.testing.assert_close(a, b, **MODEL_TOL)
+
+
+def test_initialize_warns_by_name_for_groups_that_cannot_apply():
+    import dsrecipes
+
+    class NoBlocks(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.linear(x)
+
+    overrides = ["trainer.device=cpu", "trainer.train_micro_batch_size_per_gpu=2"]
+    for group, expected in (("activation_checkpointing=full", "activation_checkpointing.mode=full is ignored"),
+                            ("kernels=triton", "kernels.backend=triton changed nothing in NoBlocks"),
+                            ("sparse_attention=bigbird", "sparse_attention.mode=bigbird is ignored"),
+                            ("moe=top2", "moe.num_experts=8 is ignored"),
+                            ("compression=qat_int8", "compression is ignored by dsrecipes.initialize")):
+        with pytest.warns(UserWarning, match=expected):
+            dsrecipes.initialize(model=NoBlocks(), config=[group, *overrides])
+    with pytest.raises(ValueError, match="parallel.pp=2 needs a dsrecipes GPT"):
+        from dsrecipes.distributed.parallel_dims import ParallelDims
+        from dsrecipes.distributed.parallelize import _pipeline_split
+        _pipeline_split(NoBlocks(), ParallelDims.from_degrees(2, pp=2), None, 1, torch.device("cpu"))

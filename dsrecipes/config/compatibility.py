@@ -1,0 +1,215 @@
+"""The compatibility matrix: which combinations of config groups run, which are refused, and why.
+
+One table of data. `check_compatibility` (called by validate_recipe before any worker starts) raises
+the first refusal a recipe hits, as a ValueError naming the keys and their values; the README's
+compatibility matrix is `matrix_markdown()` (tests/test_compatibility.py holds the two together).
+Per-group value checks (a degree that does not divide the heads, a schedule name that does not
+exist) stay with each group's validation; this table is about groups that do not go together.
+
+A row that becomes supported moves from REFUSED to SUPPORTED, with the test that shows it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+def _compression_enabled(root) -> list[str]:
+    return [k for k, v in vars(root.compression).items() if getattr(v, "enabled", False)]
+
+
+def _pruning_enabled(root) -> list[str]:
+    return [k for k in ("sparse_pruning", "row_pruning", "head_pruning", "channel_pruning")
+            if getattr(root.compression, k).enabled]
+
+
+def _random_ltd(root) -> bool:
+    return bool(root.data_efficiency.random_ltd.enabled)
+
+
+def _seqlen_curriculum(root) -> bool:
+    cl = root.data_efficiency.curriculum_learning
+    return bool(cl.enabled and cl.metric == "seqlen")
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A combination dsrecipes does not run: `message(root, dims)` is the error, None when the recipe is clear."""
+
+    combination: str  # the README row
+    reason: str  # why, for the README
+    message: Callable  # (root: RootConfig, dims: ParallelDims) -> str | None
+
+
+@dataclass(frozen=True)
+class Supported:
+    combination: str
+    status: str  # what runs, and the test that shows it
+
+
+def _pp(cond: Callable, key: str) -> Callable:
+    """A pipeline refusal: parallel.pp > 1 together with `key`."""
+    def message(root, dims):
+        if dims.pp > 1 and cond(root):
+            return f"parallel.pp={dims.pp} with {key} is not supported yet"
+        return None
+    return message
+
+
+def _pp_sharded_dp(root, dims):
+    if dims.pp > 1 and dims.dp > 1 and root.zero.stage > 0:
+        return (f"parallel.pp={dims.pp} with {dims.dp} data-parallel ranks needs zero.stage=0 (each stage's gradients "
+                f"are averaged over its data-parallel ranks; ZeRO sharding of stages is not implemented); "
+                f"got zero.stage={root.zero.stage}")
+    return None
+
+
+def _sp_random_ltd(root, dims):
+    if dims.sp > 1 and _random_ltd(root):
+        return (f"data_efficiency.random_ltd.enabled=true is not supported with parallel.sp={dims.sp}: token "
+                "dropping would drop different tokens in each sequence chunk; use parallel.sp=1 or disable random-LTD")
+    return None
+
+
+def _sp_seqlen(root, dims):
+    if dims.sp > 1 and _seqlen_curriculum(root):
+        return (f"data_efficiency.curriculum_learning.metric=seqlen is not supported with parallel.sp={dims.sp}: it "
+                "changes the sequence length per step, which must stay divisible by parallel.sp; use parallel.sp=1")
+    return None
+
+
+def _sp_tp(root, dims):
+    if dims.sp > 1 and dims.tp > 1:
+        return f"parallel.sp={dims.sp} with parallel.tp={dims.tp} is not supported yet; use one of them"
+    return None
+
+
+def _sp_moe(root, dims):
+    if dims.sp > 1 and root.moe.enabled:
+        return f"parallel.sp={dims.sp} with moe.num_experts={root.moe.num_experts} is not supported yet"
+    return None
+
+
+def _tp_replicated_dp(root, dims):
+    if dims.tp > 1 and dims.dp > 1 and root.zero.stage < 2 and dims.pp == 1:
+        return (f"parallel.tp={dims.tp} with {dims.dp} data-parallel ranks needs zero.stage 2 or 3 (FSDP2 composes "
+                f"with tensor-parallel DTensors on the data-parallel axis); got zero.stage={root.zero.stage}")
+    return None
+
+
+def _tp_moe(root, dims):
+    if dims.tp > 1 and root.moe.enabled:
+        return (f"parallel.tp={dims.tp} with moe.num_experts={root.moe.num_experts}: MoE layers have no "
+                "tensor-parallel plan; shard experts with moe.ep_size instead")
+    return None
+
+
+def _tp_masters(root, dims):
+    if dims.tp > 1 and root.precision.master_weights and dims.dp == 1:
+        return (f"parallel.tp={dims.tp} with precision.master_weights=true is not supported; use precision=bf16 "
+                "(autocast over fp32 parameters)")
+    return None
+
+
+def _tp_foreach(root, dims):
+    impl = str(root.optimizer.impl)
+    if dims.tp > 1 and impl in ("fused", "foreach"):
+        return (f"parallel.tp={dims.tp} with optimizer.impl={impl}: tensor-parallel and replicated parameters "
+                "cannot share one fused/foreach kernel; use optimizer.impl auto or for_loop")
+    return None
+
+
+def _tp_compression(root, dims):
+    enabled = _compression_enabled(root)
+    if dims.tp > 1 and enabled:
+        return (f"parallel.tp={dims.tp} with compression.{enabled[0]}.enabled=true is not supported "
+                "(masks and quantizers expect whole weights)")
+    return None
+
+
+def _tp_random_ltd(root, dims):
+    if dims.tp > 1 and _random_ltd(root):
+        return f"parallel.tp={dims.tp} with data_efficiency.random_ltd.enabled=true is not supported yet"
+    return None
+
+
+def _ep_zero1(root, dims):
+    if dims.ep > 1 and root.zero.stage == 1:
+        return (f"moe.ep_size={dims.ep} with zero.stage=1 is not supported (ZeRO-1's optimizer shards would mix "
+                "different ranks' experts); use zero.stage 0, 2 or 3")
+    return None
+
+
+def _ep_masters_stage0(root, dims):
+    if dims.ep > 1 and root.precision.master_weights and root.zero.stage == 0:
+        return (f"moe.ep_size={dims.ep} with precision.master_weights=true and zero.stage=0 is not supported "
+                "(full-state checkpoints hold one rank's experts); use precision=bf16 (autocast) or zero.stage 2/3, "
+                "whose sharded fp32 parameters are the master weights")
+    return None
+
+
+def _pruning_sharded(root, dims):
+    pruning = _pruning_enabled(root)
+    if pruning and root.zero.stage >= 2 and dims.dp_sp > 1:
+        return (f"compression.{pruning[0]}.enabled=true with zero.stage={root.zero.stage} at world size "
+                f"{dims.world_size}: pruning masks need unsharded parameters; use zero.stage 0 or 1")
+    return None
+
+
+REFUSED: tuple[Refusal, ...] = (
+    Refusal("pp with sp", "not implemented yet", _pp(lambda r: r.parallel.sp > 1, "parallel.sp")),
+    Refusal("pp with MoE", "not implemented yet", _pp(lambda r: r.moe.enabled, "moe.num_experts")),
+    Refusal("pp with fp16 loss scaling", "not implemented yet",
+            _pp(lambda r: r.precision.dtype == "fp16", "precision.dtype=fp16 (loss scaling)")),
+    Refusal("pp with fp32 master weights", "not implemented yet",
+            _pp(lambda r: r.precision.master_weights, "precision.master_weights")),
+    Refusal("pp with random-LTD", "not implemented yet", _pp(_random_ltd, "data_efficiency.random_ltd")),
+    Refusal("pp with compression", "not implemented yet", _pp(lambda r: bool(_compression_enabled(r)), "compression")),
+    Refusal("pp x dp with zero.stage > 0", "ZeRO sharding of pipeline stages is not implemented yet", _pp_sharded_dp),
+    Refusal("sp with random-LTD", "each sequence chunk would drop different tokens", _sp_random_ltd),
+    Refusal("sp with the sequence-length curriculum", "the length must stay divisible by sp", _sp_seqlen),
+    Refusal("sp with tp", "not implemented yet", _sp_tp),
+    Refusal("sp with MoE", "not implemented yet", _sp_moe),
+    Refusal("tp x dp with zero.stage 0/1", "FSDP2 composes with tensor-parallel DTensors; DDP does not: use ZeRO-2/3",
+            _tp_replicated_dp),
+    Refusal("tp with MoE", "MoE layers have no tensor-parallel plan yet (use moe.ep_size)", _tp_moe),
+    Refusal("tp with fp32 master weights at dp 1", "not implemented yet (use precision=bf16)", _tp_masters),
+    Refusal("tp with optimizer.impl fused/foreach", "DTensor and plain parameters cannot share one kernel; tp runs "
+            "the optimizer's for-loop implementation", _tp_foreach),
+    Refusal("tp with compression", "masks and quantizers expect whole weights", _tp_compression),
+    Refusal("tp with random-LTD", "not implemented yet", _tp_random_ltd),
+    Refusal("moe.ep_size > 1 with zero.stage 1", "ZeRO-1's optimizer shards would mix different ranks' experts",
+            _ep_zero1),
+    Refusal("moe.ep_size > 1 with fp32 master weights at zero.stage 0",
+            "full-state checkpoints would hold one rank's experts", _ep_masters_stage0),
+    Refusal("pruning with zero.stage 2/3 at dp > 1", "pruning masks need unsharded parameters", _pruning_sharded),
+)
+
+SUPPORTED: tuple[Supported, ...] = (
+    Supported("every precision x zero.stage 0-3, dp 2", "supported; tested against one process for fp32, bf16, "
+              "bf16_master, fp16 and fp16_autocast at every stage (tests/test_precision_matrix.py)"),
+    Supported("tp x dp, zero.stage 2/3", "supported (FSDP2 on dp, TP on tp); tested dp 2 x tp 2 under ZeRO-3"),
+    Supported("tp with dp = 1", "supported, any zero.stage (nothing to shard)"),
+    Supported("sp x dp, any zero.stage", "supported (gradients reduced over dp x sp); tested sp 2 and sp 2 under ZeRO-3"),
+    Supported("pp x dp, zero.stage 0", "supported; tested pp 2 (every schedule, both partitions) and dp 2 x pp 2"),
+    Supported("pp x tp (x dp)", "supported: tensor-parallel stages, vocab-parallel loss on the last one; tested "
+              "dp 2 x tp 2 x pp 2 at world size 8, the layout of `+experiment=gpt_3d`"),
+    Supported("moe.ep_size > 1 x dp, zero.stage 0/2/3", "supported; tested EP=2 against one process"),
+)
+
+
+def check_compatibility(root, dims) -> None:
+    """Raise the first REFUSED combination `root` (a RootConfig at layout `dims`) hits, naming its keys."""
+    for refusal in REFUSED:
+        message = refusal.message(root, dims)
+        if message is not None:
+            raise ValueError(message)
+
+
+def matrix_markdown() -> str:
+    """The README's compatibility matrix, generated from SUPPORTED and REFUSED."""
+    rows = ["| combination | status |", "|---|---|"]
+    rows += [f"| {s.combination} | {s.status} |" for s in SUPPORTED]
+    rows += [f"| {r.combination} | refused: {r.reason} |" for r in REFUSED]
+    return "\n".join(rows)

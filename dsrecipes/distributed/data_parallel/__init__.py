@@ -1,0 +1,87 @@
+"""Data-parallel strategies: one class per mechanism, chosen once per run from one table.
+
+| strategy | mechanism | chosen when (first row that matches) |
+|---|---|---|
+| none | nothing to replicate or shard | one data-parallel rank (dp x sp = 1) |
+| allreduce | one flat gradient all-reduce per step, no wrapper | pipeline parallelism (a schedule runs the stages) |
+| ddp | DistributedDataParallel | zero.stage=0 |
+| zero1 | DDP + ZeroRedundancyOptimizer | zero.stage=1 |
+| zero2 | replicated parameters, bucketed gradient reduce-scatter, sharded optimizer (DeepSpeed's layout) | zero.stage=2 over plain data parallelism |
+| fsdp2 | FSDP2 fully_shard | zero.stage=3, or stage 2 with tp/sp/ep, hybrid sharding or offload |
+
+Adding a mechanism (compressed all-reduce, quantized ZeRO collectives, NVMe placement ...):
+
+1. a new file here with a subclass of `base.DataParallelStrategy` overriding what the mechanism does
+   differently: `wrap` (the model), `adopt_optimizer` (partitioning), `before_forward` (the
+   accumulation sync boundary), `reduce_gradients` / `grad_norm` / `scale_grads` / `after_step`
+   (the step), the checkpoint hooks (`state_module`, `full_state_dict`, `load_full_state`,
+   `after_load`, `full_state_checkpoints`), `describe` (the run log) and `model_state_bytes` (the
+   memory estimator);
+2. one entry in STRATEGIES below, and one row in CHOICE saying when it is used (a config key,
+   usually). Refused combinations belong in dsrecipes.config.compatibility, not here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from dsrecipes.distributed.data_parallel.allreduce import BoundaryAllReduceStrategy
+from dsrecipes.distributed.data_parallel.base import DataParallelStrategy, GradientLayout, ModelStateBytes
+from dsrecipes.distributed.data_parallel.ddp import DDPStrategy
+from dsrecipes.distributed.data_parallel.fsdp2 import FSDP2Strategy
+from dsrecipes.distributed.data_parallel.zero1 import ZeroStage1Strategy
+from dsrecipes.distributed.data_parallel.zero2 import ReplicatedZeroStage2Strategy
+
+STRATEGIES: dict[str, type[DataParallelStrategy]] = {
+    "none": DataParallelStrategy,
+    "allreduce": BoundaryAllReduceStrategy,
+    "ddp": DDPStrategy,
+    "zero1": ZeroStage1Strategy,
+    "zero2": ReplicatedZeroStage2Strategy,
+    "fsdp2": FSDP2Strategy,
+}
+
+
+def _offload(zero) -> bool:
+    return zero.offload_optimizer == "cpu" or zero.offload_param == "cpu"
+
+
+def _plain_data_parallel(zero, dims) -> bool:
+    return not (dims.model_parallel or dims.ep > 1 or _offload(zero) or dims.dp_replicate > 1)
+
+
+@dataclass(frozen=True)
+class Choice:
+    strategy: str
+    when: str  # in words, for the docs and the run log
+    applies: Callable  # (zero: ZeroConfig, dims: ParallelDims) -> bool
+
+
+CHOICE: tuple[Choice, ...] = (
+    Choice("none", "one data-parallel rank (dp x sp = 1)", lambda zero, dims: dims.dp_sp == 1),
+    Choice("allreduce", "pipeline parallelism", lambda zero, dims: dims.pp > 1),
+    Choice("ddp", "zero.stage=0", lambda zero, dims: zero.stage == 0),
+    Choice("zero1", "zero.stage=1", lambda zero, dims: zero.stage == 1),
+    Choice("zero2", "zero.stage=2 over plain data parallelism",
+           lambda zero, dims: zero.stage == 2 and _plain_data_parallel(zero, dims)),
+    Choice("fsdp2", "zero.stage=3, or stage 2 with tp/sp/ep, hybrid sharding or offload",
+           lambda zero, dims: zero.stage >= 2),
+)
+
+
+def choose_strategy(zero, dims) -> str:
+    """The name of the data-parallel strategy for this ZeRO config and layout (the first CHOICE row that applies)."""
+    for choice in CHOICE:
+        if choice.applies(zero, dims):
+            return choice.strategy
+    raise AssertionError(f"no data-parallel strategy for zero.stage={zero.stage}")  # the last row covers stage >= 2
+
+
+def build_strategy(zero, dims, precision, device, layout: GradientLayout | None = None) -> DataParallelStrategy:
+    """The strategy object for this run (its meshes come from `dims`)."""
+    return STRATEGIES[choose_strategy(zero, dims)](dims, zero, precision, device, layout)
+
+
+__all__ = ["CHOICE", "STRATEGIES", "DataParallelStrategy", "GradientLayout", "ModelStateBytes", "build_strategy",
+           "choose_strategy"]

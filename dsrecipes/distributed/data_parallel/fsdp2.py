@@ -1,0 +1,79 @@
+"""ZeRO stage 3 (and stage 2 where the replicated layout does not apply) on FSDP2 `fully_shard`.
+
+* stage 3: parameters resharded after forward; stage 2: `reshard_after_forward=False` (used with
+  tensor/sequence/expert parallelism, hybrid sharding or CPU offload);
+* `zero.hybrid_shard_size`: a 2-D (dp_replicate, dp_shard) mesh: shard within groups, replicate
+  across (HSDP);
+* `zero.offload_optimizer/offload_param=cpu`: FSDP2's CPUOffloadPolicy (sharded parameters, their
+  gradients and the optimizer step on the CPU);
+* mixed precision is FSDP2's MixedPrecisionPolicy: parameters all-gathered in bf16/fp16, gradients
+  reduced in fp32, the sharded fp32 parameters being the master weights.
+
+Every nn.ModuleList member (the transformer blocks) is one FSDP unit, then the root.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+from dsrecipes.distributed.data_parallel.base import DataParallelStrategy, ModelStateBytes
+
+
+def repeated_blocks(model: nn.Module) -> list[nn.Module]:
+    """The members of every nn.ModuleList (transformer blocks): the units FSDP2 shards one by one."""
+    blocks = []
+    for module in model.modules():
+        if isinstance(module, nn.ModuleList):
+            blocks.extend(module)
+    return blocks
+
+
+class FSDP2Strategy(DataParallelStrategy):
+    name = "fsdp2"
+    needs_own_optimizer = True
+
+    @property
+    def keeps_module_masters(self) -> bool:
+        return False  # the sharded fp32 parameters are the masters
+
+    @property
+    def offload(self) -> bool:
+        return self.zero.offload_param == "cpu" or self.zero.offload_optimizer == "cpu"
+
+    def wrap(self, model: nn.Module, ignored_params: set[nn.Parameter] | None = None) -> nn.Module:
+        precision = self.precision
+        param_dtype = precision.compute_dtype if precision.compute_dtype != torch.float32 else None
+        kwargs = dict(
+            mesh=self.dims.get_mesh("fsdp"),
+            reshard_after_forward=self.zero.stage == 3,
+            mp_policy=MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32),
+            offload_policy=CPUOffloadPolicy(pin_memory=self.device.type == "cuda") if self.offload else OffloadPolicy(),
+            ignored_params=ignored_params or None,
+        )
+        for block in repeated_blocks(model):
+            fully_shard(block, **kwargs)
+        fully_shard(model, **kwargs)
+        self.unwrapped = self.module = model
+        return model
+
+    def load_full_state(self, model_state: dict, optimizer_state_loader) -> None:
+        if optimizer_state_loader is not None:
+            raise ValueError("this checkpoint holds full-state (ZeRO-1 / master-weight) optimizer state, which "
+                             f"zero.stage={self.zero.stage} cannot take; resume it with the zero.stage and precision "
+                             "that wrote it")
+        super().load_full_state(model_state, None)
+
+    def describe(self) -> str:
+        what = "parameters, gradients and optimizer state sharded"
+        if self.zero.stage == 2:
+            what = "gradients and optimizer state sharded, parameters kept unsharded between forward and backward"
+        layout = (f"hybrid: shard over {self.dims.dp_shard * self.dims.sp}, replicate over {self.dims.dp_replicate}"
+                  if self.dims.dp_replicate > 1 else f"over {self.dims.dp_shard * self.dims.sp} ranks")
+        offload = ", CPU offload" if self.offload else ""
+        return f"FSDP2 (zero.stage={self.zero.stage}): {what} ({layout}){offload}"
+
+    @classmethod
+    def model_state_bytes(cls, num_params, world, model_bytes, state_bytes, master_weights) -> ModelStateBytes:
+        return ModelStateBytes(4 * num_params / world, 4 * num_params / world, state_bytes * num_params / world)

@@ -1,0 +1,196 @@
+"""parallelize: a model and a recipe in, the model the Engine runs out, every technique applied in one order.
+
+    plan = parallelize(model, dims, cfg, precision, device, micro_batches=gas, transforms=[...])
+    plan.module, plan.strategy, plan.pipeline, plan.sequence_parallel, plan.expert_parallel
+
+The order (each step a small function below; a step whose config is off does nothing):
+
+ 1. kernel injection        kernels.backend: norms, activations, RoPE, attention, loss -> Triton ops
+ 2. sparse attention        sparse_attention.mode: the attention function of every attention module
+ 3. activation checkpointing  activation_checkpointing.mode: block forwards recomputed in backward
+ 4. model transforms        the recipe's own (compression, random-LTD), given by the caller
+ 5. tensor parallel         parallel.tp: Megatron sharding of attention, MLP, embedding and LM head
+ 6. sequence parallel       parallel.sp: Ulysses all-to-alls around attention
+ 7. pipeline split          parallel.pp: this rank keeps its stages
+ 8. expert parallel         moe.ep_size: this rank keeps its experts
+ 9. data-parallel strategy  zero.*: DDP / ZeRO-1 / ZeRO-2 / FSDP2 ... (dsrecipes.distributed.data_parallel)
+
+Why this order: module-swapping steps (1-4) run on the whole, unsharded model, so tensor
+parallelism shards the injected modules' parameters, Ulysses wraps the attention function the
+earlier steps chose, and checkpointing wraps the block forwards that token dropping (random-LTD)
+then wraps in turn (sampling outside the recomputed region). Tensor parallelism comes before the
+pipeline split because stages keep the sharded blocks, and data parallelism comes last, over
+whatever parameters the earlier steps left on this rank (torchtitan's order).
+
+Both entry paths go through here: the recipe Trainer (a dsrecipes GPT) and `dsrecipes.initialize` (any
+nn.Module). A step that cannot apply to the module it is given says so: a warning naming the group
+when it would only be a missed optimisation (kernels, sparse attention, activation checkpointing,
+moe), a ValueError when running without it would change what is computed (tp, sp, pp).
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from dsrecipes.distributed.activation_checkpoint import apply_activation_checkpointing
+from dsrecipes.distributed.data_parallel import DataParallelStrategy, GradientLayout, build_strategy
+from dsrecipes.distributed.expert_parallel import ExpertParallel, setup_expert_parallel
+from dsrecipes.distributed.parallel_dims import ParallelDims
+from dsrecipes.distributed.pipeline_parallel import PipelineParallel
+from dsrecipes.distributed.sequence_parallel import SequenceParallel
+from dsrecipes.distributed.tensor_parallel import apply_tensor_parallel
+from dsrecipes.models.kernel_injection import inject_kernels
+from dsrecipes.models.layers import CausalSelfAttention
+from dsrecipes.models.moe import MoELayer
+from dsrecipes.models.sparse_attention import apply_sparse_attention
+
+log = logging.getLogger("dsrecipes")
+
+ModelTransform = Callable[[nn.Module], nn.Module]
+
+
+@dataclass
+class ParallelPlan:
+    """What parallelize produced: the module to run, its data-parallel strategy and the model-parallel parts."""
+
+    module: nn.Module
+    dims: ParallelDims
+    strategy: DataParallelStrategy
+    pipeline: PipelineParallel | None = None
+    sequence_parallel: SequenceParallel | None = None
+    expert_parallel: ExpertParallel | None = None
+    applied: list[str] = field(default_factory=list)  # one line per step that changed the model
+
+    @property
+    def loss_parallel(self) -> bool:
+        """Tensor parallelism keeps the logits vocab-sharded: forward and backward run under loss_parallel."""
+        return self.dims.tp > 1
+
+
+def parallelize(model: nn.Module, dims: ParallelDims, cfg, precision, device: torch.device, micro_batches: int = 1,
+                transforms: list[ModelTransform] | tuple = ()) -> ParallelPlan:
+    """Apply every configured technique to `model` (already on `device`) in the documented order.
+
+    cfg: the RootConfig (its kernels, sparse_attention, activation_checkpointing, parallel, moe and
+    zero groups are read); precision: the run's Precision (compute dtype, master weights);
+    micro_batches: gradient accumulation steps (the pipeline's micro-batches).
+    """
+    applied: list[str] = []
+    _inject_kernels(model, cfg.kernels.backend, applied)
+    _sparse_attention(model, cfg.sparse_attention, applied)
+    _activation_checkpointing(model, cfg.activation_checkpointing, applied)
+    for transform in transforms:
+        model = transform(model)
+    _tensor_parallel(model, dims, cfg.parallel, applied)
+    sequence_parallel = _sequence_parallel(model, dims, applied)
+    pipeline = None
+    if dims.pp > 1:
+        pipeline = _pipeline_split(model, dims, cfg.parallel, micro_batches, device)
+        model = pipeline.local_module(model)
+        applied.append(f"pipeline: {dims.pp} ranks, schedule {cfg.parallel.pp_schedule}, this rank's blocks "
+                       f"{[list(r) for r in pipeline.block_ranges]}")
+    expert_parallel = _expert_parallel(model, dims, cfg.moe, applied)
+    layout = GradientLayout(expert_parallel=expert_parallel, pipeline=pipeline)
+    strategy = build_strategy(cfg.zero, dims, precision, device, layout)
+    ignored = expert_parallel.ignored_params if expert_parallel is not None else None
+    module = strategy.wrap(model, ignored_params=ignored)
+    for line in applied:
+        log.info(line)
+    return ParallelPlan(module, dims, strategy, pipeline, sequence_parallel, expert_parallel, applied)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The steps
+# ---------------------------------------------------------------------------------------------------
+
+
+def _inject_kernels(model: nn.Module, backend: str, applied: list[str]) -> None:
+    lines = inject_kernels(model, str(backend))
+    replaced = [line for line in lines if line.startswith("replaced")]
+    if str(backend) == "triton" and not replaced:
+        warnings.warn(f"kernels.backend=triton changed nothing in {type(model).__name__}: it has no nn.LayerNorm, "
+                      "dsrecipes RMSNorm, GeluMLP, SwiGLUMLP, CausalSelfAttention or GPT loss to swap", stacklevel=3)
+    applied.extend(f"kernels: {line}" for line in lines)
+
+
+def _attention_modules(model: nn.Module) -> list[CausalSelfAttention]:
+    return [m for m in model.modules() if isinstance(m, CausalSelfAttention)]
+
+
+def _sparse_attention(model: nn.Module, sa_cfg, applied: list[str]) -> None:
+    if str(sa_cfg.mode) == "none":
+        return
+    attention = _attention_modules(model)
+    if not attention:
+        warnings.warn(f"sparse_attention.mode={sa_cfg.mode} is ignored: {type(model).__name__} has no dsrecipes "
+                      "CausalSelfAttention module to route through block-sparse attention", stacklevel=3)
+        return
+    count = apply_sparse_attention(model, sa_cfg, attention[0].n_head)
+    applied.append(f"sparse attention: {sa_cfg.mode} layout, block {sa_cfg.block}, impl {sa_cfg.impl}, "
+                   f"{count} attention module(s)")
+
+
+def _activation_checkpointing(model: nn.Module, ac_cfg, applied: list[str]) -> None:
+    if str(ac_cfg.mode) == "none":
+        return
+    count = apply_activation_checkpointing(model, ac_cfg)
+    if count == 0:
+        warnings.warn(f"activation_checkpointing.mode={ac_cfg.mode} is ignored: {type(model).__name__} has no "
+                      "nn.ModuleList of blocks to checkpoint", stacklevel=3)
+        return
+    offload = ", saved tensors on CPU" if ac_cfg.cpu_offload else ""
+    applied.append(f"activation checkpointing: {ac_cfg.mode}, {count} block(s){offload}")
+
+
+def _require_gpt(model: nn.Module, key: str, value) -> None:
+    from dsrecipes.models.gpt import GPT
+
+    if not isinstance(model, GPT):
+        raise ValueError(f"{key}={value} needs a dsrecipes GPT (its sharding plan names the GPT's modules); "
+                         f"got {type(model).__name__}. Use {key}=1 for your own module")
+
+
+def _tensor_parallel(model: nn.Module, dims: ParallelDims, par_cfg, applied: list[str]) -> None:
+    if dims.tp == 1:
+        return
+    _require_gpt(model, "parallel.tp", dims.tp)
+    apply_tensor_parallel(model, dims.get_mesh("tp"), sequence_parallel=par_cfg.tp_sequence_parallel)
+    activations = "sequence-parallel" if par_cfg.tp_sequence_parallel else "replicated"
+    applied.append(f"tensor parallel: tp {dims.tp}, {activations} activations, vocab-parallel loss")
+
+
+def _sequence_parallel(model: nn.Module, dims: ParallelDims, applied: list[str]) -> SequenceParallel | None:
+    if dims.sp == 1:
+        return None
+    if not _attention_modules(model):
+        raise ValueError(f"parallel.sp={dims.sp} needs dsrecipes CausalSelfAttention modules to wrap in Ulysses "
+                         f"all-to-alls; {type(model).__name__} has none. Use parallel.sp=1 for your own module")
+    sequence_parallel = SequenceParallel(dims.get_mesh("sp").get_group())
+    sequence_parallel.install(model)
+    applied.append(f"sequence parallel (Ulysses): sp {dims.sp}, each rank holds 1/{dims.sp} of every sequence")
+    return sequence_parallel
+
+
+def _pipeline_split(model: nn.Module, dims: ParallelDims, par_cfg, micro_batches: int,
+                    device: torch.device) -> PipelineParallel:
+    _require_gpt(model, "parallel.pp", dims.pp)
+    all_pipelines = dims.world_mesh.mesh.reshape(dims.pp, -1).t().tolist()
+    return PipelineParallel(model, dims.get_mesh("pp").get_group(), par_cfg.pp_schedule, micro_batches,
+                            par_cfg.pp_partition, device, all_pipelines=all_pipelines)
+
+
+def _expert_parallel(model: nn.Module, dims: ParallelDims, moe_cfg, applied: list[str]) -> ExpertParallel | None:
+    if moe_cfg.enabled and not any(isinstance(m, MoELayer) for m in model.modules()):
+        warnings.warn(f"moe.num_experts={moe_cfg.num_experts} is ignored: {type(model).__name__} has no dsrecipes "
+                      "MoELayer (the moe group shapes the GPT the recipe builds)", stacklevel=3)
+        return None
+    expert_parallel = setup_expert_parallel(model, dims)
+    if expert_parallel is not None:
+        applied.append(f"expert parallel: ep {dims.ep}, {len(expert_parallel.params)} expert tensor(s) on this rank")
+    return expert_parallel

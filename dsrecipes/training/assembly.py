@@ -1,0 +1,92 @@
+"""Assembly: how a recipe and a model become a running Engine (the same steps for both entry paths).
+
+    config -> ParallelDims (every mesh, validated once; built by the caller and passed in)
+           -> Precision(cfg.precision)                  before anything wraps parameters
+           -> parallelize(model, dims, cfg, precision)  the techniques in one order, then the strategy
+           -> optimizer over strategy.optimizer_module(), adopted (partitioned) by the strategy
+           -> LR schedule, step runner (micro-batches, or the pipeline schedule)
+           -> Engine(plan, optimizer, schedule, batch, precision, runner)
+
+Used by the recipe Trainer and by `dsrecipes.initialize`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import nn
+
+from dsrecipes.distributed.expert_parallel import split_expert_param_groups
+from dsrecipes.distributed.parallel_dims import ParallelDims
+from dsrecipes.distributed.parallelize import ParallelPlan, parallelize
+from dsrecipes.distributed.utils import is_distributed
+from dsrecipes.training.batch import BatchSizes
+from dsrecipes.training.engine import Engine
+from dsrecipes.training.lr_schedules import build_lr_scheduler
+from dsrecipes.training.optimizers import build_optimizer, optimizer_class, supported_impls
+from dsrecipes.training.precision import Precision
+from dsrecipes.training.runners import MicroBatchRunner, PipelineRunner, StepRunner
+from dsrecipes.utils.device import resolve_device
+
+
+def build_engine(
+    model: nn.Module,
+    cfg,
+    batch: BatchSizes,
+    dims: ParallelDims,
+    optimizer: torch.optim.Optimizer | None = None,
+    lr_scheduler=None,
+    config_yaml: str | None = None,
+    transforms=(),
+) -> Engine:
+    """Place and parallelize the model, build what the caller did not pass, wrap it all in an Engine.
+
+    cfg: the RootConfig; transforms: model transforms of the caller applied inside parallelize
+    (step 4: the recipe's compression and random-LTD); optimizer / lr_scheduler: objects (or, for
+    the schedule, a callable taking the optimizer) that replace the configured ones.
+    """
+    device = resolve_device(cfg.trainer.device)
+    precision = Precision(cfg.precision, device)
+    model.to(device)
+    plan = parallelize(model, dims, cfg, precision, device, micro_batches=batch.gradient_accumulation_steps,
+                       transforms=transforms)
+    strategy = plan.strategy
+    if optimizer is not None and strategy.needs_own_optimizer:
+        raise ValueError(
+            f"zero.stage={cfg.zero.stage} shards the parameters, so dsrecipes must build the optimizer after "
+            "sharding: pass the optimizer through config (optimizer.name or optimizer._target_), not as an object"
+        )
+    optimizer = optimizer or build_optimizer(_optimizer_config(cfg, dims), strategy.optimizer_module())
+    split_expert_param_groups(optimizer, strategy.unwrapped)
+    optimizer = strategy.adopt_optimizer(optimizer)
+    if lr_scheduler is None:
+        lr_scheduler = build_lr_scheduler(cfg.lr_scheduler, optimizer, cfg.trainer.max_steps)
+    elif callable(lr_scheduler) and not hasattr(lr_scheduler, "step"):
+        lr_scheduler = lr_scheduler(optimizer)
+    return Engine(
+        plan,
+        optimizer,
+        lr_scheduler,
+        batch,
+        precision,
+        runner=_runner(plan),
+        gradient_clipping=cfg.trainer.gradient_clipping,
+        keep_last_checkpoints=cfg.checkpoint.keep_last,
+        config_yaml=config_yaml,
+        rank=torch.distributed.get_rank() if is_distributed() else 0,
+    )
+
+
+def _optimizer_config(cfg, dims: ParallelDims):
+    """Tensor-parallel DTensor and replicated plain parameters cannot share torch's foreach kernels."""
+    optimizer_cfg = cfg.optimizer
+    if dims.tp > 1 and optimizer_cfg.impl == "auto" and "for_loop" in supported_impls(optimizer_class(optimizer_cfg)):
+        optimizer_cfg = dataclasses.replace(optimizer_cfg, impl="for_loop")
+    return optimizer_cfg
+
+
+def _runner(plan: ParallelPlan) -> StepRunner:
+    if plan.pipeline is not None:
+        return PipelineRunner(plan.pipeline)
+    return MicroBatchRunner(plan.sequence_parallel)

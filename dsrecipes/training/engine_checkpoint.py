@@ -1,0 +1,171 @@
+"""Saving and loading an Engine: which files, in which format, through which strategy hooks.
+
+Two formats, picked by the data-parallel strategy (`strategy.uses_full_state_checkpoints`):
+
+* sharded: torch.distributed.checkpoint under `<tag>/dcp/`, one shard file per rank, loadable at
+  any world size and under any strategy that uses it; optimizer values keyed by parameter name
+  (`flatten_optimizer_state_dict`), so pipeline stages write disjoint keys and any layout reads
+  back what it needs. Expert-parallel experts are stored as global [E, ...] tensors.
+* full: consolidated `model.pt` (full-precision weights) and `optimizer.pt`, written by rank 0: for
+  ZeRO-1's ZeroRedundancyOptimizer and fp32 master weights beside the module, which DCP cannot
+  describe; they resume with the same stage and precision.
+
+Every rank also writes its RNG state; rank 0 writes engine.pt (counters, LR schedule, loss scaler,
+client state) last, and the directory is renamed into place only when every rank is done (see
+dsrecipes.training.checkpoint). Loads check every tensor against the model first and load nothing
+on a mismatch. `engine` below is a dsrecipes.training.engine.Engine (not imported: it imports this).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import warnings
+from pathlib import Path
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_model_state_dict, set_state_dict
+
+from dsrecipes.training.checkpoint import (
+    COMPLETE_MARKER,
+    barrier,
+    begin_checkpoint,
+    check_state_dict_matches,
+    finish_checkpoint,
+    read_checkpoint,
+    resolve_checkpoint_dir,
+)
+from dsrecipes.utils.seed import rng_state, set_rng_state
+
+DCP_DIR = "dcp"
+SHARDED_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+@contextlib.contextmanager
+def _single_process_dcp_quiet():
+    """DCP warns on every save/load without a process group; in a single process that is expected."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        yield
+
+
+def full_model_state(engine) -> dict:
+    """The whole model's weights at full precision on CPU, under the single-process model's names.
+
+    A collective where parameters are sharded or split (FSDP2, experts, pipeline stages): every rank calls it.
+    """
+    plan = engine.plan
+    if plan.pipeline is not None:  # every stage's tensors, gathered from the pipeline group
+        return plan.pipeline.full_state_dict()
+    state = engine.strategy.full_state_dict()
+    if plan.expert_parallel is not None:
+        state = plan.expert_parallel.gather_full(state, engine.strategy.unwrapped)
+    return state
+
+
+def _sharded_state(engine) -> tuple[dict, dict]:
+    """(model, optimizer) state dicts as DCP stores them (experts as global DTensors)."""
+    model_state, optimizer_state = get_state_dict(engine.strategy.state_module, engine.optimizer,
+                                                  options=SHARDED_OPTIONS)
+    if engine.plan.expert_parallel is not None:
+        return engine.plan.expert_parallel.to_checkpoint(model_state, optimizer_state)
+    return model_state, optimizer_state
+
+
+def save(engine, save_dir: str | os.PathLike, tag: str, client_state: dict | None) -> Path:
+    tmp = begin_checkpoint(save_dir, tag, engine.is_writer)
+    strategy = engine.strategy
+    if strategy.uses_full_state_checkpoints:
+        strategy.prepare_full_save()
+        model_state = full_model_state(engine)
+        if engine.is_writer:
+            torch.save(model_state, tmp / "model.pt")
+            torch.save(strategy.optimizer_state_for_save(), tmp / "optimizer.pt")
+    else:
+        model_state, optimizer_state = _sharded_state(engine)
+        with _single_process_dcp_quiet():
+            dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(tmp / DCP_DIR))
+    torch.save(rng_state(), tmp / f"rng_rank{engine.rank}.pt")
+    barrier()
+    if engine.is_writer:
+        if engine.config_yaml is not None:
+            (tmp / "config.yaml").write_text(engine.config_yaml)
+        torch.save(engine.counters_state(client_state), tmp / COMPLETE_MARKER)
+    return finish_checkpoint(save_dir, tag, engine.is_writer, engine.keep_last_checkpoints)
+
+
+def load(engine, load_dir: str | os.PathLike, tag: str | None, load_optimizer_states: bool) -> tuple[Path, dict]:
+    path = resolve_checkpoint_dir(load_dir, tag)
+    state = read_checkpoint(path, COMPLETE_MARKER)
+    if (path / DCP_DIR).exists():
+        _load_sharded(engine, path, load_optimizer_states)
+    else:
+        _load_full(engine, path, load_optimizer_states)
+    engine.load_counters_state(state, load_optimizer_states)
+    rng_file = path / f"rng_rank{engine.rank}.pt"
+    set_rng_state(read_checkpoint(path, rng_file.name if rng_file.exists() else "rng_rank0.pt"))
+    return path, state["client_state"]
+
+
+def _load_full(engine, path: Path, load_optimizer_states: bool) -> None:
+    model_state = read_checkpoint(path, "model.pt")
+    check_state_dict_matches(full_model_state(engine), model_state, path / "model.pt")
+    optimizer_loader = None
+    if load_optimizer_states:
+        def optimizer_loader():
+            return read_checkpoint(path, "optimizer.pt", map_location=engine.device)
+    engine.strategy.load_full_state(model_state, optimizer_loader)
+
+
+def _load_sharded(engine, path: Path, load_optimizer_states: bool) -> None:
+    strategy = engine.strategy
+    if strategy.uses_full_state_checkpoints:
+        raise ValueError(
+            f"checkpoint {path} is sharded (dcp/), which ZeRO-1 and precision.master_weights cannot load; "
+            "resume it with zero.stage 0, 2 or 3 and without master weights"
+        )
+    model_state, optimizer_state = get_state_dict(strategy.state_module, engine.optimizer, options=SHARDED_OPTIONS)
+    try:
+        stored = dcp.FileSystemReader(str(path / DCP_DIR)).read_metadata().state_dict_metadata
+    except Exception as error:  # a missing or truncated .metadata file
+        raise ValueError(f"checkpoint {path / DCP_DIR} is truncated or corrupt ({error})") from error
+    loaded = {k[len("model."):]: v for k, v in stored.items() if k.startswith("model.")}
+    # Expert tensors load through DTensor views of the local shards (any stored EP degree works);
+    # the views share storage, so the plain dicts below receive the values too.
+    global_model, global_optimizer = model_state, optimizer_state
+    if engine.plan.expert_parallel is not None:
+        global_model, global_optimizer = engine.plan.expert_parallel.to_checkpoint(model_state, optimizer_state)
+    # a pipeline stage loads its own part of a checkpoint that holds the whole model
+    check_state_dict_matches(global_model, loaded, path / DCP_DIR, allow_extra=engine.plan.pipeline is not None)
+    to_load = {"model": global_model}
+    fresh: set[str] = set()
+    if load_optimizer_states:
+        # parameters that never received a gradient before the save (unused layers) have no stored
+        # optimizer state: read what exists, and those start fresh after loading as they would have
+        fresh = {k for k in global_optimizer if k.startswith("state.") and f"optimizer.{k}" not in stored}
+        to_load["optimizer"] = {k: v for k, v in global_optimizer.items() if k not in fresh}
+    try:
+        with _single_process_dcp_quiet():
+            dcp.load(to_load, checkpoint_id=str(path / DCP_DIR))
+    except (Exception, CheckpointException) as error:  # CheckpointException is a BaseException
+        causes = getattr(error, "failures", {}) or {0: error}
+        reason = "; ".join(f"rank {r}: {type(e).__name__} {e}".strip() for r, e in causes.items())
+        raise ValueError(f"checkpoint {path / DCP_DIR} could not be read, it may be truncated or corrupt ({reason})") from error
+    if load_optimizer_states:
+        # values DCP replaced rather than filled in place (hyperparameters) live in the loaded copy
+        optimizer_state.update({k: v for k, v in global_optimizer.items() if not isinstance(v, torch.Tensor)})
+        set_state_dict(strategy.state_module, engine.optimizer, model_state_dict=model_state,
+                       optim_state_dict=optimizer_state, options=SHARDED_OPTIONS)
+        if fresh:  # "state.<fqn>.<name>": forget the placeholder state DCP's helpers created for them
+            _drop_optimizer_state(engine, {key.split(".", 1)[1].rsplit(".", 1)[0] for key in fresh})
+    else:
+        set_model_state_dict(strategy.state_module, model_state)
+    strategy.after_load()
+
+
+def _drop_optimizer_state(engine, names: set[str]) -> None:
+    for name, param in engine.strategy.state_module.named_parameters(remove_duplicate=False):
+        if name in names:
+            engine.optimizer.state.pop(param, None)

@@ -1,0 +1,130 @@
+"""Step runners: how one optimizer step's micro-batches go through the Engine, chosen when it is assembled.
+
+* MicroBatchRunner: forward, extra loss terms, backward and engine.step per micro-batch (every
+  layout but pipelines). Under Ulysses sequence parallelism it first cuts each micro-batch to this
+  rank's chunk of every sequence (the batch slicing lives here, not in the loop).
+* PipelineRunner: all micro-batches of the step through the pipeline schedule at once, then the
+  optimizer step; the loss comes from the last stage.
+
+Both give `Engine.train_batch` and `Engine.eval_loss` the same contract, so the Trainer's loop never
+asks which layout it runs:
+
+    totals = runner.train_batch(engine, next_batch, loss_terms)   # {"loss": sum over micro-batches, ...}
+    val_loss = runner.eval_loss(engine, batches)                   # mean, the same on every rank
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable
+
+import torch
+from torch import nn
+
+from dsrecipes.distributed.pipeline_parallel import PipelineParallel
+from dsrecipes.distributed.sequence_parallel import SequenceParallel, sequence_parallel_disabled
+from dsrecipes.distributed.utils import mean_over_ranks
+
+# fn(model, batch, output) -> {name: scalar tensor}, added to the language-model loss (MoE aux loss, distillation)
+LossTerm = Callable[[nn.Module, dict, object], dict]
+
+
+class StepRunner:
+    def check_direct_use(self, call: str) -> None:
+        """engine(...), engine.backward and engine.step are the per-micro-batch API; runners that own the
+        whole step (pipelines) refuse them."""
+
+    def train_batch(self, engine, next_batch: Callable[[], dict], loss_terms: Iterable[LossTerm] = ()) -> dict:
+        raise NotImplementedError
+
+    def eval_loss(self, engine, batches: Iterable[dict]) -> float:
+        raise NotImplementedError
+
+    def single_rank_module(self, engine):
+        """Context yielding a module that runs whole sequences on this rank alone (text samples), or None."""
+        return contextlib.nullcontext(engine.module)
+
+
+class MicroBatchRunner(StepRunner):
+    def __init__(self, sequence_parallel: SequenceParallel | None = None):
+        self.sequence_parallel = sequence_parallel
+
+    def prepare(self, batch: dict, device: torch.device) -> dict:
+        """The micro-batch on the device and, under sequence parallelism, cut to this rank's chunk."""
+        batch = {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+        return self.sequence_parallel.shard(batch) if self.sequence_parallel is not None else batch
+
+    @staticmethod
+    def forward(engine, batch: dict):
+        extra = {"position_offset": batch["position_offset"]} if "position_offset" in batch else {}
+        return engine(batch["input_ids"], labels=batch["labels"], **extra)
+
+    def train_batch(self, engine, next_batch, loss_terms=()) -> dict[str, torch.Tensor]:
+        totals: dict[str, torch.Tensor] = {}
+        for _ in range(engine.gradient_accumulation_steps):
+            batch = self.prepare(next_batch(), engine.device)
+            output = self.forward(engine, batch)
+            loss, terms = output.loss, {}
+            if loss_terms:
+                terms["lm_loss"] = output.loss
+                for loss_term in loss_terms:
+                    extra = loss_term(engine.module, batch, output)
+                    terms.update(extra)
+                    loss = loss + sum(extra.values())
+            engine.backward(loss)
+            engine.step()
+            terms["loss"] = loss
+            for name, value in terms.items():
+                totals[name] = totals.get(name, 0.0) + value.detach().float()
+        return totals
+
+    def eval_loss(self, engine, batches) -> float:
+        losses = [float(self.forward(engine, self.prepare(batch, engine.device)).loss) for batch in batches]
+        loss = sum(losses) / max(1, len(losses))
+        if self.sequence_parallel is not None:  # each rank scored its chunk: the mean is the full loss
+            loss = float(mean_over_ranks(torch.tensor([loss], device=engine.device))[0])
+        return loss
+
+    def single_rank_module(self, engine):
+        if self.sequence_parallel is None:
+            return contextlib.nullcontext(engine.module)
+        return sequence_parallel_disabled(engine.module)
+
+
+class PipelineRunner(StepRunner):
+    """Micro-batches = gradient_accumulation_steps, as in DeepSpeed's PipelineEngine.train_batch."""
+
+    def __init__(self, pipeline: PipelineParallel):
+        self.pipeline = pipeline
+
+    def check_direct_use(self, call: str) -> None:
+        raise ValueError(f"{call} is not available under pipeline parallelism (parallel.pp > 1): the schedule runs "
+                         "every micro-batch of a step; use engine.train_batch(next_batch) and engine.eval_loss(batches)")
+
+    def train_batch(self, engine, next_batch, loss_terms=()) -> dict[str, torch.Tensor]:
+        if loss_terms:
+            raise ValueError("extra loss terms (MoE auxiliary loss, distillation) are not supported under pipeline "
+                             "parallelism: the last stage computes the language-model loss only")
+        gas = engine.gradient_accumulation_steps
+        micro = [next_batch() for _ in range(gas)]
+        input_ids, labels = (torch.cat([b[key] for b in micro]).to(engine.device) for key in ("input_ids", "labels"))
+        with engine.forward_context():
+            loss = self.pipeline.train_step(input_ids, labels)
+        engine.step_after_accumulation(gas)
+        return {"loss": loss * gas}
+
+    def eval_loss(self, engine, batches) -> float:
+        """Validation through the schedule, gradient_accumulation_steps micro-batches at a time (a last
+        incomplete group is left out)."""
+        gas, group, losses = engine.gradient_accumulation_steps, [], []
+        for batch in batches:
+            group.append(batch)
+            if len(group) == gas:
+                input_ids, labels = (torch.cat([b[k] for b in group]).to(engine.device) for k in ("input_ids", "labels"))
+                with engine.forward_context():
+                    losses.append(self.pipeline.eval_loss(input_ids, labels))
+                group = []
+        return sum(losses) / max(1, len(losses))
+
+    def single_rank_module(self, engine):
+        return contextlib.nullcontext(None)  # this rank holds only its stages

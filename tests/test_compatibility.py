@@ -1,0 +1,72 @@
+"""The compatibility matrix (dsrecipes.config.compatibility): every refused row fires before any work,
+naming its keys, through validate_recipe (what the CLI runs before spawning workers), and the README
+shows exactly the table the code holds."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from dsrecipes.config import validate_recipe
+from dsrecipes.config.compatibility import REFUSED, matrix_markdown
+from dsrecipes.config.store import compose
+
+# combination -> (overrides, world size, a fragment of the message)
+CASES = {
+    "pp with sp": (["parallel.pp=2", "parallel.sp=2", "trainer.gradient_accumulation_steps=2"], 4,
+                   "parallel.pp=2 with parallel.sp is not supported yet"),
+    "pp with MoE": (["parallel.pp=2", "moe=top2", "trainer.gradient_accumulation_steps=2"], 2,
+                    "parallel.pp=2 with moe.num_experts is not supported yet"),
+    "pp with fp16 loss scaling": (["parallel.pp=2", "precision=fp16_autocast", "trainer.gradient_accumulation_steps=2"],
+                                  2, "parallel.pp=2 with precision.dtype=fp16 (loss scaling)"),
+    "pp with fp32 master weights": (["parallel.pp=2", "precision=bf16_master", "trainer.gradient_accumulation_steps=2"],
+                                    2, "parallel.pp=2 with precision.master_weights"),
+    "pp with random-LTD": (["parallel.pp=2", "data_efficiency=random_ltd", "trainer.gradient_accumulation_steps=2"], 2,
+                           "parallel.pp=2 with data_efficiency.random_ltd"),
+    "pp with compression": (["parallel.pp=2", "compression=qat_int8", "trainer.gradient_accumulation_steps=2"], 2,
+                            "parallel.pp=2 with compression"),
+    "pp x dp with zero.stage > 0": (["parallel.pp=2", "zero.stage=2", "trainer.gradient_accumulation_steps=2"], 4,
+                                    "parallel.pp=2 with 2 data-parallel ranks needs zero.stage=0"),
+    "sp with random-LTD": (["parallel.sp=2", "data_efficiency=random_ltd"], 2,
+                           "data_efficiency.random_ltd.enabled=true is not supported with parallel.sp=2"),
+    "sp with the sequence-length curriculum": (["parallel.sp=2", "data_efficiency=seqlen_curriculum"], 2,
+                                               "data_efficiency.curriculum_learning.metric=seqlen is not supported"),
+    "sp with tp": (["parallel.sp=2", "parallel.tp=2", "model.n_head=4", "model.d_model=128"], 4,
+                   "parallel.sp=2 with parallel.tp=2 is not supported yet"),
+    "sp with MoE": (["parallel.sp=2", "moe=top2"], 2, "parallel.sp=2 with moe.num_experts=8"),
+    "tp x dp with zero.stage 0/1": (["parallel.tp=2"], 4,
+                                    "parallel.tp=2 with 2 data-parallel ranks needs zero.stage 2 or 3"),
+    "tp with MoE": (["parallel.tp=2", "moe=top2"], 2, "MoE layers have no tensor-parallel plan"),
+    "tp with fp32 master weights at dp 1": (["parallel.tp=2", "precision=bf16_master"], 2,
+                                            "parallel.tp=2 with precision.master_weights=true"),
+    "tp with optimizer.impl fused/foreach": (["parallel.tp=2", "optimizer.impl=foreach"], 2,
+                                             "parallel.tp=2 with optimizer.impl=foreach"),
+    "tp with compression": (["parallel.tp=2", "compression=qat_int8"], 2,
+                            "parallel.tp=2 with compression.weight_quantization.enabled=true"),
+    "tp with random-LTD": (["parallel.tp=2", "data_efficiency=random_ltd"], 2,
+                           "parallel.tp=2 with data_efficiency.random_ltd.enabled=true"),
+    "moe.ep_size > 1 with zero.stage 1": (["moe=top2", "moe.ep_size=2", "zero.stage=1"], 2,
+                                          "moe.ep_size=2 with zero.stage=1 is not supported"),
+    "moe.ep_size > 1 with fp32 master weights at zero.stage 0": (["moe=top2", "moe.ep_size=2", "precision=bf16_master"],
+                                                                 2, "moe.ep_size=2 with precision.master_weights=true"),
+    "pruning with zero.stage 2/3 at dp > 1": (["compression=prune_sparse", "zero.stage=3"], 2,
+                                              "compression.sparse_pruning.enabled=true with zero.stage=3"),
+}
+
+
+def test_every_refused_row_has_a_case():
+    assert sorted(CASES) == sorted(r.combination for r in REFUSED)
+
+
+@pytest.mark.parametrize("combination", sorted(CASES))
+def test_refused_combination_fails_before_work_naming_the_keys(combination):
+    overrides, world, fragment = CASES[combination]
+    with pytest.raises(ValueError, match=re.escape(fragment)):
+        validate_recipe(compose(["model.dropout=0.0", *overrides]), dp_world_size=world)
+
+
+def test_readme_matrix_is_the_table_in_the_code():
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    assert matrix_markdown() in readme
