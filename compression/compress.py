@@ -20,8 +20,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch import nn
-
 from dsrecipes.compression.activation_quantization import ActivationQuantConfig, ActivationQuantization
 from dsrecipes.compression.pruning import SparsePruner, SparsePruningConfig
 from dsrecipes.compression.quantization import QuantizationAwareTraining, WeightQuantConfig
@@ -31,6 +29,7 @@ from dsrecipes.compression.structured_pruning import (
     RowPruningConfig,
     StructuredPruner,
 )
+from torch import nn
 
 __all__ = ["Compressor", "init_compression"]
 

@@ -17,7 +17,7 @@ enabled sections into the library's configs (validating them; errors name `compr
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any, List, Optional
+from typing import Any
 
 from dsrecipes.compression.activation_quantization import ActivationQuantConfig
 from dsrecipes.compression.layer_reduction import DistillationConfig, LayerReductionConfig
@@ -38,9 +38,9 @@ class WeightQuantizationSection:
     quantization_type: str = "symmetric"  # symmetric | asymmetric
     rounding: str = "nearest"  # nearest | stochastic
     quantize_groups: int = 1  # 1 = per tensor; out_features = per channel; more = per group
-    modules: List[str] = field(default_factory=lambda: ["blocks.*"])
-    excluded_modules: List[str] = field(default_factory=list)
-    seed: Optional[int] = None  # stochastic rounding generator seed
+    modules: list[str] = field(default_factory=lambda: ["blocks.*"])
+    excluded_modules: list[str] = field(default_factory=list)
+    seed: int | None = None  # stochastic rounding generator seed
 
 
 @dataclass
@@ -51,8 +51,8 @@ class ActivationQuantizationSection:
     range_calibration: str = "dynamic"  # dynamic | static (DeepSpeed's code default: dynamic)
     schedule_offset: int = 1000
     momentum: float = 0.1  # static range EMA
-    modules: List[str] = field(default_factory=lambda: ["blocks.*"])
-    excluded_modules: List[str] = field(default_factory=list)
+    modules: list[str] = field(default_factory=lambda: ["blocks.*"])
+    excluded_modules: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -61,12 +61,12 @@ class SparsePruningSection:
     method: str = "l1"  # l1 | topk
     dense_ratio: float = 0.1  # fraction kept, in (0, 1]
     schedule_offset: int = 1000
-    schedule_offset_end: Optional[int] = None  # null = schedule_offset (one shot)
+    schedule_offset_end: int | None = None  # null = schedule_offset (one shot)
     schedule_offset_stride: int = 1
     block_pattern: str = "4x1"  # 1x1 | NxM | N:M
     ramp: str = "linear"
-    modules: List[str] = field(default_factory=lambda: ["blocks.*"])
-    excluded_modules: List[str] = field(default_factory=list)
+    modules: list[str] = field(default_factory=lambda: ["blocks.*"])
+    excluded_modules: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -75,10 +75,10 @@ class RowPruningSection:
     method: str = "l1"
     dense_ratio: float = 0.5
     schedule_offset: int = 1000
-    modules: List[str] = field(default_factory=lambda: ["*mlp.fc_in"])
-    excluded_modules: List[str] = field(default_factory=list)
-    related_modules: List[str] = field(default_factory=lambda: ["fc_out"])  # consumers: columns pruned
-    sibling_modules: List[str] = field(default_factory=list)  # parallel producers: rows pruned (llama: up)
+    modules: list[str] = field(default_factory=lambda: ["*mlp.fc_in"])
+    excluded_modules: list[str] = field(default_factory=list)
+    related_modules: list[str] = field(default_factory=lambda: ["fc_out"])  # consumers: columns pruned
+    sibling_modules: list[str] = field(default_factory=list)  # parallel producers: rows pruned (llama: up)
 
 
 @dataclass
@@ -87,10 +87,10 @@ class HeadPruningSection:
     method: str = "topk"
     dense_ratio: float = 0.5
     schedule_offset: int = 1000
-    num_heads: Optional[int] = None  # null = model.n_head
-    modules: List[str] = field(default_factory=lambda: ["*attn.out_proj"])
-    excluded_modules: List[str] = field(default_factory=list)
-    related_modules: List[str] = field(default_factory=lambda: ["q_proj", "kv_proj"])
+    num_heads: int | None = None  # null = model.n_head
+    modules: list[str] = field(default_factory=lambda: ["*attn.out_proj"])
+    excluded_modules: list[str] = field(default_factory=list)
+    related_modules: list[str] = field(default_factory=lambda: ["q_proj", "kv_proj"])
 
 
 @dataclass
@@ -99,19 +99,19 @@ class ChannelPruningSection:
     method: str = "l1"
     dense_ratio: float = 0.5
     schedule_offset: int = 1000
-    modules: List[str] = field(default_factory=lambda: ["*"])
-    excluded_modules: List[str] = field(default_factory=list)
-    related_modules: List[str] = field(default_factory=list)
+    modules: list[str] = field(default_factory=lambda: ["*"])
+    excluded_modules: list[str] = field(default_factory=list)
+    related_modules: list[str] = field(default_factory=list)
 
 
 @dataclass
 class LayerReductionSection:
     enabled: bool = False
-    keep_number_layer: Optional[int] = None
-    teacher_layer: List[int] = field(default_factory=list)
+    keep_number_layer: int | None = None
+    teacher_layer: list[int] = field(default_factory=list)
     module_name_prefix: str = "blocks"
-    other_module_name: List[str] = field(default_factory=list)
-    teacher_path: Optional[str] = None  # dsrecipes export dir of the trained teacher (required when enabled)
+    other_module_name: list[str] = field(default_factory=list)
+    teacher_path: str | None = None  # dsrecipes export dir of the trained teacher (required when enabled)
     temperature: float = 2.0  # distillation: KL at temperature T, scaled by T^2
     kd_weight: float = 1.0  # 0 = no logit distillation (layer reduction alone)
     hidden_weight: float = 0.0  # > 0 adds MSE between student layer i and teacher layer teacher_layer[i]

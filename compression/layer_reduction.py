@@ -23,8 +23,9 @@ Public: `LayerReductionConfig`, `DistillationConfig`, `init_student_from_teacher
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F

@@ -45,9 +45,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
-from torch import nn
-
 from dsrecipes.compression.quantization import deepspeed_group_kwargs, match_module_names
+from torch import nn
 
 __all__ = ["SparsePruningConfig", "SparsePruner", "dense_ratio_at", "compute_mask", "parse_block_pattern"]
 
@@ -120,7 +119,7 @@ class SparsePruningConfig:
         parse_block_pattern(self.block_pattern)
 
     @classmethod
-    def from_deepspeed(cls, block: dict[str, Any], group: str | None = None) -> "SparsePruningConfig":
+    def from_deepspeed(cls, block: dict[str, Any], group: str | None = None) -> SparsePruningConfig:
         """Build from a DeepSpeed `compression_training.sparse_pruning` dict (shared_parameters +
         `different_groups[group]`, the only group when None; the group's params win)."""
         return cls(**deepspeed_group_kwargs(cls, block, group))

@@ -32,9 +32,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
-from torch import nn
-
 from dsrecipes.compression.quantization import deepspeed_group_kwargs, match_module_names
+from torch import nn
 
 __all__ = ["RowPruningConfig", "HeadPruningConfig", "ChannelPruningConfig", "StructuredPruner",
            "PrunedTarget", "UnitGroup"]
@@ -84,7 +83,7 @@ class RowPruningConfig:
         self.sibling_modules = _flatten(self.sibling_modules)
 
     @classmethod
-    def from_deepspeed(cls, block: dict[str, Any], group: str | None = None) -> "RowPruningConfig":
+    def from_deepspeed(cls, block: dict[str, Any], group: str | None = None) -> RowPruningConfig:
         return cls(**_with_related(cls, block, group))
 
 
@@ -106,7 +105,7 @@ class HeadPruningConfig:
             raise ValueError(f"head_pruning.num_heads is required: a positive int, got {self.num_heads!r}")
 
     @classmethod
-    def from_deepspeed(cls, block: dict[str, Any], group: str | None = None) -> "HeadPruningConfig":
+    def from_deepspeed(cls, block: dict[str, Any], group: str | None = None) -> HeadPruningConfig:
         return cls(**_with_related(cls, block, group))
 
 
@@ -125,7 +124,7 @@ class ChannelPruningConfig:
         _common_checks(self, "channel_pruning")
 
     @classmethod
-    def from_deepspeed(cls, block: dict[str, Any], group: str | None = None) -> "ChannelPruningConfig":
+    def from_deepspeed(cls, block: dict[str, Any], group: str | None = None) -> ChannelPruningConfig:
         return cls(**_with_related(cls, block, group))
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any
 
 from .analyzer import BUILTIN_METRICS
 from .curriculum import SCHEDULE_TYPES, CurriculumConfig, CurriculumScheduler, resolve_custom_fn
@@ -41,23 +41,23 @@ class CurriculumLearningConfig:
     metric: str = "seqlen"  # seqlen (cut batches) | vocab_rarity | an import path "pkg.mod:fn(tokens) -> float"
     seqlen_mode: str = "truncate"  # metric=seqlen: truncate | pack
     difficulty_type: str = "value"  # metric curriculum: value | percentile
-    min_difficulty: Optional[int] = None
-    max_difficulty: Optional[int] = None  # metric=seqlen: null = data.block_size
+    min_difficulty: int | None = None
+    max_difficulty: int | None = None  # metric=seqlen: null = data.block_size
     schedule_type: str = "fixed_linear"  # fixed_linear | fixed_root | fixed_discrete | custom
-    total_curriculum_step: Optional[int] = None
-    difficulty_step: Optional[int] = None
-    root_degree: Optional[float] = None
-    difficulty: Optional[List[int]] = None
-    max_step: Optional[List[int]] = None
+    total_curriculum_step: int | None = None
+    difficulty_step: int | None = None
+    root_degree: float | None = None
+    difficulty: list[int] | None = None
+    max_step: list[int] | None = None
     custom_fn: Any = None  # "pkg.mod:fn" or {_target_: pkg.mod.fn, ...kwargs}
 
 
 @dataclass
 class RandomLTDConfig:
     enabled: bool = False
-    random_ltd_layer_id: Optional[List[int]] = None  # null = every layer but the first and the last
+    random_ltd_layer_id: list[int] | None = None  # null = every layer but the first and the last
     min_value: int = 32  # kept tokens per sequence at step 0
-    max_value: Optional[int] = None  # null = data.block_size
+    max_value: int | None = None  # null = data.block_size
     require_steps: int = 200  # steps to grow from min_value to max_value
     seq_per_step: int = 16  # kept length is a multiple of this
     layer_token_lr_schedule: bool = False  # drive the LR schedule by consumed layer-tokens

@@ -32,7 +32,8 @@ state-dict keys are unchanged and sharding wrappers still see the same modules.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -105,7 +106,7 @@ def layer_token_equivalent_step(consumed_layer_tokens: float, full_layer_tokens_
 class _DroppingForward:
     """Replacement ``forward`` of one block: run it on a sorted random subset of tokens, scatter back."""
 
-    def __init__(self, owner: "RandomLTD", layer_id: int, block: nn.Module, forward: Callable):
+    def __init__(self, owner: RandomLTD, layer_id: int, block: nn.Module, forward: Callable):
         self.owner, self.layer_id, self.forward = owner, layer_id, forward
         self.block = [block]  # a list, so the block is not registered as a submodule of anything
 

@@ -24,7 +24,8 @@ so the Trainer checkpoints it as its data position.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import torch

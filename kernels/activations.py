@@ -29,7 +29,6 @@ import math
 
 import torch
 import torch.nn.functional as F
-
 from dsrecipes.kernels._utils import (
     check_float_dtype,
     jit,

@@ -34,7 +34,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-
 from dsrecipes.kernels._utils import jit, tl, use_triton, warn_fallback
 from dsrecipes.kernels.flash_attention import (
     _attn_bwd_preprocess,
@@ -226,7 +225,7 @@ class BlockSparseIndex:
     nnz: int
 
     @staticmethod
-    def from_layout(layout: torch.Tensor, causal: bool, device=None) -> "BlockSparseIndex":
+    def from_layout(layout: torch.Tensor, causal: bool, device=None) -> BlockSparseIndex:
         lay = layout.bool()
         if causal:
             lay = torch.tril(lay)
@@ -349,7 +348,7 @@ class GatherPlan:
     r: int
 
     @staticmethod
-    def from_layout(layout: torch.Tensor, block: int, causal: bool, num_kv_heads: int, device=None) -> "GatherPlan":
+    def from_layout(layout: torch.Tensor, block: int, causal: bool, num_kv_heads: int, device=None) -> GatherPlan:
         lay = layout.bool().to(device)
         if causal:
             lay = torch.tril(lay)

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-
 from dsrecipes.kernels._utils import (
     check_float_dtype,
     check_max_cols,
@@ -34,6 +32,7 @@ from dsrecipes.kernels._utils import (
     triton,
     use_triton,
 )
+from torch import nn
 
 OP = "layer_norm"
 

@@ -19,8 +19,6 @@ either way.
 from __future__ import annotations
 
 import torch
-from torch import nn
-
 from dsrecipes.kernels._utils import (
     check_float_dtype,
     check_max_cols,
@@ -31,6 +29,7 @@ from dsrecipes.kernels._utils import (
     triton,
     use_triton,
 )
+from torch import nn
 
 OP = "rms_norm"
 

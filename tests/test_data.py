@@ -19,9 +19,9 @@ from dsrecipes.data import (
     build_tokenizer,
     eval_batches,
     prepare_data,
+    sources,
     validate_data_config,
 )
-from dsrecipes.data import sources
 from dsrecipes.data.packing import split_documents
 
 MAX_BYTES = 200_000

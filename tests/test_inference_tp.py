@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from distributed_harness import run_distributed
+
 from dsrecipes.inference import init_inference
 from dsrecipes.models import GPT, ModelConfig
 

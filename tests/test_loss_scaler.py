@@ -2,8 +2,8 @@
 
 import pytest
 
-from dsrecipes.training.loss_scaler import DynamicLossScaler, LossScaleAtMinimumError, StaticLossScaler, build_loss_scaler
 from dsrecipes.training.config import PrecisionConfig
+from dsrecipes.training.loss_scaler import DynamicLossScaler, LossScaleAtMinimumError, StaticLossScaler, build_loss_scaler
 
 
 def run(scaler, overflows):

@@ -12,7 +12,11 @@ tied gradient summed across stages).
 import pytest
 
 from tests.test_distributed import (
-    assert_matches_single_process, assert_refused, assert_resumes_in_one_process, common, run_and_read,
+    assert_matches_single_process,
+    assert_refused,
+    assert_resumes_in_one_process,
+    common,
+    run_and_read,
 )
 
 

@@ -12,8 +12,13 @@ by all-reduce, vocab-parallel lookups).
 import pytest
 
 from tests.test_distributed import (
-    assert_matches_single_process, assert_refused, assert_resumes_in_one_process, common, run_and_read,
+    assert_matches_single_process,
+    assert_refused,
+    assert_resumes_in_one_process,
+    common,
+    run_and_read,
 )
+
 
 @pytest.mark.timeout(400)
 def test_tp2_reproduces_single_process(tmp_path, datasets_cache, single_gpt):

@@ -17,7 +17,7 @@ would see.
 
 from __future__ import annotations
 
-from typing import Dict, Iterator, Optional
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -41,7 +41,7 @@ def _check_rank(rank: int, world_size: int, micro_batch_size: int) -> None:
         raise ValueError(f"rank={rank} must lie in [0, world_size={world_size})")
 
 
-def gather_batch(rows, indices) -> Dict[str, torch.Tensor]:
+def gather_batch(rows, indices) -> dict[str, torch.Tensor]:
     """Gather packed blocks ``indices`` (a slice or index sequence) of a numpy-formatted dataset.
 
     Returns input_ids/labels LongTensors of shape [len(indices), block_size].
@@ -82,8 +82,8 @@ class BatchIterator:
         self._rows = dataset.with_format("numpy", columns=["tokens"])
         self._epoch = 0
         self._batch_in_epoch = 0
-        self._order_epoch: Optional[int] = None
-        self._order: Optional[torch.Tensor] = None
+        self._order_epoch: int | None = None
+        self._order: torch.Tensor | None = None
 
     @property
     def epoch(self) -> int:
@@ -112,10 +112,10 @@ class BatchIterator:
             self._order_epoch = epoch
         return self._order
 
-    def __iter__(self) -> Iterator[Dict[str, torch.Tensor]]:
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         return self
 
-    def __next__(self) -> Dict[str, torch.Tensor]:
+    def __next__(self) -> dict[str, torch.Tensor]:
         order = self._epoch_order(self._epoch)
         start = (self._batch_in_epoch * self.world_size + self.rank) * self.micro_batch_size
         batch = gather_batch(self._rows, order[start:start + self.micro_batch_size])
@@ -125,7 +125,7 @@ class BatchIterator:
             self._batch_in_epoch = 0
         return batch
 
-    def state_dict(self) -> Dict[str, int]:
+    def state_dict(self) -> dict[str, int]:
         """The position (next batch) and the settings that define the order; the same on every rank."""
         return {
             "epoch": self._epoch,
@@ -135,7 +135,7 @@ class BatchIterator:
             "world_size": self.world_size,
         }
 
-    def load_state_dict(self, state: Dict[str, int]) -> None:
+    def load_state_dict(self, state: dict[str, int]) -> None:
         """Resume at ``state``'s position; raise ValueError naming the key if it does not fit this iterator."""
         for key in STATE_KEYS:
             if key not in state:
@@ -169,8 +169,8 @@ class BatchIterator:
         )
 
 
-def eval_batches(dataset, micro_batch_size: int, max_batches: Optional[int] = None, rank: int = 0,
-                 world_size: int = 1) -> Iterator[Dict[str, torch.Tensor]]:
+def eval_batches(dataset, micro_batch_size: int, max_batches: int | None = None, rank: int = 0,
+                 world_size: int = 1) -> Iterator[dict[str, torch.Tensor]]:
     """Sequential, unshuffled validation micro-batches for ``rank``, the last partial batch included.
 
     Global batch ``g`` covers blocks ``[g*B*W, (g+1)*B*W)`` (clipped to the

@@ -10,20 +10,19 @@ already existed beforehand, unchanged (same size and modification time).
 from __future__ import annotations
 
 import os
-from typing import Dict, Tuple
 
 import datasets
 
 
-def _stat(path: str) -> Tuple[int, int]:
+def _stat(path: str) -> tuple[int, int]:
     """(size, mtime in ns) of ``path``."""
     st = os.stat(path)
     return st.st_size, st.st_mtime_ns
 
 
-def _snapshot(directories) -> Dict[str, Tuple[int, int]]:
+def _snapshot(directories) -> dict[str, tuple[int, int]]:
     """Map every ``*.arrow`` file in ``directories`` to its (size, mtime)."""
-    seen: Dict[str, Tuple[int, int]] = {}
+    seen: dict[str, tuple[int, int]] = {}
     for directory in directories:
         if not os.path.isdir(directory):
             continue
@@ -42,7 +41,7 @@ def cache_file_names(ds: datasets.Dataset) -> list:
     return [entry["filename"] for entry in ds.cache_files]
 
 
-def map_with_reuse(ds: datasets.Dataset, function, **map_kwargs) -> Tuple[datasets.Dataset, bool]:
+def map_with_reuse(ds: datasets.Dataset, function, **map_kwargs) -> tuple[datasets.Dataset, bool]:
     """Run ``ds.map(function, **map_kwargs)``; also return whether its result came from an existing cache.
 
     The flag is True only when the result is backed by files that all existed,

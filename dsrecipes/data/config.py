@@ -10,7 +10,6 @@ before any expensive work starts.
 
 import os
 from dataclasses import dataclass, field
-from typing import List, Optional
 
 #: Valid values of ``data.source``.
 SOURCES = ("builtin", "files", "hub")
@@ -48,17 +47,17 @@ class DataConfig:
     """
 
     source: str = "builtin"
-    paths: List[str] = field(default_factory=list)
-    hub_name: Optional[str] = None
-    hub_config: Optional[str] = None
+    paths: list[str] = field(default_factory=list)
+    hub_name: str | None = None
+    hub_config: str | None = None
     hub_split: str = "train"
     text_field: str = "text"
     tokenizer: str = "byte"
     block_size: int = 128
     val_fraction: float = 0.05
-    max_bytes: Optional[int] = None
-    num_proc: Optional[int] = None
-    cache_dir: Optional[str] = None
+    max_bytes: int | None = None
+    num_proc: int | None = None
+    cache_dir: str | None = None
     split_seed: int = 1234
 
 

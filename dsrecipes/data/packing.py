@@ -24,8 +24,9 @@ packing a cacheable map at the price of at most ``block_size`` tokens per batch.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any
 
 import datasets
 import numpy as np
@@ -64,7 +65,7 @@ class PreparedData:
     num_documents: int
     num_train_tokens: int
     num_val_tokens: int
-    cache_files: List[str]
+    cache_files: list[str]
     from_cache: bool
 
     @property
@@ -101,7 +102,7 @@ def pack_batch(batch: pa.Table, block_size: int, version: int = PACKING_VERSION)
 
 def split_documents(
     docs: datasets.Dataset, val_fraction: float, seed: int
-) -> Tuple[datasets.Dataset, datasets.Dataset]:
+) -> tuple[datasets.Dataset, datasets.Dataset]:
     """Deterministic document-level train/validation split (at least one document on each side)."""
     n = len(docs)
     if n < 2:
@@ -126,8 +127,8 @@ def tokenize_and_pack(
     split_name: str,
     tokenizer,
     block_size: int,
-    num_proc: Optional[int] = None,
-) -> Tuple[datasets.Dataset, bool]:
+    num_proc: int | None = None,
+) -> tuple[datasets.Dataset, bool]:
     """Tokenize (on ``num_proc`` workers) and pack one split.
 
     Returns (packed dataset, whether the packed result came from an existing cache).
@@ -162,7 +163,7 @@ def tokenize_and_pack(
     return packed, reused
 
 
-def prepare_data(cfg, status: Optional[Callable[[str], None]] = None) -> PreparedData:
+def prepare_data(cfg, status: Callable[[str], None] | None = None) -> PreparedData:
     """Load, split, tokenize and pack the corpus described by ``cfg`` (a DataConfig).
 
     Args:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import glob
 import os
 import sysconfig
-from typing import Dict, List, Sequence
+from collections.abc import Sequence
 
 import datasets
 import numpy as np
@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 from dsrecipes.data.config import JSON_SUFFIXES, PARQUET_SUFFIXES, SUPPORTED_SUFFIXES, TEXT_SUFFIXES
 
 
-def builtin_files() -> List[str]:
+def builtin_files() -> list[str]:
     """Return the standard library's top-level ``*.py`` files, sorted by name."""
     stdlib = sysconfig.get_paths()["stdlib"]
     files = sorted(glob.glob(os.path.join(stdlib, "*.py")), key=os.path.basename)
@@ -49,9 +49,9 @@ def file_kind(path: str) -> str:
     )
 
 
-def expand_paths(paths: Sequence[str]) -> List[str]:
+def expand_paths(paths: Sequence[str]) -> list[str]:
     """Expand files and directories (recursively, supported suffixes only, sorted) into a file list."""
-    files: List[str] = []
+    files: list[str] = []
     for path in paths:
         path = str(path)
         if os.path.isdir(path):
@@ -77,7 +77,7 @@ def expand_paths(paths: Sequence[str]) -> List[str]:
 
 def common_kind(files: Sequence[str]) -> str:
     """Return the single builder kind shared by ``files``; raise ValueError listing them if they mix kinds."""
-    by_kind: Dict[str, List[str]] = {}
+    by_kind: dict[str, list[str]] = {}
     for f in files:
         by_kind.setdefault(file_kind(f), []).append(f)
     if len(by_kind) != 1:
@@ -86,7 +86,7 @@ def common_kind(files: Sequence[str]) -> str:
     return next(iter(by_kind))
 
 
-def cap_files_by_size(files: Sequence[str], max_bytes) -> List[str]:
+def cap_files_by_size(files: Sequence[str], max_bytes) -> list[str]:
     """Take ``files`` in order while their cumulative on-disk size fits ``max_bytes`` (at least one)."""
     if max_bytes is None:
         return list(files)

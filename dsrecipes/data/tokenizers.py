@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import Iterable, List, Optional, Sequence
+from collections.abc import Iterable, Sequence
 
 #: Token strings tried, in order, to find an end-of-sequence id in a tokenizer.json file.
 EOS_CANDIDATES = ("</s>", "<|endoftext|>", "<eos>", "<|eos|>", "<|end_of_text|>")
@@ -26,11 +26,11 @@ class ByteTokenizer:
     vocab_size = 257
     eos_id = 256
 
-    def encode(self, text: str) -> List[int]:
+    def encode(self, text: str) -> list[int]:
         """Return the UTF-8 bytes of ``text`` (unencodable lone surrogates become ``?``)."""
         return list(text.encode("utf-8", errors="replace"))
 
-    def encode_batch(self, texts: Sequence[str]) -> List[List[int]]:
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """Encode several texts."""
         return [self.encode(t) for t in texts]
 
@@ -96,7 +96,7 @@ class HFTokenizerFile:
         return int(self.tokenizer.get_vocab_size(with_added_tokens=True))
 
     @property
-    def eos_id(self) -> Optional[int]:
+    def eos_id(self) -> int | None:
         """Id of the first end-of-sequence token found among ``EOS_CANDIDATES``, or None."""
         for token in EOS_CANDIDATES:
             token_id = self.tokenizer.token_to_id(token)
@@ -104,11 +104,11 @@ class HFTokenizerFile:
                 return int(token_id)
         return None
 
-    def encode(self, text: str) -> List[int]:
+    def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` without added special tokens."""
         return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
 
-    def encode_batch(self, texts: Sequence[str]) -> List[List[int]]:
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """Encode several texts (parallelised by the tokenizers library)."""
         return [list(e.ids) for e in self.tokenizer.encode_batch(list(texts), add_special_tokens=False)]
 

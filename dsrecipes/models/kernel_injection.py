@@ -79,7 +79,6 @@ def inject_kernels(model: nn.Module, backend: str) -> list[str]:
     from dsrecipes.kernels.cross_entropy import cross_entropy
     from dsrecipes.kernels.flash_attention import SUPPORTED_HEAD_DIMS, flash_attention
     from dsrecipes.kernels.rope import rope
-
     from dsrecipes.models.gpt import GPT
 
     counts: Counter = Counter()

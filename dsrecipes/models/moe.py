@@ -18,7 +18,6 @@ index, so an EP=2 model starts from exactly the EP=1 model's weights.
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -135,15 +134,15 @@ class MoELayer(nn.Module):
             self.residual_coef = nn.Linear(model_cfg.d_model, 2)
         self.ep_group = None  # set by dsrecipes.distributed.expert_parallel
         self.ep_size = 1
-        self.aux_loss: Optional[torch.Tensor] = None
-        self.z_loss: Optional[torch.Tensor] = None
+        self.aux_loss: torch.Tensor | None = None
+        self.z_loss: torch.Tensor | None = None
         self.reset_stats()
 
     # ------------------------------------------------------------------ statistics
     def reset_stats(self) -> None:
         """Zero the routing counters the metrics callback reads (per-expert load, drops)."""
-        self.stat_expert_load: Optional[torch.Tensor] = None  # [E] routes per expert (device tensor)
-        self.stat_dropped: Optional[torch.Tensor] = None  # routes dropped by the capacity limit
+        self.stat_expert_load: torch.Tensor | None = None  # [E] routes per expert (device tensor)
+        self.stat_dropped: torch.Tensor | None = None  # routes dropped by the capacity limit
         self.stat_routes = 0  # routes gated (tokens x k)
 
     def _record(self, routing: Routing) -> None:

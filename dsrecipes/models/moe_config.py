@@ -11,7 +11,6 @@ use_residual, ep_size, top2_2nd_expert_sampling); the layer placement keys follo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional
 
 from dsrecipes.models.config import ModelConfig
 
@@ -34,8 +33,8 @@ class MoEConfig:
     noisy_gate_policy: str = "none"  # none | jitter (noise on the gate input) | rsample (Gumbel, top-1 only)
     use_residual: bool = False  # PR-MoE: dense MLP + experts mixed by a learned coefficient
     expert_interval: int = 1  # MoE in every k-th block (blocks k-1, 2k-1, ...); 1 = every block
-    layers: List[int] = field(default_factory=list)  # explicit block indices; overrides expert_interval
-    d_ff: Optional[int] = None  # expert hidden size; None = the model's MLP size
+    layers: list[int] = field(default_factory=list)  # explicit block indices; overrides expert_interval
+    d_ff: int | None = None  # expert hidden size; None = the model's MLP size
     aux_loss_coef: float = 0.01  # load-balancing loss coefficient (added to the LM loss by the trainer)
     z_loss_coef: float = 0.0  # router z-loss coefficient (ST-MoE); 0 = off
     ep_size: int = 1  # expert-parallel degree: experts sharded over this many ranks

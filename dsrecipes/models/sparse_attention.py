@@ -26,13 +26,12 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field, fields
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dsrecipes.models.sparsity_config import LAYOUT_CLASSES, ATTENTION_TYPES, SparsityConfig
+from dsrecipes.models.sparsity_config import ATTENTION_TYPES, LAYOUT_CLASSES, SparsityConfig
 
 SPARSE_MODES = ("none",) + tuple(LAYOUT_CLASSES)
 SPARSE_IMPLS = ("auto", "triton", "gathered", "reference")
@@ -60,7 +59,7 @@ class SparseAttentionConfig:
     num_random_blocks: int = 0  # variable, bigbird (conf/sparse_attention/bigbird.yaml sets BigBird's 1)
     local_window_blocks: list[int] = field(default_factory=lambda: [4])  # variable
     global_block_indices: list[int] = field(default_factory=lambda: [0])  # variable, bslongformer
-    global_block_end_indices: Optional[list[int]] = None  # variable, bslongformer
+    global_block_end_indices: list[int] | None = None  # variable, bslongformer
     num_sliding_window_blocks: int = 3  # bigbird, bslongformer, sliding_window
     seed: int = 0  # random blocks (variable, bigbird): same layout on every rank and after resume
 

@@ -12,7 +12,6 @@ import warnings
 
 import pytest
 import torch
-
 from dsrecipes.kernels.cross_entropy import (
     cross_entropy,
     cross_entropy_reference,

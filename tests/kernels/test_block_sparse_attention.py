@@ -12,12 +12,12 @@ import warnings
 
 import pytest
 import torch
-
 from dsrecipes.kernels.block_sparse_attention import (
     block_sparse_attention,
     block_sparse_attention_gathered,
     block_sparse_attention_reference,
 )
+
 from dsrecipes.models.sparsity_config import BigBirdSparsityConfig, FixedSparsityConfig, VariableSparsityConfig
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
