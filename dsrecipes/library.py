@@ -14,6 +14,12 @@
 
 `config` may be a dict, a DictConfig, a YAML path or a list of Hydra overrides (see
 dsrecipes.config.loading), e.g. `["zero.stage=2", "kernels=triton", "activation_checkpointing=full"]`.
+`model_parameters`, as in DeepSpeed, is what the configured optimizer steps: an iterable of the
+module's parameters, or of param-group dicts with per-group options, at every zero.stage:
+
+    dsrecipes.initialize(model=net, config={"zero": {"stage": 3}, "optimizer": {"lr": 1e-3}},
+                         model_parameters=[{"params": net.body.parameters()},
+                                           {"params": net.head.parameters(), "lr": 1e-4, "weight_decay": 0.0}])
 The module goes through the same assembly as the recipe Trainer's GPT (dsrecipes.training.assembly:
 ParallelDims, Precision, parallelize, the data-parallel strategy), so kernel injection, activation
 checkpointing, sparse attention, ZeRO and the model-parallel groups apply to it where they can; a
@@ -59,8 +65,17 @@ def initialize(
     training_data: Dataset | None = None,
     lr_scheduler=None,
     collate_fn=None,
+    model_parameters=None,
 ):
-    """Returns (engine, optimizer, dataloader or None, lr_scheduler), like deepspeed.initialize."""
+    """Returns (engine, optimizer, dataloader or None, lr_scheduler), like deepspeed.initialize.
+
+    model_parameters: parameters of `model`, or param-group dicts ({"params": ..., "lr": ...,
+    "weight_decay": ...}), to build the configured optimizer over instead of all of the model's
+    (dsrecipes.training.optimizers documents how the config's weight_decay and
+    no_decay_bias_and_norm apply to a group that sets no weight_decay). Works at every zero.stage,
+    ZeRO-3 included, which does not take an optimizer object. Ignored, with a warning, next to an
+    optimizer object, as DeepSpeed ignores it.
+    """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     composed = load_config(config)
@@ -69,7 +84,8 @@ def initialize(
     batch = validate_engine_config(cfg, world)
     _warn_recipe_only_groups(cfg)
     dims = ParallelDims.from_config(cfg, world, device_type_of(resolve_device(cfg.trainer.device)))
-    engine = build_engine(model, cfg, batch, dims, optimizer, lr_scheduler, OmegaConf.to_yaml(composed))
+    engine = build_engine(model, cfg, batch, dims, optimizer, lr_scheduler, OmegaConf.to_yaml(composed),
+                          model_parameters=model_parameters)
     dataloader = None
     if training_data is not None:
         generator = torch.Generator().manual_seed(cfg.trainer.seed)

@@ -2,13 +2,16 @@
 
 Expected numbers are worked out by hand from DeepSpeed's formulas (deepspeed/runtime/lr_schedules.py),
 with t = the 0-based optimizer step the lr is used for: the value right after construction is t = 0,
-after k scheduler.step() calls it is t = k.
+after k scheduler.step() calls it is t = k. The step_alignment=deepspeed sequences were checked against
+DeepSpeed 0.19.8's own classes (tests/test_deepspeed_parity.py does that where DeepSpeed is installed).
 """
 
 from __future__ import annotations
 
 import io
 import math
+import re
+import warnings
 from dataclasses import replace
 from pathlib import Path
 
@@ -24,11 +27,13 @@ from dsrecipes.training.config import (
     LR_SCHEDULER_SCHEMAS,
     CustomLRSchedulerConfig,
     LRSchedulerConfig,
+    StepAlignment,
     WarmupCosineConfig,
     WarmupType,
 )
 from dsrecipes.training.lr_schedules import (
     LR_SCHEDULERS,
+    STEP_ALIGNMENTS,
     WARMUP_TYPES,
     LRRangeTest,
     OneCycle,
@@ -108,6 +113,7 @@ def test_exported_names():
     assert LR_SCHEDULERS == ("warmup_cosine", "warmup_lr", "warmup_decay_lr", "one_cycle", "lr_range_test", "constant",
                              "torch_step", "custom")  # the default first
     assert WARMUP_TYPES == ("linear", "log")
+    assert STEP_ALIGNMENTS == ("dsrecipes", "deepspeed")
 
 
 def test_warmup_gamma_linear_log_and_the_two_step_floor():
@@ -326,6 +332,96 @@ def test_torch_step_and_custom_targets_build_torch_schedulers_with_flat_argument
     assert non_closed_form_target(cfg("warmup_cosine")) is None
 
 
+# ---------------------------------------------------------------------------------------------
+# step_alignment: dsrecipes (f(k) at optimizer step k) or deepspeed (placeholder, then f(k - 1))
+# ---------------------------------------------------------------------------------------------
+
+# option -> (config, the optimizer's lr, steps, lrs with step_alignment=deepspeed, lrs with the default).
+# The deepspeed column is what DeepSpeed 0.19.8's class puts into the optimizer at construction and after
+# each step() (run once against deepspeed/runtime/lr_schedules.py): its placeholder, then the default
+# column one step late.
+ALIGNMENT_CASES = {
+    "warmup_lr": (dict(warmup_min_lr=0.1, warmup_max_lr=1.1, warmup_num_steps=4, warmup_type="linear"), 1.0, 6,
+                  [0.1, 0.1, 0.35, 0.6, 0.85, 1.1], [0.1, 0.35, 0.6, 0.85, 1.1, 1.1]),
+    "warmup_decay_lr": (dict(warmup_min_lr=0.0, warmup_max_lr=1.0, warmup_num_steps=4, warmup_type="linear",
+                             total_num_steps=8), 1.0, 10,
+                        [0, 0, 0.25, 0.5, 0.75, 1.0, 0.75, 0.5, 0.25, 0], [0, 0.25, 0.5, 0.75, 1.0, 0.75, 0.5, 0.25, 0, 0]),
+    # the placeholder is 0, not warmup_min_ratio x lr
+    "warmup_cosine": (dict(warmup_min_ratio=0.1, warmup_num_steps=4, cos_min_ratio=0.01, warmup_type="linear",
+                           total_num_steps=8), 2.0, 10,
+                      [0.0, 0.2, 0.65, 1.1, 1.55, 1.7100357134, 1.01, 0.3099642866, 0.02, 0.02],
+                      [0.2, 0.65, 1.1, 1.55, 1.7100357134, 1.01, 0.3099642866, 0.02, 0.02, 0.02]),
+    "one_cycle": (dict(cycle_min_lr=0.1, cycle_max_lr=1.1, cycle_first_step_size=4, decay_step_size=2, decay_lr_rate=0.5,
+                       cycle_min_mom=0.8, cycle_max_mom=0.9), 1.0, 10,
+                  [0.1, 0.35, 0.6, 0.85, 1.1, 0.85, 0.6, 0.35, 0.1, 0.08],
+                  [0.35, 0.6, 0.85, 1.1, 0.85, 0.6, 0.35, 0.1, 0.08, 0.1 / 1.5]),
+    "lr_range_test": (dict(lr_range_test_min_lr=0.01, lr_range_test_step_size=4, lr_range_test_step_rate=2.0), 1.0, 5,
+                      [0.01, 0.015, 0.02, 0.025, 0.03], [0.015, 0.02, 0.025, 0.03, 0.035]),
+    # no DeepSpeed counterpart / a torch scheduler (DeepSpeed steps it with torch's convention): the same under both
+    "constant": (dict(), 0.3, 4, [0.3] * 4, [0.3] * 4),
+    "torch_step": (dict(step_size=2, gamma=0.5), 1.0, 5, [1.0, 1.0, 0.5, 0.5, 0.25], [1.0, 1.0, 0.5, 0.5, 0.25]),
+}
+
+
+@pytest.mark.parametrize("option", list(ALIGNMENT_CASES))
+def test_step_alignment_deepspeed_is_deepspeeds_sequence_and_the_default_is_one_step_ahead(option):
+    overrides, lr, steps, deepspeed, default = ALIGNMENT_CASES[option]
+    for alignment, expected in (("deepspeed", deepspeed), ("dsrecipes", default)):
+        opt = make_optimizer(lrs=(lr,))
+        c = cfg(option, step_alignment=StepAlignment(alignment), **overrides)
+        assert trace(build_lr_scheduler(c, opt, 100), opt, steps)[0] == pytest.approx(expected), alignment
+
+
+def test_one_cycle_deepspeed_alignment_momentum_starts_at_cycle_min_mom():
+    """DeepSpeed's OneCycle writes (cycle_min_mom, 0.99) into betas at construction; then max -> min -> max, one step late."""
+    overrides = ALIGNMENT_CASES["one_cycle"][0]
+    for kind in ("adamw", "sgd"):  # dsrecipes also cycles SGD's momentum (DeepSpeed does not)
+        opt = make_optimizer(kind)
+        sched = build_lr_scheduler(cfg("one_cycle", step_alignment=StepAlignment.deepspeed, **overrides), opt, 100)
+        assert trace(sched, opt, 10)[1] == pytest.approx([0.8, 0.875, 0.85, 0.825, 0.8, 0.825, 0.85, 0.875, 0.9, 0.9])
+    assert opt.param_groups[0]["momentum"] == pytest.approx(0.9)
+    adam = make_optimizer("adamw")
+    build_lr_scheduler(cfg("one_cycle", step_alignment=StepAlignment.deepspeed, **overrides), adam, 100)
+    assert adam.param_groups[0]["betas"] == pytest.approx((0.8, 0.95))  # beta2 stays the optimizer's (DeepSpeed: 0.99)
+
+
+def test_step_alignment_per_group_and_in_a_custom_option():
+    """Each group's own lr under deepspeed alignment; a custom `_target_` naming a dsrecipes schedule gets the key,
+    a torch class does not (it would not take it)."""
+    opt = make_optimizer(lrs=(1.0, 2.0))
+    c = cfg("warmup_lr", warmup_num_steps=2, warmup_type="linear", step_alignment=StepAlignment.deepspeed)
+    sched = build_lr_scheduler(c, opt, 10)
+    assert [trace(sched, opt, 1, group=1)[0][0], *trace(sched, opt, 3, group=1)[0]] == pytest.approx([0, 0, 1.0, 2.0])
+    own = custom("dsrecipes.training.lr_schedules.WarmupLR", warmup_num_steps=4, warmup_type="linear",
+                 warmup_min_lr=0.1, warmup_max_lr=1.1)
+    own.step_alignment = StepAlignment.deepspeed
+    opt = make_optimizer()
+    assert trace(build_lr_scheduler(own, opt, 10), opt, 3)[0] == pytest.approx([0.1, 0.1, 0.35])
+    foreign = custom("torch.optim.lr_scheduler.ExponentialLR", gamma=0.5)
+    foreign.step_alignment = StepAlignment.deepspeed
+    opt = make_optimizer()
+    assert trace(build_lr_scheduler(foreign, opt, 10), opt, 3)[0] == pytest.approx([1.0, 0.5, 0.25])
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in CONF_DIR.glob("*.yaml")))
+def test_step_alignment_is_a_key_of_every_option(name):
+    extra = ["lr_scheduler._target_=torch.optim.lr_scheduler.ExponentialLR", "lr_scheduler.gamma=0.99"]
+    lr_cfg = composed(f"lr_scheduler={name}", "lr_scheduler.step_alignment=deepspeed", *(extra if name == "custom" else []))
+    assert lr_cfg.step_alignment is StepAlignment.deepspeed
+    assert composed(f"lr_scheduler={name}", *(extra if name == "custom" else [])).step_alignment is StepAlignment.dsrecipes
+    validate_lr_scheduler_config(lr_cfg, 600)
+
+
+def test_bad_step_alignment_fails_at_composition_naming_the_values():
+    with pytest.raises(ConfigCompositionException) as err:
+        compose(["lr_scheduler.step_alignment=torch"])
+    cause = str(err.value.__cause__)
+    assert "Invalid value 'torch', expected one of [dsrecipes, deepspeed]" in cause
+    assert "full_key: lr_scheduler.step_alignment" in cause
+    root = to_root(load_config({"lr_scheduler": {"name": "warmup_lr", "step_alignment": "deepspeed"}}))
+    assert root.lr_scheduler.step_alignment is StepAlignment.deepspeed
+
+
 @pytest.mark.parametrize(
     "target, arguments, message",
     [
@@ -437,10 +533,11 @@ def _checkpoint(obj):
     return torch.load(buf, weights_only=True)
 
 
+@pytest.mark.parametrize("alignment", list(StepAlignment))
 @pytest.mark.parametrize("kind", ["adamw", "sgd"])
 @pytest.mark.parametrize("name", list(ROUND_TRIP_CONFIGS))
-def test_state_dict_round_trip_continues_identically(name, kind):
-    c = ROUND_TRIP_CONFIGS[name]
+def test_state_dict_round_trip_continues_identically(name, kind, alignment):
+    c = replace(ROUND_TRIP_CONFIGS[name], step_alignment=alignment)
     opt_a = make_optimizer(kind, lrs=(1.0, 0.5))
     sched_a = build_lr_scheduler(c, opt_a, 20)
     trace(sched_a, opt_a, 7)
@@ -487,7 +584,7 @@ def test_resume_takes_the_schedule_shape_from_the_config():
     sched = build_lr_scheduler(short, opt, 100)
     trace(sched, opt, 6)
     state = sched.state_dict()
-    assert "hparams" not in state and state["last_epoch"] == 6
+    assert "hparams" not in state and "step_alignment" not in state and state["last_epoch"] == 6
     resumed = build_lr_scheduler(replace(short, total_num_steps=12), make_optimizer(), 100)
     resumed.load_state_dict(state)
     assert resumed.get_last_lr() == pytest.approx([0.75])  # (12 - 6) / (12 - 4), not (8 - 6) / 4
@@ -505,11 +602,13 @@ ONE_CYCLE = dict(cycle_min_lr=1e-4, cycle_max_lr=1e-3, cycle_first_step_size=100
     [
         ("warmup_lr", dict(warmup_type="cubic"), 600,
          "lr_scheduler.warmup_type='cubic' is not valid; choose one of: linear, log"),  # only from Python
-        ("warmup_cosine", dict(warmup_num_steps=-1), 600, "lr_scheduler.warmup_num_steps=-1 must be >= 0"),
-        ("warmup_decay_lr", dict(warmup_num_steps=50), 40,
-         "lr_scheduler.total_num_steps=None (null = max_steps=40) must be > lr_scheduler.warmup_num_steps=50"),
-        ("warmup_decay_lr", dict(warmup_num_steps=50, total_num_steps=50), 600,
-         "lr_scheduler.total_num_steps=50 must be > lr_scheduler.warmup_num_steps=50"),
+        ("warmup_cosine", dict(warmup_num_steps=-1), 600, "lr_scheduler.warmup_num_steps=-1 must be >= 1"),
+        # DeepSpeed: ValueError "warmup_num_steps must be a positive integer, got 0" in all three warmups
+        ("warmup_lr", dict(warmup_num_steps=0), 600, "lr_scheduler.warmup_num_steps=0 must be >= 1"),
+        ("warmup_decay_lr", dict(warmup_num_steps=0), 600, "lr_scheduler.warmup_num_steps=0 must be >= 1"),
+        ("warmup_cosine", dict(warmup_num_steps=0), 600, "lr_scheduler.warmup_num_steps=0 must be >= 1"),
+        ("warmup_lr", dict(step_alignment="torch"), 600,
+         "lr_scheduler.step_alignment='torch' is not valid; choose one of: dsrecipes, deepspeed"),  # only from Python
         ("warmup_cosine", dict(total_num_steps=0), 600, "lr_scheduler.total_num_steps=0 must be > 0"),
         ("warmup_cosine", dict(cos_min_ratio=1.5), 600, "lr_scheduler.cos_min_ratio=1.5 must be in [0, 1]"),
         ("warmup_lr", dict(warmup_min_lr=-0.1), 600, "lr_scheduler.warmup_min_lr=-0.1 must be >= 0"),
@@ -518,10 +617,8 @@ ONE_CYCLE = dict(cycle_min_lr=1e-4, cycle_max_lr=1e-3, cycle_first_step_size=100
         ("one_cycle", ONE_CYCLE | dict(cycle_first_step_size=0), 600, "lr_scheduler.cycle_first_step_size=0 must be > 0"),
         ("one_cycle", ONE_CYCLE | dict(cycle_second_stair_count=-2), 600,
          "lr_scheduler.cycle_second_stair_count=-2 must be >= 0"),
-        ("one_cycle", ONE_CYCLE | dict(decay_lr_rate=0.1), 600,
-         "lr_scheduler.decay_lr_rate=0.1 has no effect with lr_scheduler.decay_step_size=0"),
-        ("one_cycle", ONE_CYCLE | dict(decay_mom_rate=0.1), 600,
-         "lr_scheduler.decay_mom_rate=0.1 has no effect with lr_scheduler.decay_step_size=0"),
+        ("one_cycle", ONE_CYCLE | dict(cycle_second_step_size=-1), 600,
+         "lr_scheduler.cycle_second_step_size=-1 must be >= 0"),
         ("one_cycle", ONE_CYCLE | dict(decay_mom_rate=0.1, decay_step_size=10), 600,
          "lr_scheduler.decay_mom_rate=0.1 takes the momentum to"),
         ("one_cycle", ONE_CYCLE | dict(cycle_max_mom=1.0), 600, "lr_scheduler.cycle_max_mom=1.0 must be in [0, 1)"),
@@ -542,12 +639,57 @@ def test_validation_errors_name_key_value_and_choices(option, overrides, max_ste
     assert message in str(err.value)
 
 
+@pytest.mark.parametrize(
+    "option, overrides, max_steps, message",
+    [
+        # DeepSpeed logs "total_num_steps 30 is less than warmup_num_steps 50" and runs
+        ("warmup_decay_lr", dict(warmup_num_steps=50), 30,
+         "lr_scheduler.total_num_steps=None (null = max_steps=30) is less than lr_scheduler.warmup_num_steps=50"),
+        # DeepSpeed skips the post-cycle decay when decay_step_size is 0
+        ("one_cycle", ONE_CYCLE | dict(decay_lr_rate=0.1), 600,
+         "lr_scheduler.decay_lr_rate=0.1 is ignored with lr_scheduler.decay_step_size=0"),
+        ("one_cycle", ONE_CYCLE | dict(decay_mom_rate=0.01), 600,
+         "lr_scheduler.decay_mom_rate=0.01 is ignored with lr_scheduler.decay_step_size=0"),
+    ],
+)
+def test_what_deepspeed_accepts_is_accepted_with_a_warning(option, overrides, max_steps, message):
+    c = cfg(option, **overrides)
+    with pytest.warns(UserWarning, match=re.escape(message)):
+        validate_lr_scheduler_config(c, max_steps)
+    with pytest.warns(UserWarning):
+        build_lr_scheduler(c, make_optimizer(), max_steps)
+
+
+def test_warmup_decay_lr_total_below_warmup_runs_like_deepspeed():
+    """T=3 < N=5: the linear warmup, then straight to warmup_min_lr (DeepSpeed 0.19.8: [0, 0.2, ..., 0.8, 0, 0])."""
+    opt = make_optimizer()
+    c = cfg("warmup_decay_lr", warmup_num_steps=5, warmup_type="linear", warmup_max_lr=1.0, total_num_steps=3)
+    with pytest.warns(UserWarning, match="less than"):
+        sched = build_lr_scheduler(c, opt, 100)
+    assert trace(sched, opt, 7)[0] == pytest.approx([0.0, 0.2, 0.4, 0.6, 0.8, 0.0, 0.0])
+    # total == warmup (rejected before, as DeepSpeed silent): no warning, the lr is at the floor from t = N on
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        validate_lr_scheduler_config(replace(c, total_num_steps=5), 100)
+
+
+def test_one_cycle_second_step_size_zero_is_accepted_like_deepspeed():
+    """DeepSpeed 0.19.8 validates cycle_second_step_size >= 0: with 0 the lr climbs, then drops straight back."""
+    opt = make_optimizer()
+    c = cfg("one_cycle", cycle_min_lr=0.1, cycle_max_lr=1.1, cycle_first_step_size=4, cycle_second_step_size=0,
+            cycle_momentum=False)
+    validate_lr_scheduler_config(c, 100)
+    assert trace(build_lr_scheduler(c, opt, 100), opt, 6)[0] == pytest.approx([0.35, 0.6, 0.85, 0.1, 0.1, 0.1])
+
+
 def test_validation_prefix_and_valid_configs():
     with pytest.raises(ValueError, match=r"engine\.lr_scheduler\.warmup_num_steps=-1"):
         validate_lr_scheduler_config(cfg("warmup_lr", warmup_num_steps=-1), 600, prefix="engine.lr_scheduler")
     for name in ("warmup_cosine", "warmup_lr", "lr_range_test", "constant"):
         validate_lr_scheduler_config(cfg(name), 600)  # the schemas' defaults are valid
     validate_lr_scheduler_config(cfg("one_cycle", **ONE_CYCLE, decay_mom_rate=-0.01, decay_step_size=100), 600)  # shrinks
+    validate_lr_scheduler_config(cfg("warmup_lr", warmup_num_steps=1), 600)  # 1 is DeepSpeed's smallest (acts as 2)
+    validate_lr_scheduler_config(cfg("warmup_cosine", warmup_num_steps=50, total_num_steps=10), 600)  # as DeepSpeed
     validate_lr_scheduler_config(custom("torch.optim.lr_scheduler.StepLR", step_size=5), 600)
 
 

@@ -3,7 +3,8 @@
     config -> ParallelDims (every mesh, validated once; built by the caller and passed in)
            -> Precision(cfg.precision)                  before anything wraps parameters
            -> parallelize(model, dims, cfg, precision)  the techniques in one order, then the strategy
-           -> optimizer over strategy.optimizer_module(), adopted (partitioned) by the strategy
+           -> optimizer over strategy.optimizer_module() (or over the caller's parameter groups, found
+              there by the names they had before wrapping), adopted (partitioned) by the strategy
            -> LR schedule, step runner (micro-batches, or the pipeline schedule)
            -> Engine(plan, optimizer, schedule, batch, precision, runner)
 
@@ -13,6 +14,7 @@ Used by the recipe Trainer and by `dsrecipes.initialize`.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import torch
 from torch import nn
@@ -24,7 +26,13 @@ from dsrecipes.distributed.utils import is_distributed
 from dsrecipes.training.batch import BatchSizes
 from dsrecipes.training.engine import Engine
 from dsrecipes.training.lr_schedules import build_lr_scheduler
-from dsrecipes.training.optimizers import build_optimizer, optimizer_class, supported_impls
+from dsrecipes.training.optimizers import (
+    build_optimizer,
+    named_param_groups,
+    optimizer_class,
+    resolve_param_groups,
+    supported_impls,
+)
 from dsrecipes.training.precision import Precision
 from dsrecipes.training.runners import MicroBatchRunner, PipelineRunner, StepRunner
 from dsrecipes.utils.device import resolve_device
@@ -39,13 +47,26 @@ def build_engine(
     lr_scheduler=None,
     config_yaml: str | None = None,
     transforms=(),
+    model_parameters=None,
 ) -> Engine:
     """Place and parallelize the model, build what the caller did not pass, wrap it all in an Engine.
 
     cfg: the RootConfig; transforms: model transforms of the caller applied inside parallelize
     (step 4: the recipe's compression and random-LTD); optimizer / lr_scheduler: objects (or, for
-    the schedule, a callable taking the optimizer) that replace the configured ones.
+    the schedule, a callable taking the optimizer) that replace the configured ones;
+    model_parameters: the parameters (or param-group dicts with per-group options) the configured
+    optimizer is built over, as DeepSpeed's argument of that name (see dsrecipes.training.optimizers).
+    They are recorded by name before parallelize, which may replace the parameter objects (FSDP2,
+    tensor parallelism, kernel injection), and looked up by name in the tree the optimizer steps
+    (with fp32 master weights: the masters, which are the caller's original parameters).
     """
+    named_groups = None
+    if model_parameters is not None:
+        if optimizer is not None:
+            warnings.warn("model_parameters is ignored: the optimizer object passed to initialize already holds "
+                          "its parameter groups", stacklevel=3)
+        else:
+            named_groups = named_param_groups(model_parameters, model)
     device = resolve_device(cfg.trainer.device)
     precision = Precision(cfg.precision, device)
     model.to(device)
@@ -57,7 +78,15 @@ def build_engine(
             f"zero.stage={cfg.zero.stage} shards the parameters, so dsrecipes must build the optimizer after "
             "sharding: pass the optimizer through config (optimizer.name or optimizer._target_), not as an object"
         )
-    optimizer = optimizer or build_optimizer(_optimizer_config(cfg, dims), strategy.optimizer_module())
+    if optimizer is None:
+        optimizer_cfg, module = _optimizer_config(cfg, dims), strategy.optimizer_module()
+        groups = None
+        if named_groups is not None:
+            elsewhere = plan.pipeline is not None or plan.expert_parallel is not None  # parameters on other ranks
+            groups = resolve_param_groups(named_groups, module, optimizer_cfg, allow_missing=elsewhere)
+            if not groups:
+                raise ValueError("model_parameters holds no trainable parameter that this rank optimizes")
+        optimizer = build_optimizer(optimizer_cfg, module, groups)
     split_expert_param_groups(optimizer, strategy.unwrapped)
     optimizer = strategy.adopt_optimizer(optimizer)
     if lr_scheduler is None:

@@ -1,13 +1,26 @@
 """DeepSpeed's batch-size triple: train_batch_size = micro_batch_per_gpu x gradient_accumulation x dp.
 
-Any two determine the third given the data-parallel world size (DeepSpeed's inference table, floor
-division included); with all three given they must agree. Unlike DeepSpeed, a mismatch is a
-ValueError that shows the arithmetic rather than an AssertionError.
+Only the keys the user gave count, as in DeepSpeed (`DeepSpeedConfig._set_batch_related_parameters`):
+all three given are only checked; any two determine the third given the data-parallel world size
+(DeepSpeed's floor divisions included); train_batch_size alone means accumulation 1 and micro =
+train // dp; the micro-batch alone means accumulation 1 and train = micro x dp.
+
+Two deliberate differences from DeepSpeed:
+
+* no batch key at all trains with DEFAULT_MICRO_BATCH_SIZE (16) per rank and no accumulation
+  (DeepSpeed asserts), so `python -m dsrecipes` and `dsrecipes.initialize(model)` run without one.
+  The schema defaults of the three keys are null for that reason: a default value would count as
+  given and turn `trainer.train_batch_size=8` into an over-determined triple;
+* gradient_accumulation_steps alone, or any mismatch, is a ValueError naming the keys and showing
+  the arithmetic (DeepSpeed: AssertionError).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+# The micro-batch per rank when no batch key is given (accumulation 1): the default recipe's 16 x 128 tokens.
+DEFAULT_MICRO_BATCH_SIZE = 16
 
 
 @dataclass(frozen=True)
@@ -25,7 +38,7 @@ def resolve_batch_sizes(
     dp_world_size: int = 1,
     prefix: str = "trainer",
 ) -> BatchSizes:
-    """Fill in the missing member(s) of the triple exactly as DeepSpeed does, then check it."""
+    """Fill in the members the user left out (None) exactly as DeepSpeed does, then check the triple."""
     tb, mb, gas, world = train_batch_size, micro_batch_size, gradient_accumulation_steps, dp_world_size
     keys = (
         f"{prefix}.train_batch_size",
@@ -49,8 +62,15 @@ def resolve_batch_sizes(
         gas, mb = 1, tb // world
     elif mb is not None:
         gas, tb = 1, mb * world
-    else:
-        raise ValueError(f"set {keys[0]} or {keys[1]} (with or without {keys[2]}); both are null")
+    elif gas is not None:
+        raise ValueError(
+            f"{keys[2]}={gas} alone does not determine the batch: set {keys[0]} or {keys[1]} as well "
+            f"(or no batch key at all for {DEFAULT_MICRO_BATCH_SIZE} per rank; DeepSpeed asserts 'Either "
+            "train_batch_size or train_micro_batch_size_per_gpu needs to be provided')"
+        )
+    else:  # no batch key given: dsrecipes' default (DeepSpeed asserts)
+        mb, gas = DEFAULT_MICRO_BATCH_SIZE, 1
+        tb = mb * world
 
     if mb <= 0 or gas <= 0 or tb != mb * gas * world:
         raise ValueError(

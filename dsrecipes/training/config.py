@@ -4,8 +4,8 @@ Plain dataclasses (no Hydra): they are the structured-config schemas of conf/<gr
 config that `dsrecipes.initialize(config=...)` accepts from Python. Keys keep DeepSpeed's names where
 DeepSpeed has one (train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps,
 gradient_clipping, warmup_num_steps, cos_min_ratio ...) and DeepSpeed's semantics
-(see the README's "Coming from DeepSpeed" section). Choice-valued strings are checked by
-`dsrecipes.config.validate`.
+(see the README's "Coming from DeepSpeed" section). Fields with a fixed set of values are Enums
+(dsrecipes.utils.config_enum.ConfigEnum), so a bad value fails at composition.
 
 The optimizer and lr_scheduler groups have one schema per option (AdamWConfig, SGDConfig, ...,
 WarmupCosineConfig, OneCycleConfig, ...: OPTIMIZER_SCHEMAS / LR_SCHEDULER_SCHEMAS), so a key the
@@ -18,25 +18,31 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
 from omegaconf import MISSING, DictConfig, OmegaConf
+
+from dsrecipes.utils.config_enum import ConfigEnum, config_enum
+from dsrecipes.utils.dtypes import DTYPES
 
 
 @dataclass
 class TrainerConfig:
     """Run length, batch sizes (DeepSpeed's triple), clipping, intervals, seed and device.
 
-    Any two of train_batch_size, train_micro_batch_size_per_gpu and gradient_accumulation_steps
-    determine the third given the data-parallel world size; all three must satisfy
-    train = micro x accumulation x dp.
+    The batch triple counts only the keys that are set (not null), as DeepSpeed counts the keys of
+    its config (dsrecipes.training.batch): any two of train_batch_size,
+    train_micro_batch_size_per_gpu and gradient_accumulation_steps determine the third given the
+    data-parallel world size, train_batch_size alone means accumulation 1 and micro = train // dp,
+    the micro-batch alone means accumulation 1; all three must satisfy train = micro x accumulation
+    x dp. So the three default to null. Difference from DeepSpeed: none set trains with 16 per rank
+    and no accumulation (DeepSpeed asserts); gradient_accumulation_steps alone is a ValueError.
     """
 
     max_steps: int = 600
     train_batch_size: int | None = None
-    train_micro_batch_size_per_gpu: int | None = 16
-    gradient_accumulation_steps: int | None = 1
+    train_micro_batch_size_per_gpu: int | None = None  # null + no other batch key = 16
+    gradient_accumulation_steps: int | None = None
     gradient_clipping: float = 1.0  # global-norm clip; 0 disables (DeepSpeed's default is 1.0)
     log_interval: int = 10
     eval_interval: int = 100  # 0 = only at the end
@@ -57,24 +63,6 @@ class TrainerConfig:
 # --------------------------------------------------------------------------------------------
 
 
-class ConfigEnum(str, Enum):
-    """A config field with a fixed set of values: OmegaConf rejects any other at composition.
-
-    The str mixin plus __str__ / __format__ / __repr__ returning the value make a member behave
-    as its string in comparisons (`impl == "auto"`), dict lookups, f-strings, messages and
-    json.dumps. OmegaConf converts strings to members by name, so each member's name is its value.
-    """
-
-    def __str__(self) -> str:
-        return self.value
-
-    def __format__(self, spec: str) -> str:
-        return format(self.value, spec)
-
-    def __repr__(self) -> str:
-        return repr(self.value)
-
-
 class OptimizerImpl(ConfigEnum):
     """torch's kernels for an optimizer step: auto (fused when every parameter is on CUDA and the
     class has a working fused kernel, else foreach), or one of them forced."""
@@ -90,6 +78,19 @@ class WarmupType(ConfigEnum):
 
     linear = "linear"
     log = "log"
+
+
+class StepAlignment(ConfigEnum):
+    """Which schedule value an optimizer step uses (lr_scheduler.step_alignment).
+
+    dsrecipes: the k-th optimizer step (0-based) uses f(k), f(0) being installed when the schedule
+    is built (torch's LRScheduler convention). deepspeed: DeepSpeed's engine exactly - the first
+    step uses the placeholder its schedule objects install at construction (see LRSchedulerConfig)
+    and step k >= 1 uses f(k - 1), one step behind.
+    """
+
+    dsrecipes = "dsrecipes"
+    deepspeed = "deepspeed"
 
 
 class ExtraArguments:
@@ -265,13 +266,31 @@ class LRSchedulerConfig:
     """Keys every lr_scheduler option has; the base of the option schemas below (not an option itself).
 
     name is the option, _target_ the scheduler class, built as _target_(optimizer, **other keys);
-    it is stepped once per applied optimizer step. The schedules keep DeepSpeed's key names,
-    defaults and formulas. A null total_num_steps means trainer.max_steps; a null warmup_max_lr
-    means the optimizer's lr.
+    it is stepped once per applied (not skipped) optimizer step. The schedules keep DeepSpeed's key
+    names, defaults and formulas f(t). A null total_num_steps means trainer.max_steps; a null
+    warmup_max_lr means each param group's own lr.
+
+    step_alignment (dsrecipes | deepspeed) says which value of f an optimizer step uses:
+
+    * dsrecipes (the default): optimizer step k (0-based) uses f(k); building the schedule installs
+      f(0), as torch's schedulers do. Every step, the first included, gets the formula's value.
+    * deepspeed: DeepSpeed's engine exactly. Its schedule objects (deepspeed/runtime/lr_schedules.py)
+      start at last_batch_iteration = -1 and install a placeholder; the engine calls step() after
+      each applied optimizer step, so step 0 uses the placeholder and step k >= 1 uses f(k - 1),
+      i.e. each value one step later than with dsrecipes. The placeholders: warmup_min_lr
+      (warmup_lr, warmup_decay_lr), 0 (warmup_cosine), cycle_min_lr and momentum cycle_min_mom
+      (one_cycle), lr_range_test_min_lr (lr_range_test). A DeepSpeed-config import sets this.
+
+    The default stays dsrecipes deliberately: DeepSpeed's first step runs at a value its formula
+    never produces there (warmup_cosine: lr 0, a step that moves Adam's moments but no weight),
+    and the whole schedule lags by one step. constant, torch_step and custom torch schedulers are
+    the same under both (DeepSpeed steps a torch scheduler with torch's own convention, which is
+    dsrecipes'); a custom `_target_` that is one of dsrecipes' schedules gets the key passed on.
     """
 
     name: str = MISSING
     _target_: str = MISSING
+    step_alignment: StepAlignment = StepAlignment.dsrecipes
 
 
 @dataclass
@@ -284,7 +303,11 @@ class ConstantConfig(LRSchedulerConfig):
 
 @dataclass
 class WarmupKeys(LRSchedulerConfig):
-    """The warmup keys of DeepSpeed's WarmupLR, WarmupDecayLR and WarmupCosineLR."""
+    """The warmup keys of DeepSpeed's WarmupLR, WarmupDecayLR and WarmupCosineLR.
+
+    warmup_num_steps must be >= 1, as in DeepSpeed (0 is its ValueError); the schedules use
+    N = max(2, warmup_num_steps), so 1 behaves as 2.
+    """
 
     warmup_num_steps: int = 1000
     warmup_type: WarmupType = WarmupType.log
@@ -302,7 +325,15 @@ class WarmupLRConfig(WarmupKeys):
 
 @dataclass
 class WarmupDecayLRConfig(WarmupLRConfig):
-    """lr_scheduler=warmup_decay_lr: DeepSpeed WarmupDecayLR, WarmupLR's warmup then linear decay."""
+    """lr_scheduler=warmup_decay_lr: DeepSpeed WarmupDecayLR, WarmupLR's warmup then linear decay.
+
+    A total_num_steps below the warmup is accepted with a warning, as DeepSpeed does (the lr then
+    falls to warmup_min_lr right after the warmup). Deliberate difference: a null (absent)
+    warmup_max_lr is each param group's lr, as in WarmupLR; DeepSpeed 0.19.8's WarmupDecayLR
+    signature still defaults it to 0.001, the fallback DeepSpeed itself called a bug and removed
+    from WarmupLR (PR #7360, "WarmupLR inherits optimizer lr when not specified"). For DeepSpeed's
+    number, set warmup_max_lr=0.001.
+    """
 
     name: str = "warmup_decay_lr"
     _target_: str = "dsrecipes.training.lr_schedules.WarmupDecayLR"
@@ -311,7 +342,11 @@ class WarmupDecayLRConfig(WarmupLRConfig):
 
 @dataclass
 class WarmupCosineConfig(WarmupKeys):
-    """lr_scheduler=warmup_cosine (the default): DeepSpeed WarmupCosineLR, ratios of the optimizer's lr."""
+    """lr_scheduler=warmup_cosine (the default): DeepSpeed WarmupCosineLR, ratios of the optimizer's lr.
+
+    A total_num_steps below the warmup is accepted, as DeepSpeed does (the ratio then stays at
+    cos_min_ratio after the warmup; DeepSpeed logs a warning, dsrecipes does not).
+    """
 
     name: str = "warmup_cosine"
     _target_: str = "dsrecipes.training.lr_schedules.WarmupCosineLR"
@@ -322,7 +357,17 @@ class WarmupCosineConfig(WarmupKeys):
 
 @dataclass
 class OneCycleConfig(LRSchedulerConfig):
-    """lr_scheduler=one_cycle: DeepSpeed OneCycle, lr min -> max -> min (momentum the reverse), then decay."""
+    """lr_scheduler=one_cycle: DeepSpeed OneCycle, lr min -> max -> min (momentum the reverse), then decay.
+
+    As DeepSpeed: cycle_second_step_size=0 is accepted (the lr climbs, then drops straight back),
+    and decay_lr_rate / decay_mom_rate with decay_step_size=0 are ignored (with a warning here).
+    Differences, kept deliberately: the optimizer's beta2 is kept (DeepSpeed overwrites betas with
+    (momentum, 0.99) for the whole run: set the optimizer's beta2 to 0.99 to match); SGD / RMSprop
+    `momentum` is cycled (DeepSpeed only cycles `betas` and disables cycle_momentum for other
+    optimizers, warning that they do not support momentum: set cycle_momentum=false to match); a
+    decay_mom_rate that takes the momentum out of [0, 1) within trainer.max_steps is rejected
+    (DeepSpeed would run with beta1 >= 1).
+    """
 
     name: str = "one_cycle"
     _target_: str = "dsrecipes.training.lr_schedules.OneCycle"
@@ -435,6 +480,17 @@ def check_option(cfg: Any, group: str, prefix: str) -> None:
         )
 
 
+# dtype names from the one table of them (dsrecipes.utils.dtypes): fp32, bf16, fp16
+PrecisionDtype = config_enum("PrecisionDtype", DTYPES, __name__)
+
+
+class NonfiniteGrads(ConfigEnum):
+    """What an fp32/bf16 step with inf/nan gradients does: stop the run naming the step, or skip it."""
+
+    error = "error"
+    skip = "skip"
+
+
 @dataclass
 class PrecisionConfig:
     """Numeric precision. Keys of the fp16 part keep DeepSpeed's names and defaults (its `fp16` block).
@@ -449,7 +505,7 @@ class PrecisionConfig:
     step (nonfinite_grads=skip). Skipped steps are counted (train/skipped_steps) on every rank together.
     """
 
-    dtype: str = "fp32"  # fp32 | bf16 | fp16
+    dtype: PrecisionDtype = PrecisionDtype.fp32  # fp32 | bf16 | fp16
     master_weights: bool = False
     loss_scale: float = 0.0
     initial_scale_power: int = 16
@@ -458,7 +514,7 @@ class PrecisionConfig:
     consecutive_hysteresis: bool = False
     min_loss_scale: float = 1.0
     raise_error_at_min_scale: bool = True
-    nonfinite_grads: str = "error"  # error | skip (fp32/bf16)
+    nonfinite_grads: NonfiniteGrads = NonfiniteGrads.error  # error | skip (fp32/bf16)
 
 
 @dataclass
@@ -470,6 +526,25 @@ class CheckpointConfig:
     keep_last: int = 3  # keep the newest K complete checkpoints; 0 = keep all
     save_final: bool = True
     export_safetensors: bool = True  # also export the final model to <run dir>/export/ (safetensors + config)
+
+
+class WandbMode(ConfigEnum):
+    """logger.wandb_mode: auto = online when WANDB_API_KEY is set, else offline."""
+
+    auto = "auto"
+    offline = "offline"
+    online = "online"
+    disabled = "disabled"
+
+
+class LogLevel(ConfigEnum):
+    """logger.level: the standard logging level names."""
+
+    DEBUG = "DEBUG"
+    INFO = "INFO"
+    WARNING = "WARNING"
+    ERROR = "ERROR"
+    CRITICAL = "CRITICAL"
 
 
 @dataclass
@@ -485,10 +560,10 @@ class LoggerConfig:
     wandb: bool = False
     wandb_project: str = "dsrecipes"
     wandb_entity: str | None = None
-    wandb_mode: str = "auto"  # auto (online iff WANDB_API_KEY is set) | offline | online | disabled
+    wandb_mode: WandbMode = WandbMode.auto  # auto (online iff WANDB_API_KEY is set) | offline | online | disabled
     wandb_tags: list[str] = field(default_factory=list)
     wandb_group: str | None = None  # null = the multirun sweep's name for sweep jobs, else none
-    level: str = "INFO"
+    level: LogLevel = LogLevel.INFO  # the `dsrecipes` logger's level (console and logs/rank<R>.log)
 
 
 def to_dictconfig(root: Any) -> DictConfig:

@@ -112,12 +112,13 @@ class DataEfficiencyCallback(Callback):
 
     def _apply_layer_token_lr(self, context: RunContext) -> None:
         scheduler = context.engine.lr_scheduler
-        if scheduler is None or not hasattr(scheduler, "lrs_at"):
+        if scheduler is None or not hasattr(scheduler, "lrs_for_step"):
             raise ValueError("data_efficiency.random_ltd.layer_token_lr_schedule=true needs one of dsrecipes' "
                              "closed-form LR schedules (lr_scheduler.name), not lr_scheduler._target_")
         full_per_step = context.batch.train_batch_size * self.block_size * self.n_layer
         equivalent = layer_token_equivalent_step(self.consumed_layer_tokens, full_per_step)
-        for group, lr in zip(context.engine.optimizer.param_groups, scheduler.lrs_at(equivalent)):
+        # as the schedule itself would, step_alignment included
+        for group, lr in zip(context.engine.optimizer.param_groups, scheduler.lrs_for_step(equivalent)):
             if isinstance(group["lr"], torch.Tensor):
                 group["lr"].fill_(lr)
             else:

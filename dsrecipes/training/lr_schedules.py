@@ -9,17 +9,18 @@ DeepSpeed config should see the same lr curve (and, for OneCycle, the same momen
 the objects stay ordinary torch `LRScheduler`s, so `state_dict()`, `load_state_dict()`,
 `get_last_lr()` and every tool that expects a torch scheduler work unchanged.
 
-Step convention: `t` is DeepSpeed's `last_batch_iteration` read as "the 0-based index of the
-optimizer step the lr is used for". As with torch's LambdaLR, building a scheduler already puts
-f(0) into the optimizer, and after k calls of `step()` the optimizer holds f(k) (`last_epoch == k`).
-(DeepSpeed's own objects start at last_batch_iteration = -1 and put a placeholder lr -
-warmup_min_lr, 0, cycle_min_lr - into the optimizer until their first step(); here that
-placeholder step does not exist.)
+Step convention (`step_alignment`, see LRSchedulerConfig): `t` is DeepSpeed's
+`last_batch_iteration`. With the default, step_alignment=dsrecipes, it is read as "the 0-based
+index of the optimizer step the lr is used for": as with torch's LambdaLR, building a scheduler
+already puts f(0) into the optimizer, and after k calls of `step()` the optimizer holds f(k)
+(`last_epoch == k`). With step_alignment=deepspeed the optimizer holds what DeepSpeed's objects and
+engine give it: a placeholder (`placeholder_lrs()`: warmup_min_lr, 0, cycle_min_lr ...) until the
+first step() and f(k - 1) after k of them, so optimizer step k uses f(k - 1) (`lrs_for_step`).
 
 Each formula is also a pure function of `t` (`warmup_lr`, `warmup_decay_lr`,
-`warmup_cosine_ratio`, `one_cycle_lr`, `one_cycle_momentum`, `lr_range_test_lr`) so it can be
-checked and plotted without an optimizer. Every lr is a closed-form function of `t`, never of the
-previous lr, which makes a resumed run continue exactly.
+`warmup_cosine_ratio`, `one_cycle_lr`, `one_cycle_momentum`, `lr_range_test_lr`; on a schedule
+object `lrs_at(t)`) so it can be checked and plotted without an optimizer. Every lr is a
+closed-form function of `t`, never of the previous lr, which makes a resumed run continue exactly.
 
 Saved state: `state_dict()` holds the progress (`last_epoch`, `_step_count`, `base_lrs`, the last
 lrs and momenta), not the schedule's hyperparameters: like DeepSpeed (whose state is
@@ -34,6 +35,7 @@ import functools
 import inspect
 import logging
 import math
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -45,6 +47,7 @@ from dsrecipes.training.config import (
     LRRangeTestConfig,
     LRSchedulerConfig,
     OneCycleConfig,
+    StepAlignment,
     WarmupCosineConfig,
     WarmupDecayLRConfig,
     WarmupKeys,
@@ -57,6 +60,7 @@ from dsrecipes.utils.instantiate import instantiate
 
 LR_SCHEDULERS = tuple(LR_SCHEDULER_SCHEMAS)
 WARMUP_TYPES = tuple(t.value for t in WarmupType)
+STEP_ALIGNMENTS = tuple(a.value for a in StepAlignment)
 
 _log = logging.getLogger(__name__)
 
@@ -241,14 +245,20 @@ class ClosedFormLR(LRScheduler):
     """Base of this module's schedules: lr (and optionally momentum) is a pure function of the step.
 
     Subclasses set `self.hparams` (the schedule's settings, not saved in state_dict) before calling
-    `super().__init__(optimizer)` and implement `lrs_at(t)`; `momenta_at(t)` returns None unless
-    the schedule drives momentum.
+    `super().__init__(optimizer, step_alignment)` and implement `lrs_at(t)` (and `placeholder_lrs()`,
+    the value DeepSpeed's object installs before its first step); `momenta_at(t)` returns None
+    unless the schedule drives momentum. `lrs_for_step(k)` is what optimizer step k uses under the
+    schedule's step_alignment: f(k) (dsrecipes), or the placeholder for k = 0 and f(k - 1) after
+    (deepspeed). The alignment comes from the config, like the hyperparameters: it is not saved.
     """
 
-    _NOT_SAVED = ("optimizer", "hparams", "_momentum_key")
+    _NOT_SAVED = ("optimizer", "hparams", "_momentum_key", "step_alignment")
 
-    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
-        """Install f(0) into the optimizer (torch's LRScheduler init performs the first step)."""
+    def __init__(self, optimizer: torch.optim.Optimizer, step_alignment: str = "dsrecipes") -> None:
+        """Install the value of optimizer step 0 (torch's LRScheduler init performs the first step)."""
+        if step_alignment not in STEP_ALIGNMENTS:
+            raise ValueError(f"step_alignment={step_alignment!r} is not valid; choose one of: {', '.join(STEP_ALIGNMENTS)}")
+        self.step_alignment = str(step_alignment)
         if not hasattr(self, "hparams"):
             self.hparams: dict[str, Any] = {}
         if not hasattr(self, "_momentum_key"):
@@ -257,20 +267,44 @@ class ClosedFormLR(LRScheduler):
         super().__init__(optimizer)
 
     def lrs_at(self, t: int) -> list[float]:
-        """The lr of every param group at step t."""
+        """The formula: the lr of every param group at schedule index t (DeepSpeed's last_batch_iteration)."""
         raise NotImplementedError
 
     def momenta_at(self, t: int) -> list[float] | None:
         """The momentum (beta1 / SGD momentum) of every param group at step t, or None to leave it alone."""
         return None
 
+    def placeholder_lrs(self) -> list[float]:
+        """What DeepSpeed's object puts into the optimizer at construction (step_alignment=deepspeed's step 0)."""
+        return self.lrs_at(0)
+
+    def placeholder_momenta(self) -> list[float] | None:
+        """The momentum DeepSpeed's object installs at construction (None: it leaves momentum alone)."""
+        return self.momenta_at(0)
+
+    def _deepspeed_placeholder(self, k: int) -> bool:
+        return self.step_alignment == "deepspeed" and k <= 0
+
+    def lrs_for_step(self, k: int) -> list[float]:
+        """The lrs optimizer step k (0-based) uses: f(k), or under step_alignment=deepspeed f(k - 1)
+        (the placeholder for k = 0)."""
+        if self._deepspeed_placeholder(k):
+            return self.placeholder_lrs()
+        return self.lrs_at(k - 1 if self.step_alignment == "deepspeed" else k)
+
+    def momenta_for_step(self, k: int) -> list[float] | None:
+        """The momenta optimizer step k uses, aligned as lrs_for_step (None if momentum is not scheduled)."""
+        if self._deepspeed_placeholder(k):
+            return self.placeholder_momenta()
+        return self.momenta_at(k - 1 if self.step_alignment == "deepspeed" else k)
+
     def get_lr(self) -> list[float]:
-        """torch hook: the lrs for the current `last_epoch`."""
-        return self.lrs_at(self.last_epoch)
+        """torch hook: the lrs for the current `last_epoch` (the number of step() calls so far)."""
+        return self.lrs_for_step(self.last_epoch)
 
     def _get_closed_form_lr(self) -> list[float]:
         """torch hook used by the deprecated step(epoch): the same closed form."""
-        return self.lrs_at(self.last_epoch)
+        return self.lrs_for_step(self.last_epoch)
 
     def step(self, epoch: int | None = None) -> None:
         """Advance one optimizer step: set the lr (torch) and, where scheduled, the momentum."""
@@ -278,8 +312,8 @@ class ClosedFormLR(LRScheduler):
         self._apply_momentum()
 
     def _apply_momentum(self) -> None:
-        """Write momenta_at(last_epoch) into the optimizer's groups (beta1 keeps beta2)."""
-        momenta = self.momenta_at(self.last_epoch)
+        """Write momenta_for_step(last_epoch) into the optimizer's groups (beta1 keeps beta2)."""
+        momenta = self.momenta_for_step(self.last_epoch)
         if momenta is None or self._momentum_key is None:
             return
         for group, mom in zip(self.optimizer.param_groups, momenta):
@@ -304,7 +338,7 @@ class ClosedFormLR(LRScheduler):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore the progress and write the loaded step's lr and momentum into the optimizer."""
         self.__dict__.update({k: v for k, v in state_dict.items() if k not in self._NOT_SAVED})
-        for group, lr in zip(self.optimizer.param_groups, self.lrs_at(self.last_epoch)):
+        for group, lr in zip(self.optimizer.param_groups, self.lrs_for_step(self.last_epoch)):
             _set_group_value(group, "lr", lr)
         self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
         self._apply_momentum()
@@ -325,20 +359,25 @@ class ConstantSchedule(ClosedFormLR):
 class WarmupLR(ClosedFormLR):
     """DeepSpeed WarmupLR: warmup_min_lr -> warmup_max_lr over warmup_num_steps (log or linear), then constant.
 
-    warmup_max_lr=None means each param group's own initial lr (DeepSpeed takes the first group's
-    lr for all groups; per group is the natural reading for groups with different lrs).
+    warmup_max_lr=None means each param group's own initial lr, as in DeepSpeed 0.19.8 (whose
+    WarmupLR reads `[group['lr'] for group in optimizer.param_groups]`). DeepSpeed's placeholder
+    before the first step is warmup_min_lr.
     """
 
     def __init__(
         self, optimizer: torch.optim.Optimizer, warmup_min_lr: float = 0.0, warmup_max_lr: float | None = None,
-        warmup_num_steps: int = 1000, warmup_type: str = "log",
+        warmup_num_steps: int = 1000, warmup_type: str = "log", step_alignment: str = "dsrecipes",
     ) -> None:
         """Settings as DeepSpeed's WarmupLR params; see warmup_lr()."""
         self.hparams = dict(
             warmup_min_lr=warmup_min_lr, warmup_max_lr=warmup_max_lr, warmup_num_steps=warmup_num_steps,
             warmup_type=warmup_type,
         )
-        super().__init__(optimizer)
+        super().__init__(optimizer, step_alignment)
+
+    def placeholder_lrs(self) -> list[float]:
+        """warmup_min_lr in every group (DeepSpeed's get_lr() while last_batch_iteration < 0)."""
+        return [self.hparams["warmup_min_lr"]] * len(self.optimizer.param_groups)
 
     def _max_lrs(self) -> list[float]:
         """warmup_max_lr per group (the group's initial lr when it is None)."""
@@ -361,13 +400,16 @@ class WarmupDecayLR(WarmupLR):
     def __init__(
         self, optimizer: torch.optim.Optimizer, total_num_steps: int, warmup_min_lr: float = 0.0,
         warmup_max_lr: float | None = None, warmup_num_steps: int = 1000, warmup_type: str = "log",
+        step_alignment: str = "dsrecipes",
     ) -> None:
-        """Settings as DeepSpeed's WarmupDecayLR params; see warmup_decay_lr()."""
+        """Settings as DeepSpeed's WarmupDecayLR params (but warmup_max_lr=None is each group's lr,
+        as in WarmupLR, where DeepSpeed's WarmupDecayLR signature defaults it to 0.001); see warmup_decay_lr()."""
         self.hparams = dict(
             total_num_steps=total_num_steps, warmup_min_lr=warmup_min_lr, warmup_max_lr=warmup_max_lr,
             warmup_num_steps=warmup_num_steps, warmup_type=warmup_type,
         )
-        ClosedFormLR.__init__(self, optimizer)  # skip WarmupLR.__init__: hparams already include total_num_steps
+        # skip WarmupLR.__init__: hparams already include total_num_steps
+        ClosedFormLR.__init__(self, optimizer, step_alignment)
 
     def lrs_at(self, t: int) -> list[float]:
         """warmup_decay_lr(t) per group."""
@@ -385,18 +427,23 @@ class WarmupCosineLR(ClosedFormLR):
     def __init__(
         self, optimizer: torch.optim.Optimizer, total_num_steps: int, warmup_min_ratio: float = 0.0,
         warmup_num_steps: int = 1000, cos_min_ratio: float = 0.0001, warmup_type: str = "log",
+        step_alignment: str = "dsrecipes",
     ) -> None:
         """Settings as DeepSpeed's WarmupCosineLR params; see warmup_cosine_ratio()."""
         self.hparams = dict(
             total_num_steps=total_num_steps, warmup_min_ratio=warmup_min_ratio, warmup_num_steps=warmup_num_steps,
             cos_min_ratio=cos_min_ratio, warmup_type=warmup_type,
         )
-        super().__init__(optimizer)
+        super().__init__(optimizer, step_alignment)
 
     def lrs_at(self, t: int) -> list[float]:
         """Initial lr x ratio per group."""
         ratio = warmup_cosine_ratio(t, **self.hparams)
         return [base * ratio for base in self._base()]
+
+    def placeholder_lrs(self) -> list[float]:
+        """0 in every group (DeepSpeed's get_lr() while last_batch_iteration < 0; not warmup_min_ratio)."""
+        return [0.0] * len(self.optimizer.param_groups)
 
 
 class OneCycle(ClosedFormLR):
@@ -404,10 +451,18 @@ class OneCycle(ClosedFormLR):
 
     The lr is absolute (cycle_min_lr / cycle_max_lr, the optimizer's lr is not used). With
     cycle_momentum the momentum follows one_cycle_momentum(): it is written to betas[0] of
-    optimizers with `betas` (Adam family, Lion; betas[1] is kept - DeepSpeed overwrites it with
-    0.99) and to `momentum` of optimizers that have that key instead (SGD, RMSprop - DeepSpeed only
-    cycles `betas` and silently skips these). Optimizers with neither key keep their settings and a
-    warning is logged.
+    optimizers with `betas` (Adam family, Lion) and to `momentum` of optimizers that have that key
+    instead (SGD, RMSprop). Optimizers with neither key keep their settings and a warning is logged.
+    Two deliberate differences from DeepSpeed 0.19.8 (OneCycle._initialize_momentum / step):
+
+    * betas[1] is kept. DeepSpeed writes (momentum, 0.99) into `betas` at construction and at every
+      step, replacing the optimizer's beta2 with a literal 0.99 for the whole run; to reproduce it,
+      configure the optimizer's beta2 as 0.99 (the same trajectory);
+    * SGD / RMSprop `momentum` is cycled. DeepSpeed only looks for `betas` and otherwise disables
+      cycle_momentum with the warning "optimizer SGD does not support momentum" (its own docstring
+      example is SGD with momentum=0.9); to reproduce it, set cycle_momentum=false for them.
+
+    DeepSpeed's placeholder before the first step: lr cycle_min_lr, momentum cycle_min_mom.
     """
 
     def __init__(
@@ -415,7 +470,7 @@ class OneCycle(ClosedFormLR):
         cycle_first_step_size: int = 2000, cycle_second_step_size: int | None = None,
         cycle_first_stair_count: int = 0, cycle_second_stair_count: int | None = None, decay_step_size: int = 0,
         cycle_momentum: bool = True, cycle_min_mom: float = 0.8, cycle_max_mom: float = 0.9,
-        decay_mom_rate: float = 0.0,
+        decay_mom_rate: float = 0.0, step_alignment: str = "dsrecipes",
     ) -> None:
         """Settings as DeepSpeed's OneCycle params; see one_cycle_lr() and one_cycle_momentum()."""
         shape = dict(
@@ -436,11 +491,21 @@ class OneCycle(ClosedFormLR):
                 "lr_scheduler one_cycle: cycle_momentum is ignored, %s has neither `betas` nor `momentum`",
                 type(optimizer).__name__,
             )
-        super().__init__(optimizer)
+        super().__init__(optimizer, step_alignment)
 
     def lrs_at(self, t: int) -> list[float]:
         """one_cycle_lr(t), the same for every group."""
         return [one_cycle_lr(t, **self.hparams["lr"])] * len(self.optimizer.param_groups)
+
+    def placeholder_lrs(self) -> list[float]:
+        """cycle_min_lr (what DeepSpeed's OneCycle writes at construction)."""
+        return [self.hparams["lr"]["cycle_min_lr"]] * len(self.optimizer.param_groups)
+
+    def placeholder_momenta(self) -> list[float] | None:
+        """cycle_min_mom (DeepSpeed writes (cycle_min_mom, 0.99) into betas at construction), or None."""
+        if self.hparams["momentum"] is None or self._momentum_key is None:
+            return None
+        return [self.hparams["momentum"]["cycle_min_mom"]] * len(self.optimizer.param_groups)
 
     def momenta_at(self, t: int) -> list[float] | None:
         """one_cycle_momentum(t) per group, or None when momentum is not cycled."""
@@ -454,18 +519,22 @@ class LRRangeTest(ClosedFormLR):
 
     def __init__(
         self, optimizer: torch.optim.Optimizer, lr_range_test_min_lr: float = 1e-3, lr_range_test_step_size: int = 2000,
-        lr_range_test_step_rate: float = 1.0, lr_range_test_staircase: bool = False,
+        lr_range_test_step_rate: float = 1.0, lr_range_test_staircase: bool = False, step_alignment: str = "dsrecipes",
     ) -> None:
         """Settings as DeepSpeed's LRRangeTest params; see lr_range_test_lr()."""
         self.hparams = dict(
             lr_range_test_min_lr=lr_range_test_min_lr, lr_range_test_step_size=lr_range_test_step_size,
             lr_range_test_step_rate=lr_range_test_step_rate, lr_range_test_staircase=lr_range_test_staircase,
         )
-        super().__init__(optimizer)
+        super().__init__(optimizer, step_alignment)
 
     def lrs_at(self, t: int) -> list[float]:
         """lr_range_test_lr(t), the same for every group."""
         return [lr_range_test_lr(t, **self.hparams)] * len(self.optimizer.param_groups)
+
+    def placeholder_lrs(self) -> list[float]:
+        """lr_range_test_min_lr (what DeepSpeed's LRRangeTest writes at construction)."""
+        return [self.hparams["lr_range_test_min_lr"]] * len(self.optimizer.param_groups)
 
 
 # --------------------------------------------------------------------------------------------
@@ -479,17 +548,32 @@ _RESERVED_ARGUMENTS = {
 }
 
 
-def _constructor_arguments(cfg: LRSchedulerConfig, max_steps: int) -> dict[str, Any]:
-    """The class's arguments besides the optimizer: every key but name / _target_; null total_num_steps = max_steps."""
-    arguments = {k: v for k, v in config_items(cfg).items() if k not in ("name", "_target_")}
+def _target_class(cfg: LRSchedulerConfig, prefix: str) -> Any:
+    """What `_target_` names (imported through dsrecipes.utils.instantiate), without building it."""
+    return instantiate({"_target_": cfg._target_, "_partial_": True}, prefix).func
+
+
+def _is_closed_form(cls: Any) -> bool:
+    return isinstance(cls, type) and issubclass(cls, ClosedFormLR)
+
+
+def _constructor_arguments(cfg: LRSchedulerConfig, max_steps: int, prefix: str = "lr_scheduler") -> dict[str, Any]:
+    """The class's arguments besides the optimizer: every key but name / _target_; null total_num_steps = max_steps.
+
+    step_alignment goes to this module's schedules only: a torch scheduler is stepped by DeepSpeed
+    with torch's own convention, which is dsrecipes', so both alignments build it the same.
+    """
+    arguments = {k: v for k, v in config_items(cfg).items() if k not in ("name", "_target_", "step_alignment")}
     if "total_num_steps" in arguments and arguments["total_num_steps"] is None:
         arguments["total_num_steps"] = max_steps
+    if _is_closed_form(_target_class(cfg, prefix)):
+        arguments["step_alignment"] = str(cfg.step_alignment)
     return arguments
 
 
 def _scheduler_target(cfg: LRSchedulerConfig, max_steps: int, prefix: str) -> functools.partial:
     """partial(_target_, **arguments) through dsrecipes.utils.instantiate; call it with the optimizer."""
-    node = {"_target_": cfg._target_, "_partial_": True, **_constructor_arguments(cfg, max_steps)}
+    node = {"_target_": cfg._target_, "_partial_": True, **_constructor_arguments(cfg, max_steps, prefix)}
     return instantiate(node, prefix)
 
 
@@ -555,9 +639,10 @@ def _in_unit(key: str, value: float, include_one: bool = True) -> None:
 
 
 def _check_warmup(cfg: WarmupKeys, max_steps: int, prefix: str) -> None:
-    """warmup_type and warmup_num_steps (WarmupLR, WarmupDecayLR, WarmupCosineLR)."""
+    """warmup_type, and warmup_num_steps >= 1 as DeepSpeed requires (its ValueError "warmup_num_steps
+    must be a positive integer"; 1 behaves as 2, N = max(2, warmup_num_steps))."""
     _choice(f"{prefix}.warmup_type", cfg.warmup_type, WARMUP_TYPES)
-    _at_least(f"{prefix}.warmup_num_steps", cfg.warmup_num_steps, 0)
+    _at_least(f"{prefix}.warmup_num_steps", cfg.warmup_num_steps, 1)
 
 
 def _check_total(cfg: WarmupDecayLRConfig | WarmupCosineConfig, max_steps: int, prefix: str) -> None:
@@ -573,15 +658,18 @@ def _check_warmup_bounds(cfg: WarmupLRConfig, max_steps: int, prefix: str) -> No
         _at_least(f"{prefix}.warmup_max_lr", cfg.warmup_max_lr, 0, strict=True)
 
 
-def _check_decay_after_warmup(cfg: WarmupDecayLRConfig, max_steps: int, prefix: str) -> None:
-    """WarmupDecayLR decays over the steps after the warmup, so total_num_steps must exceed warmup_num_steps."""
+def _check_total_after_warmup(cfg: WarmupDecayLRConfig, max_steps: int, prefix: str) -> None:
+    """Warn, as DeepSpeed does, when total_num_steps < max(2, warmup_num_steps): WarmupDecayLR is then
+    at warmup_min_lr from the end of the warmup on, with no decay window. (DeepSpeed logs the same for
+    WarmupCosineLR; here that one stays silent, as before: the library path's default schedule, 1000
+    warmup steps over trainer.max_steps=600, would warn on every dsrecipes.initialize.)"""
     total = cfg.total_num_steps if cfg.total_num_steps is not None else max_steps
-    if total <= cfg.warmup_num_steps:
+    if total < max(2, cfg.warmup_num_steps):
         source = "" if cfg.total_num_steps is not None else f" (null = max_steps={max_steps})"
-        raise ValueError(
-            f"{prefix}.total_num_steps={cfg.total_num_steps!r}{source} must be > "
-            f"{prefix}.warmup_num_steps={cfg.warmup_num_steps}: warmup_decay_lr decays over the steps after "
-            "the warmup"
+        warnings.warn(
+            f"{prefix}.total_num_steps={cfg.total_num_steps!r}{source} is less than {prefix}.warmup_num_steps="
+            f"{cfg.warmup_num_steps}: {cfg.name} drops to its floor right after the warmup (no decay window)",
+            stacklevel=4,
         )
 
 
@@ -603,21 +691,26 @@ def _check_one_cycle(cfg: OneCycleConfig, max_steps: int, prefix: str) -> None:
             _fail(k(name), value, "must be set for one_cycle (the cycle's lr bounds: cycle_min_lr, cycle_max_lr)")
         _at_least(k(name), value, 0)
     _at_least(k("cycle_first_step_size"), cfg.cycle_first_step_size, 0, strict=True)
+    # 0 is accepted, as DeepSpeed does: the lr climbs for cycle_first_step_size - 1 steps, then drops back to
+    # cycle_min_lr at once (never reaching cycle_max_lr)
     if cfg.cycle_second_step_size is not None:
-        _at_least(k("cycle_second_step_size"), cfg.cycle_second_step_size, 0, strict=True)
+        _at_least(k("cycle_second_step_size"), cfg.cycle_second_step_size, 0)
     _at_least(k("cycle_first_stair_count"), cfg.cycle_first_stair_count, 0)
     if cfg.cycle_second_stair_count is not None:
         _at_least(k("cycle_second_stair_count"), cfg.cycle_second_stair_count, 0)
     _at_least(k("decay_step_size"), cfg.decay_step_size, 0)
     _at_least(k("decay_lr_rate"), cfg.decay_lr_rate, 0)
-    if cfg.decay_lr_rate > 0 and cfg.decay_step_size == 0:
-        _fail(k("decay_lr_rate"), cfg.decay_lr_rate, f"has no effect with {k('decay_step_size')}=0; set decay_step_size > 0")
+    if cfg.decay_lr_rate > 0 and cfg.decay_step_size == 0:  # DeepSpeed accepts it and skips the decay
+        warnings.warn(f"{k('decay_lr_rate')}={cfg.decay_lr_rate} is ignored with {k('decay_step_size')}=0 (no "
+                      "post-cycle decay, as in DeepSpeed); set decay_step_size > 0 to decay", stacklevel=4)
     if not cfg.cycle_momentum:
         return
     _in_unit(k("cycle_min_mom"), cfg.cycle_min_mom, include_one=False)
     _in_unit(k("cycle_max_mom"), cfg.cycle_max_mom, include_one=False)
     if cfg.decay_mom_rate != 0 and cfg.decay_step_size == 0:
-        _fail(k("decay_mom_rate"), cfg.decay_mom_rate, f"has no effect with {k('decay_step_size')}=0; set decay_step_size > 0")
+        warnings.warn(f"{k('decay_mom_rate')}={cfg.decay_mom_rate} is ignored with {k('decay_step_size')}=0 (no "
+                      "post-cycle decay, as in DeepSpeed); set decay_step_size > 0 to decay", stacklevel=4)
+        return
     last = one_cycle_momentum(
         max(0, max_steps - 1), cycle_min_mom=cfg.cycle_min_mom, cycle_max_mom=cfg.cycle_max_mom,
         decay_mom_rate=cfg.decay_mom_rate, cycle_first_step_size=cfg.cycle_first_step_size,
@@ -641,7 +734,7 @@ def _check_range_test(cfg: LRRangeTestConfig, max_steps: int, prefix: str) -> No
 # The value checks of each option with DeepSpeed's keys (torch_step and custom: the signature check only).
 _VALUE_CHECKS: dict[type, tuple[Callable[[Any, int, str], None], ...]] = {
     WarmupLRConfig: (_check_warmup, _check_warmup_bounds),
-    WarmupDecayLRConfig: (_check_warmup, _check_total, _check_warmup_bounds, _check_decay_after_warmup),
+    WarmupDecayLRConfig: (_check_warmup, _check_total, _check_warmup_bounds, _check_total_after_warmup),
     WarmupCosineConfig: (_check_warmup, _check_total, _check_cosine_ratios),
     OneCycleConfig: (_check_one_cycle,),
     LRRangeTestConfig: (_check_range_test,),
@@ -657,6 +750,7 @@ def validate_lr_scheduler_config(cfg: LRSchedulerConfig, max_steps: int, prefix:
     bounds and decay settings. A null total_num_steps stands for max_steps.
     """
     check_option(cfg, "lr_scheduler", prefix)
+    _choice(f"{prefix}.step_alignment", cfg.step_alignment, STEP_ALIGNMENTS)
     _check_reserved(cfg, prefix)
     _check_target(cfg, _scheduler_target(cfg, max_steps, prefix), prefix)
     for check in _VALUE_CHECKS.get(type(cfg), ()):
@@ -669,8 +763,7 @@ def non_closed_form_target(cfg: LRSchedulerConfig, prefix: str = "lr_scheduler")
     What needs the lr at an arbitrary step (`lrs_at`, e.g. random-LTD's layer-token schedule)
     can only use a ClosedFormLR.
     """
-    cls = instantiate({"_target_": cfg._target_, "_partial_": True}, prefix).func
-    return None if isinstance(cls, type) and issubclass(cls, ClosedFormLR) else cfg._target_
+    return None if _is_closed_form(_target_class(cfg, prefix)) else cfg._target_
 
 
 def build_lr_scheduler(cfg: LRSchedulerConfig, optimizer: torch.optim.Optimizer, max_steps: int) -> LRScheduler:

@@ -5,6 +5,17 @@ in dsrecipes.training.config) into a `torch.optim.Optimizer` over the model's tr
 parameters, split into a decayed group (matrices) and an undecayed group (biases, norm weights and
 other 1-D parameters) when `no_decay_bias_and_norm` is set.
 
+The caller's own parameter groups (DeepSpeed's `model_parameters`, `dsrecipes.initialize(...,
+model_parameters=...)`): `named_param_groups(model_parameters, model)` records them by parameter
+name before anything wraps the model, `resolve_param_groups(named, module, cfg)` finds those names
+in the module the optimizer steps (FSDP2's sharded parameters, fp32 masters ...), and
+`build_optimizer(cfg, module, groups)` builds the configured class over them. A group keeps its
+own options (lr, weight_decay, betas ...); the option's values fill the keys it does not set. A
+group that sets no weight_decay gets optimizer.weight_decay and, with no_decay_bias_and_norm, its
+biases / norm weights / 1-D parameters move to a companion group right after it with weight_decay
+0 (so `model_parameters=model.parameters()` builds exactly the default groups); a group that sets
+weight_decay is taken as it is. Frozen parameters are left out, as in the default groups.
+
 Each option names its class in `_target_` and its constructor arguments as flat keys, built with
 `_partial_` through dsrecipes.utils.instantiate (the parameters are the runtime argument):
 
@@ -53,8 +64,10 @@ __all__ = [
     "OPTIMIZER_IMPLS",
     "adam",
     "build_optimizer",
+    "named_param_groups",
     "optimizer_class",
     "param_groups",
+    "resolve_param_groups",
     "supported_impls",
     "validate_optimizer_config",
 ]
@@ -111,6 +124,85 @@ def param_groups(model: nn.Module, weight_decay: float, no_decay_bias_and_norm: 
         groups.append({"params": decay, "weight_decay": weight_decay})
     if no_decay:
         groups.append({"params": no_decay, "weight_decay": 0.0})
+    return groups
+
+
+def _group_list(model_parameters: Any) -> list[dict]:
+    """model_parameters as a list of group dicts: an iterable of tensors is one group without options."""
+    if isinstance(model_parameters, (torch.Tensor, dict)):
+        model_parameters = [model_parameters]
+    items = list(model_parameters)
+    if not items:
+        raise ValueError("model_parameters is empty: pass the parameters (or param-group dicts) to optimize")
+    if all(isinstance(item, dict) for item in items):
+        return items
+    if all(isinstance(item, torch.Tensor) for item in items):
+        return [{"params": items}]
+    kinds = sorted({type(item).__name__ for item in items})
+    raise ValueError(f"model_parameters must be an iterable of parameters or of param-group dicts (each with "
+                     f"'params'), not a mix; got {', '.join(kinds)}")
+
+
+def named_param_groups(model_parameters: Any, model: nn.Module) -> list[dict]:
+    """The caller's parameter groups with each parameter replaced by its name in `model`.
+
+    Taken before anything wraps the model, so the groups survive mechanisms that replace parameter
+    objects (FSDP2's fully_shard, tensor parallelism, kernel injection). Raises ValueError naming
+    the group for an entry without 'params', a tensor that is not a parameter of `model`, or a
+    parameter given twice. Parameters that do not require grad are left out.
+    """
+    names: dict[int, str] = {}
+    for name, param in model.named_parameters():  # a tied parameter once, under its first name
+        names.setdefault(id(param), name)
+    seen: dict[str, int] = {}
+    groups = []
+    for index, group in enumerate(_group_list(model_parameters)):
+        if "params" not in group:
+            raise ValueError(f"model_parameters[{index}] has no 'params' (keys: {', '.join(map(str, group))})")
+        params = group["params"]
+        params = [params] if isinstance(params, torch.Tensor) else list(params)
+        named = []
+        for param in params:
+            name = names.get(id(param)) if isinstance(param, torch.Tensor) else None
+            if name is None:
+                what = f"a tensor of shape {tuple(param.shape)}" if isinstance(param, torch.Tensor) else type(param).__name__
+                raise ValueError(f"model_parameters[{index}] holds {what} that is not a parameter of "
+                                 f"{type(model).__name__} (pass the model's own parameters)")
+            if name in seen:
+                raise ValueError(f"parameter {name!r} is in model_parameters[{seen[name]}] and model_parameters[{index}]; "
+                                 "each parameter may be in one group only")
+            seen[name] = index
+            if param.requires_grad:
+                named.append(name)
+        groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": named})
+    return groups
+
+
+def resolve_param_groups(named_groups: list[dict], module: nn.Module, cfg: OptimizerConfig,
+                         allow_missing: bool = False) -> list[dict]:
+    """Groups of `module`'s parameters (the tree the optimizer steps) from named_param_groups' names.
+
+    A group without weight_decay gets cfg.weight_decay, its 1-D parameters split off with weight
+    decay 0 when cfg.no_decay_bias_and_norm (the companion group follows it, with its other
+    options). allow_missing: names this rank does not hold (another pipeline stage's, another
+    rank's experts) are left out; otherwise a missing name is an error. Empty groups are dropped.
+    """
+    by_name = dict(module.named_parameters())
+    groups = []
+    for group in named_groups:
+        options = {k: v for k, v in group.items() if k != "params"}
+        missing = [name for name in group["params"] if name not in by_name]
+        if missing and not allow_missing:
+            raise RuntimeError(f"parameter {missing[0]!r} of model_parameters is not in the module the optimizer "
+                               f"steps ({type(module).__name__}); a wrapping step renamed it")
+        params = [by_name[name] for name in group["params"] if name in by_name]
+        if "weight_decay" in options:
+            split = [(params, options)]
+        else:
+            off = [p for p in params if cfg.no_decay_bias_and_norm and p.ndim < 2]
+            on = [p for p in params if not (cfg.no_decay_bias_and_norm and p.ndim < 2)]
+            split = [(on, {**options, "weight_decay": cfg.weight_decay}), (off, {**options, "weight_decay": 0.0})]
+        groups.extend({**opts, "params": members} for members, opts in split if members)
     return groups
 
 
@@ -337,16 +429,19 @@ def _impl_kwargs(cfg: OptimizerConfig, cls: Callable[..., Any], target: Callable
     return {"foreach": cfg.impl == "foreach"}
 
 
-def build_optimizer(cfg: OptimizerConfig, model: nn.Module) -> torch.optim.Optimizer:
-    """The configured optimizer over `model`'s trainable parameters.
+def build_optimizer(cfg: OptimizerConfig, model: nn.Module, groups: list[dict] | None = None) -> torch.optim.Optimizer:
+    """The configured optimizer over `model`'s trainable parameters, or over `groups`.
 
     Validates `cfg` first (see validate_optimizer_config). Weight decay is set per parameter group
     (0 for biases / norms / 1-D parameters when no_decay_bias_and_norm); `impl` picks the kernel.
+    groups: parameter groups of `model` to build it over instead (resolve_param_groups' result):
+    each group's own options win over the config's, which become the class's defaults.
     """
     validate_optimizer_config(cfg)
     cls = optimizer_class(cfg)
     target = _target(cfg, _constructor_arguments(cfg, cls), "optimizer")
-    groups = param_groups(model, cfg.weight_decay, cfg.no_decay_bias_and_norm)
+    if groups is None:
+        groups = param_groups(model, cfg.weight_decay, cfg.no_decay_bias_and_norm)
     params = [p for g in groups for p in g["params"]]
     if not params:
         raise ValueError(f"{type(model).__name__} has no trainable parameters to optimize")

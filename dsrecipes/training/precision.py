@@ -13,12 +13,13 @@ import contextlib
 
 import torch
 
-from dsrecipes.training.config import PrecisionConfig
+from dsrecipes.training.config import NonfiniteGrads, PrecisionConfig, PrecisionDtype
 from dsrecipes.training.loss_scaler import build_loss_scaler
+from dsrecipes.utils.config_enum import enum_values
 from dsrecipes.utils.dtypes import DTYPES
 
-PRECISIONS = tuple(DTYPES)
-NONFINITE_POLICIES = ("error", "skip")
+PRECISIONS = enum_values(PrecisionDtype)
+NONFINITE_POLICIES = enum_values(NonfiniteGrads)
 
 
 def validate_precision_config(cfg: PrecisionConfig, prefix: str = "precision") -> None:
@@ -43,7 +44,7 @@ class Precision:
     def __init__(self, cfg: PrecisionConfig, device: torch.device):
         validate_precision_config(cfg)
         self.cfg = cfg
-        self.name = cfg.dtype
+        self.name = str(cfg.dtype)
         self.device = device
         self.compute_dtype = DTYPES[cfg.dtype]
         # autocast also with master weights: it casts fp32 inputs and keeps norms and losses in fp32
