@@ -12,20 +12,84 @@ whole name, else regex search), matched against the model's module names (`block
 
 `from_deepspeed(dict)` maps a DeepSpeed block onto this dataclass; `library_configs(cfg)` turns the
 enabled sections into the library's configs (validating them; errors name `compression.<section>`).
+
+Fixed-choice keys (quantization_type, rounding, range_calibration, the pruning `method`s, ramp) are
+Enums, so a bad value fails at composition naming the key and the choices. They derive from this
+module's own `ChoiceEnum`, which behaves as dsrecipes' ConfigEnum (a member is its string: comparisons,
+dict keys, f-strings, json) but is defined here because this library imports nothing else of dsrecipes.
+The library configs receive plain strings (`_plain`), so their state dicts hold no Enum objects; Python
+users may set plain strings on the sections, which the library configs check.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
+from enum import Enum
 from typing import Any
 
-from dsrecipes.compression.activation_quantization import ActivationQuantConfig
+from dsrecipes.compression.activation_quantization import RANGE_CALIBRATIONS, ActivationQuantConfig
 from dsrecipes.compression.layer_reduction import DistillationConfig, LayerReductionConfig
 from dsrecipes.compression.pruning import SparsePruningConfig
 from dsrecipes.compression.quantization import WeightQuantConfig
 from dsrecipes.compression.structured_pruning import ChannelPruningConfig, HeadPruningConfig, RowPruningConfig
 
-__all__ = ["CompressionConfig", "from_deepspeed", "library_configs", "validate_compression_config"]
+__all__ = ["ChoiceEnum", "CompressionConfig", "PruningMethod", "PruningRamp", "QuantizationType", "RangeCalibration",
+           "Rounding", "from_deepspeed", "library_configs", "validate_compression_config"]
+
+
+class ChoiceEnum(str, Enum):
+    """A config field with a fixed set of string values: OmegaConf rejects any other at composition.
+
+    Same behaviour as dsrecipes.utils.config_enum.ConfigEnum (kept separate: this library imports nothing
+    else of dsrecipes): a member compares, hashes, formats and json-encodes as its value, and each member's
+    name is its value (OmegaConf maps strings to members by name).
+    """
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
+def _choice_enum(name: str, values: Iterable[str]) -> Any:
+    """A ChoiceEnum subclass of this module named `name`, one member per value, named by it."""
+    return ChoiceEnum(name, [(v, v) for v in values], module=__name__, qualname=name)
+
+
+class QuantizationType(ChoiceEnum):
+    """weight / activation quantization: a zero-centred range or a min..max range with a zero point."""
+
+    symmetric = "symmetric"
+    asymmetric = "asymmetric"
+
+
+class Rounding(ChoiceEnum):
+    """weight quantization rounding: round half to even, or floor(t + u), u ~ U[0, 1)."""
+
+    nearest = "nearest"
+    stochastic = "stochastic"
+
+
+RangeCalibration = _choice_enum("RangeCalibration", RANGE_CALIBRATIONS)  # dynamic | static
+
+
+class PruningMethod(ChoiceEnum):
+    """What scores the weights / rows / heads / channels: their L1 norm, or learned importance scores (topk)."""
+
+    l1 = "l1"
+    topk = "topk"
+
+
+class PruningRamp(ChoiceEnum):
+    """sparse pruning: shape of the sparsity ramp when schedule_offset_end > schedule_offset."""
+
+    linear = "linear"
+    cubic = "cubic"
 
 
 @dataclass
@@ -35,8 +99,8 @@ class WeightQuantizationSection:
     target_bits: int = 8  # <= start_bits; bits drop by one every quantization_period steps
     quantization_period: int = 1
     schedule_offset: int = 0
-    quantization_type: str = "symmetric"  # symmetric | asymmetric
-    rounding: str = "nearest"  # nearest | stochastic
+    quantization_type: QuantizationType = QuantizationType.symmetric  # symmetric | asymmetric
+    rounding: Rounding = Rounding.nearest  # nearest | stochastic
     quantize_groups: int = 1  # 1 = per tensor; out_features = per channel; more = per group
     modules: list[str] = field(default_factory=lambda: ["blocks.*"])
     excluded_modules: list[str] = field(default_factory=list)
@@ -47,8 +111,8 @@ class WeightQuantizationSection:
 class ActivationQuantizationSection:
     enabled: bool = False
     bits: int = 8
-    quantization_type: str = "symmetric"
-    range_calibration: str = "dynamic"  # dynamic | static (DeepSpeed's code default: dynamic)
+    quantization_type: QuantizationType = QuantizationType.symmetric  # symmetric | asymmetric
+    range_calibration: RangeCalibration = RangeCalibration.dynamic  # dynamic | static (DeepSpeed's code default: dynamic)
     schedule_offset: int = 1000
     momentum: float = 0.1  # static range EMA
     modules: list[str] = field(default_factory=lambda: ["blocks.*"])
@@ -58,13 +122,13 @@ class ActivationQuantizationSection:
 @dataclass
 class SparsePruningSection:
     enabled: bool = False
-    method: str = "l1"  # l1 | topk
+    method: PruningMethod = PruningMethod.l1  # l1 | topk
     dense_ratio: float = 0.1  # fraction kept, in (0, 1]
     schedule_offset: int = 1000
     schedule_offset_end: int | None = None  # null = schedule_offset (one shot)
     schedule_offset_stride: int = 1
     block_pattern: str = "4x1"  # 1x1 | NxM | N:M
-    ramp: str = "linear"
+    ramp: PruningRamp = PruningRamp.linear  # linear | cubic
     modules: list[str] = field(default_factory=lambda: ["blocks.*"])
     excluded_modules: list[str] = field(default_factory=list)
 
@@ -72,7 +136,7 @@ class SparsePruningSection:
 @dataclass
 class RowPruningSection:
     enabled: bool = False
-    method: str = "l1"
+    method: PruningMethod = PruningMethod.l1  # l1 | topk
     dense_ratio: float = 0.5
     schedule_offset: int = 1000
     modules: list[str] = field(default_factory=lambda: ["*mlp.fc_in"])
@@ -84,7 +148,7 @@ class RowPruningSection:
 @dataclass
 class HeadPruningSection:
     enabled: bool = False
-    method: str = "topk"
+    method: PruningMethod = PruningMethod.topk  # l1 | topk
     dense_ratio: float = 0.5
     schedule_offset: int = 1000
     num_heads: int | None = None  # null = model.n_head
@@ -96,7 +160,7 @@ class HeadPruningSection:
 @dataclass
 class ChannelPruningSection:
     enabled: bool = False
-    method: str = "l1"
+    method: PruningMethod = PruningMethod.l1  # l1 | topk
     dense_ratio: float = 0.5
     schedule_offset: int = 1000
     modules: list[str] = field(default_factory=lambda: ["*"])
@@ -150,6 +214,9 @@ def _section_kwargs(section, lib_cls) -> dict[str, Any]:
 
 
 def _plain(v):
+    """Lists (and ListConfigs) as lists, Enum members as their plain string values."""
+    if isinstance(v, Enum):
+        return v.value
     return list(v) if isinstance(v, (list, tuple)) or type(v).__name__ == "ListConfig" else v
 
 

@@ -16,13 +16,22 @@ Plain dataclasses (OmegaConf-friendly field types) that double as the Hydra sche
 difficulty); any other metric is a metric-based curriculum (the data analyzer scores every sample, the
 `CurriculumSampler` draws within the current difficulty). ``custom_fn`` is an import path ``"pkg.mod:fn"`` or
 a mapping ``{_target_: pkg.mod.fn, **kwargs}`` (kwargs bound with functools.partial).
+
+``schedule_type``, ``difficulty_type`` and ``seqlen_mode`` are Enums (ScheduleType, DifficultyType,
+SeqlenMode, built from the library's SCHEDULE_TYPES / DIFFICULTY_TYPES / SEQLEN_MODES), so a bad value
+fails at composition naming the key and the choices; ``metric`` stays a string (it may be an import
+path). The Enums derive from this module's own `ChoiceEnum`, which behaves as dsrecipes' ConfigEnum
+(a member is its string: comparisons, dict keys, f-strings, json) but is defined here because this
+library imports nothing else of dsrecipes. Python users may pass plain strings; the validator checks them.
 """
 
 from __future__ import annotations
 
 import functools
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 from .analyzer import BUILTIN_METRICS
@@ -31,19 +40,53 @@ from .random_ltd import RandomLTDScheduler, validate_layer_ids
 from .sampler import DIFFICULTY_TYPES
 from .seqlen import SEQLEN_MODES
 
-__all__ = ["CurriculumLearningConfig", "DataEfficiencyConfig", "RandomLTDConfig", "build_curriculum_scheduler",
-           "build_random_ltd_scheduler", "validate_data_efficiency_config"]
+__all__ = ["ChoiceEnum", "CurriculumLearningConfig", "DataEfficiencyConfig", "DifficultyType", "RandomLTDConfig",
+           "ScheduleType", "SeqlenMode", "build_curriculum_scheduler", "build_random_ltd_scheduler",
+           "validate_data_efficiency_config"]
+
+
+class ChoiceEnum(str, Enum):
+    """A config field with a fixed set of string values: OmegaConf rejects any other at composition.
+
+    Same behaviour as dsrecipes.utils.config_enum.ConfigEnum (kept separate: this library imports nothing
+    else of dsrecipes): a member compares, hashes, formats and json-encodes as its value, and each member's
+    name is its value (OmegaConf maps strings to members by name).
+    """
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
+def _choice_enum(name: str, values: Iterable[str]) -> Any:
+    """A ChoiceEnum subclass of this module named `name`, one member per value, named by it."""
+    return ChoiceEnum(name, [(v, v) for v in values], module=__name__, qualname=name)
+
+
+def _plain(value: Any) -> Any:
+    """An Enum member's plain value (what the library objects and their state dicts hold)."""
+    return value.value if isinstance(value, Enum) else value
+
+
+ScheduleType = _choice_enum("ScheduleType", SCHEDULE_TYPES)  # fixed_linear | fixed_root | fixed_discrete | custom
+DifficultyType = _choice_enum("DifficultyType", DIFFICULTY_TYPES)  # value | percentile
+SeqlenMode = _choice_enum("SeqlenMode", SEQLEN_MODES)  # truncate | pack
 
 
 @dataclass
 class CurriculumLearningConfig:
     enabled: bool = False
     metric: str = "seqlen"  # seqlen (cut batches) | vocab_rarity | an import path "pkg.mod:fn(tokens) -> float"
-    seqlen_mode: str = "truncate"  # metric=seqlen: truncate | pack
-    difficulty_type: str = "value"  # metric curriculum: value | percentile
+    seqlen_mode: SeqlenMode = SeqlenMode.truncate  # metric=seqlen: truncate | pack
+    difficulty_type: DifficultyType = DifficultyType.value  # metric curriculum: value | percentile
     min_difficulty: int | None = None
     max_difficulty: int | None = None  # metric=seqlen: null = data.block_size
-    schedule_type: str = "fixed_linear"  # fixed_linear | fixed_root | fixed_discrete | custom
+    schedule_type: ScheduleType = ScheduleType.fixed_linear  # fixed_linear | fixed_root | fixed_discrete | custom
     total_curriculum_step: int | None = None
     difficulty_step: int | None = None
     root_degree: float | None = None
@@ -100,7 +143,7 @@ def build_curriculum_scheduler(cfg: CurriculumLearningConfig, block_size: int | 
         if value is None:
             raise ValueError(f"{prefix}.{key} is missing: required when curriculum learning is enabled")
     sched_cfg = CurriculumConfig(
-        min_difficulty=cfg.min_difficulty, max_difficulty=max_difficulty, schedule_type=cfg.schedule_type,
+        min_difficulty=cfg.min_difficulty, max_difficulty=max_difficulty, schedule_type=_plain(cfg.schedule_type),
         total_curriculum_step=cfg.total_curriculum_step, difficulty_step=cfg.difficulty_step,
         root_degree=cfg.root_degree, difficulty=list(cfg.difficulty) if cfg.difficulty is not None else None,
         max_step=list(cfg.max_step) if cfg.max_step is not None else None,

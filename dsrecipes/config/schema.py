@@ -15,7 +15,7 @@ from dsrecipes.data.config import DataConfig
 from dsrecipes.data_efficiency.config import DataEfficiencyConfig
 from dsrecipes.distributed.activation_checkpoint import ActivationCheckpointConfig
 from dsrecipes.distributed.config import LauncherConfig, ParallelConfig, ZeroConfig
-from dsrecipes.inference.config import GenerateConfig
+from dsrecipes.inference.config import GenerateConfig, RecipeMode
 from dsrecipes.models.config import ModelConfig
 from dsrecipes.models.kernels_config import KernelsConfig, validate_kernels_config
 from dsrecipes.models.moe_config import MoEConfig
@@ -32,13 +32,16 @@ from dsrecipes.training.config import (
 )
 
 # Config groups, in the order the README documents them.
-CONFIG_GROUPS = ("model", "data", "optimizer", "lr_scheduler", "precision", "trainer", "checkpoint", "logger", "zero", "parallel", "launcher", "kernels", "activation_checkpointing", "moe", "data_efficiency", "compression", "sparse_attention", "generate")
+CONFIG_GROUPS = (
+    "model", "data", "optimizer", "lr_scheduler", "precision", "trainer", "checkpoint", "logger", "zero", "parallel",
+    "launcher", "kernels", "activation_checkpointing", "moe", "data_efficiency", "compression", "sparse_attention", "generate",
+)
 
 
 @dataclass
 class RootConfig:
     name: str = "gpt"  # run name: appended to the run directory and used by loggers
-    mode: str = "train"  # train | generate | serve-bench (dsrecipes.inference_cli)
+    mode: RecipeMode = RecipeMode.train  # train | generate | serve-bench (dsrecipes.inference_cli)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     # typed by the groups' base schemas: the chosen option's schema (a subclass) fills them in

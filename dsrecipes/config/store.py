@@ -4,7 +4,7 @@ Stored: RootConfig as `dsrecipes_schema` (first in conf/config.yaml's defaults),
 optimizer and lr_scheduler groups one schema per option, `<group>/<option>_schema`, which the
 option's YAML extends (`defaults: [<option>_schema, _self_]`). So `optimizer=sgd` composes an
 SGDConfig node: a key SGD does not take (`optimizer.betas=...`) fails at composition naming it
-and SGDConfig, and Enum fields (impl, warmup_type) reject other values listing the valid ones.
+and SGDConfig, and Enum fields (every fixed-choice field, e.g. impl, warmup_type) reject other values listing the valid ones.
 """
 
 from __future__ import annotations

@@ -24,12 +24,14 @@ from dsrecipes.models.config import validate_model_config
 from dsrecipes.models.moe_config import validate_moe_config
 from dsrecipes.models.sparse_attention import validate_sparse_attention_config
 from dsrecipes.training.batch import BatchSizes, resolve_batch_sizes
+from dsrecipes.training.config import WandbMode
 from dsrecipes.training.lr_schedules import non_closed_form_target, validate_lr_scheduler_config
 from dsrecipes.training.optimizers import validate_optimizer_config
 from dsrecipes.training.precision import validate_precision_config
+from dsrecipes.utils.config_enum import enum_values
 from dsrecipes.utils.device import resolve_device
 
-WANDB_MODES = ("auto", "offline", "online", "disabled")
+WANDB_MODES = enum_values(WandbMode)
 
 
 def _choice(key: str, value, choices) -> None:
@@ -121,7 +123,8 @@ def validate_tensor_parallel_values(root: RootConfig, tp: int) -> None:
     model = root.model
     for key, value in (("model.n_head", model.n_head), ("model.n_kv_head", model.kv_heads), ("model.d_ff", model.ffn_dim)):
         if value % tp:
-            raise ValueError(f"parallel.tp={tp} does not divide {key}={value}: every rank must hold whole heads / equal MLP shards")
+            raise ValueError(f"parallel.tp={tp} does not divide {key}={value}: "
+                             "every rank must hold whole heads / equal MLP shards")
     if root.parallel.tp_sequence_parallel and root.data.block_size % tp:
         raise ValueError(f"parallel.tp={tp} with parallel.tp_sequence_parallel=true needs data.block_size divisible by "
                          f"{tp} (equal sequence shards); got data.block_size={root.data.block_size}. Change the block "

@@ -2,7 +2,9 @@
 
 ``DataConfig`` is a plain dataclass so that it can serve both as a Python object
 for library users and as an OmegaConf structured-config schema for the Hydra
-recipes (hence only OmegaConf-friendly field types: no ``Literal``/``Union``).
+recipes (hence only OmegaConf-friendly field types: no ``Literal``/``Union``). ``source`` is a
+ConfigEnum (``DataSource``), so a bad value fails at composition; ``tokenizer`` stays a string
+(``"byte"`` or a path).
 ``validate_data_config`` turns the easy mistakes (typos in choices, missing
 files) into one-line errors that name the key, the value and the valid choices,
 before any expensive work starts.
@@ -11,8 +13,19 @@ before any expensive work starts.
 import os
 from dataclasses import dataclass, field
 
+from dsrecipes.utils.config_enum import ConfigEnum, enum_values
+
+
+class DataSource(ConfigEnum):
+    """``data.source``: the standard library's own files, local files, or the Hugging Face Hub."""
+
+    builtin = "builtin"
+    files = "files"
+    hub = "hub"
+
+
 #: Valid values of ``data.source``.
-SOURCES = ("builtin", "files", "hub")
+SOURCES = enum_values(DataSource)
 
 #: File suffixes accepted by ``source=files``, grouped by the datasets builder that reads them.
 TEXT_SUFFIXES = (".txt", ".md", ".py")
@@ -46,7 +59,7 @@ class DataConfig:
         split_seed: seed of the deterministic document-level train/validation split.
     """
 
-    source: str = "builtin"
+    source: DataSource = DataSource.builtin
     paths: list[str] = field(default_factory=list)
     hub_name: str | None = None
     hub_config: str | None = None

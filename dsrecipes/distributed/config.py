@@ -3,15 +3,49 @@
 Each ZeRO stage maps onto PyTorch-native machinery (README, "ZeRO on PyTorch"): stage 0 = DDP,
 stage 1 = ZeroRedundancyOptimizer over DDP, stage 2 = replicated parameters with reduce-scattered
 gradients and a sharded optimizer (zero2.py; FSDP2 fully_shard(reshard_after_forward=False) when
-combined with model/expert parallelism, hybrid sharding or offload), stage 3 = FSDP2 fully_shard. Keys DeepSpeed has and dsrecipes does not are rejected by the schema.
+combined with model/expert parallelism, hybrid sharding or offload), stage 3 = FSDP2 fully_shard.
+Keys DeepSpeed has and dsrecipes does not are rejected by the schema.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-ZERO_STAGES = (0, 1, 2, 3)
-OFFLOAD_DEVICES = ("none", "cpu")
+from dsrecipes.utils.config_enum import ConfigEnum, config_enum, enum_values
+
+ZERO_STAGES = (0, 1, 2, 3)  # zero.stage stays an int, checked by validate_zero_config
+
+
+class OffloadDevice(ConfigEnum):
+    """zero.offload_optimizer / zero.offload_param: keep on the accelerator (none) or offload to the CPU."""
+
+    none = "none"
+    cpu = "cpu"
+
+
+# parallel.pp_schedule ("1f1b" is no identifier: the functional form names each member by its value)
+PPSchedule = config_enum("PPSchedule", ("gpipe", "1f1b", "interleaved_1f1b"), __name__)
+
+
+class PPPartition(ConfigEnum):
+    """parallel.pp_partition: equal block counts per stage, or balanced parameter counts."""
+
+    uniform = "uniform"
+    parameters = "parameters"
+
+
+class LauncherBackend(ConfigEnum):
+    """launcher.backend: auto = nccl on CUDA (gloo for CPU tensors), gloo on CPU."""
+
+    auto = "auto"
+    nccl = "nccl"
+    gloo = "gloo"
+
+
+OFFLOAD_DEVICES = enum_values(OffloadDevice)
+PP_SCHEDULES = enum_values(PPSchedule)
+PP_PARTITIONS = enum_values(PPPartition)
+LAUNCHER_BACKENDS = enum_values(LauncherBackend)
 
 
 @dataclass
@@ -25,8 +59,8 @@ class ZeroConfig:
     """
 
     stage: int = 0
-    offload_optimizer: str = "none"
-    offload_param: str = "none"
+    offload_optimizer: OffloadDevice = OffloadDevice.none
+    offload_param: OffloadDevice = OffloadDevice.none
     hybrid_shard_size: int = 0
 
 
@@ -47,8 +81,8 @@ class ParallelConfig:
     tp_sequence_parallel: bool = True
     pp: int = 1
     sp: int = 1
-    pp_schedule: str = "1f1b"  # gpipe | 1f1b | interleaved_1f1b (two stages per rank)
-    pp_partition: str = "uniform"  # uniform (equal block counts) | parameters (balanced parameter counts)
+    pp_schedule: PPSchedule = PPSchedule["1f1b"]  # gpipe | 1f1b | interleaved_1f1b (two stages per rank)
+    pp_partition: PPPartition = PPPartition.uniform  # uniform (equal block counts) | parameters (balanced parameter counts)
 
 
 @dataclass
@@ -63,7 +97,7 @@ class LauncherConfig:
     nproc_per_node: str = "auto"
     max_restarts: int = 0  # > 0: restart failed workers, which resume from the newest checkpoint
     collective_timeout_s: int = 600
-    backend: str = "auto"  # auto (nccl on CUDA, gloo on CPU) | nccl | gloo
+    backend: LauncherBackend = LauncherBackend.auto  # auto (nccl on CUDA, gloo on CPU) | nccl | gloo
 
 
 def validate_zero_config(cfg: ZeroConfig, prefix: str = "zero") -> None:
@@ -76,7 +110,8 @@ def validate_zero_config(cfg: ZeroConfig, prefix: str = "zero") -> None:
         raise ValueError(f"{prefix}.offload_param=cpu needs {prefix}.stage=3 (got stage {cfg.stage})")
     if cfg.offload_optimizer == "cpu" and cfg.stage < 2:
         raise ValueError(
-            f"{prefix}.offload_optimizer=cpu needs {prefix}.stage 2 or 3 in dsrecipes (FSDP2's CPU offload); got stage {cfg.stage}"
+            f"{prefix}.offload_optimizer=cpu needs {prefix}.stage 2 or 3 in dsrecipes (FSDP2's CPU offload); "
+            f"got stage {cfg.stage}"
         )
     if cfg.hybrid_shard_size < 0:
         raise ValueError(f"{prefix}.hybrid_shard_size={cfg.hybrid_shard_size} must be >= 0")
@@ -96,8 +131,8 @@ def resolve_nproc(cfg: LauncherConfig, zero: ZeroConfig, gpus: int) -> int:
 
 
 def validate_launcher_config(cfg: LauncherConfig, prefix: str = "launcher") -> None:
-    if cfg.backend not in ("auto", "nccl", "gloo"):
-        raise ValueError(f"{prefix}.backend={cfg.backend!r} is not valid; choose one of: auto, nccl, gloo")
+    if cfg.backend not in LAUNCHER_BACKENDS:
+        raise ValueError(f"{prefix}.backend={cfg.backend!r} is not valid; choose one of: {', '.join(LAUNCHER_BACKENDS)}")
     if cfg.max_restarts < 0:
         raise ValueError(f"{prefix}.max_restarts={cfg.max_restarts} must be >= 0")
     if cfg.collective_timeout_s <= 0:

@@ -6,16 +6,50 @@
 
 (`checkpoint=` and `prompt=` are accepted as short forms of generate.checkpoint / generate.prompt
 when mode is generate or serve-bench; `checkpoint` alone otherwise names the checkpoint config group.)
+
+The fixed-choice keys (the root `mode`, generate.dtype, generate.quant, generate.bench_impls) are
+ConfigEnums, so a bad value fails at composition naming the key and the valid values.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-INFERENCE_MODES = ("generate", "serve-bench")
-RECIPE_MODES = ("train", *INFERENCE_MODES)
-QUANT_CHOICES = ("none", "int8", "int4")
-DTYPE_CHOICES = ("fp32", "bf16", "fp16", "int8")
+from dsrecipes.utils.config_enum import ConfigEnum, config_enum, enum_values
+from dsrecipes.utils.dtypes import DTYPES
+
+# the root `mode` ("serve-bench" is no identifier: the functional form names each member by its value)
+RecipeMode = config_enum("RecipeMode", ("train", "generate", "serve-bench"), __name__)
+# generate.dtype: the configs' dtype names (dsrecipes.utils.dtypes), or int8 (fp16/bf16 activations + int8 weights)
+GenerateDtype = config_enum("GenerateDtype", (*DTYPES, "int8"), __name__)
+
+
+class QuantMode(ConfigEnum):
+    """generate.quant: weight-only quantization of the Linear layers."""
+
+    none = "none"
+    int8 = "int8"
+    int4 = "int4"
+
+
+class BenchImpl(ConfigEnum):
+    """generate.bench_impls: the implementations serve-bench measures (dsrecipes.benchmarks.inference)."""
+
+    plain = "plain"
+    engine = "engine"
+    kernels = "kernels"
+    int8 = "int8"
+    int4 = "int4"
+    graph = "graph"
+    int8_graph = "int8_graph"
+    hf = "hf"
+
+
+RECIPE_MODES = enum_values(RecipeMode)
+INFERENCE_MODES = tuple(m for m in RECIPE_MODES if m != "train")
+QUANT_CHOICES = enum_values(QuantMode)
+DTYPE_CHOICES = enum_values(GenerateDtype)
+BENCH_IMPLS = enum_values(BenchImpl)
 
 
 @dataclass
@@ -33,9 +67,9 @@ class GenerateConfig:
     seed: int = 0
     stream: bool = True  # print a single prompt's tokens as they are generated
     output_file: str | None = None  # also write {"prompt", "completion", "finish_reason"} JSON lines
-    dtype: str = "fp32"  # fp32 | bf16 | fp16 | int8 (fp16/bf16 activations + int8 weights)
+    dtype: GenerateDtype = GenerateDtype.fp32  # fp32 | bf16 | fp16 | int8 (fp16/bf16 activations + int8 weights)
     kernel_inject: bool = False  # fused kernels (needs CUDA; on CPU they fall back to torch references)
-    quant: str = "none"  # none | int8 | int4 weight-only
+    quant: QuantMode = QuantMode.none  # none | int8 | int4 weight-only
     quant_group_size: int = 0  # 0 = per output channel (int8); int4 defaults to 64 when 0
     tp_size: int = 1  # tensor-parallel degree: run under torchrun --nproc-per-node tp_size
     cuda_graph: bool = False  # replay the decode step as a CUDA graph (CUDA, tp_size 1, dense models)
@@ -44,7 +78,7 @@ class GenerateConfig:
     bench_prompt_len: int = 32
     bench_new_tokens: int = 32
     bench_repeats: int = 3
-    bench_impls: list[str] = field(default_factory=lambda: ["plain", "engine", "kernels", "int8", "int4", "graph", "int8_graph", "hf"])
+    bench_impls: list[BenchImpl] = field(default_factory=lambda: list(BenchImpl))
 
 
 def validate_generate_config(cfg: GenerateConfig, mode: str, prefix: str = "generate") -> None:

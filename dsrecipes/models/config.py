@@ -1,8 +1,9 @@
 """ModelConfig: the shape of a decoder-only GPT, shared by the Hydra `model` group and Python users.
 
 Plain dataclass (no Hydra) so it doubles as the structured-config schema of conf/model/*.yaml and as
-the constructor argument of `dsrecipes.models.GPT`. Choice-valued fields are plain strings checked by
-`validate_model_config`, because OmegaConf has no Literal type.
+the constructor argument of `dsrecipes.models.GPT`. `style` is a ConfigEnum (ModelStyle), so a bad
+value fails at composition; Python users may pass the plain string (`ModelConfig(style="llama")`),
+which `validate_model_config` checks.
 """
 
 from __future__ import annotations
@@ -10,7 +11,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-MODEL_STYLES = ("gpt2", "llama")
+from dsrecipes.utils.config_enum import ConfigEnum, enum_values
+
+
+class ModelStyle(ConfigEnum):
+    """gpt2: LayerNorm, GELU MLP, learned positions; llama: RMSNorm, SwiGLU MLP, rotary positions, GQA."""
+
+    gpt2 = "gpt2"
+    llama = "llama"
+
+
+MODEL_STYLES = enum_values(ModelStyle)
 
 
 def padded_vocab_size(tokenizer_vocab: int, multiple: int = 64) -> int:
@@ -27,7 +38,7 @@ class ModelConfig:
     """
 
     name: str = "custom"
-    style: str = "gpt2"
+    style: ModelStyle = ModelStyle.gpt2
     n_layer: int = 4
     n_head: int = 4
     n_kv_head: int | None = None  # None = n_head (multi-head); fewer = grouped-query attention

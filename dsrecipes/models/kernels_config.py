@@ -14,12 +14,24 @@ from dataclasses import dataclass
 
 import torch
 
-KERNEL_BACKENDS = ("auto", "torch", "triton")
+from dsrecipes.utils.config_enum import ConfigEnum, enum_values
+
+
+class KernelBackend(ConfigEnum):
+    """kernels.backend (a bad value fails at composition; plain strings are checked by validate_kernels_config)."""
+
+    auto = "auto"
+    torch = "torch"
+    triton = "triton"
+
+
+KERNEL_BACKENDS = enum_values(KernelBackend)
 
 
 @dataclass
 class KernelsConfig:
-    backend: str = "torch"  # torch (the default until the injected path is measured on a GPU) | triton | auto
+    # torch (the default until the injected path is measured on a GPU) | triton | auto
+    backend: KernelBackend = KernelBackend.torch
 
 
 def validate_kernels_config(cfg: KernelsConfig) -> None:
@@ -32,7 +44,7 @@ def resolve_kernels_backend(backend: str, device: torch.device | str | None = No
     """"torch" or "triton". auto = triton when the model's device (else: any CUDA device) is CUDA and triton imports."""
     validate_kernels_config(KernelsConfig(backend=backend))
     if backend != "auto":
-        return backend
+        return str(backend)
     on_cuda = torch.device(device).type == "cuda" if device is not None else torch.cuda.is_available()
     if not on_cuda:
         return "torch"

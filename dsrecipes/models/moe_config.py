@@ -13,10 +13,35 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dsrecipes.models.config import ModelConfig
+from dsrecipes.utils.config_enum import ConfigEnum, enum_values
 
-NOISY_GATE_POLICIES = ("none", "jitter", "rsample")
-DROP_POLICIES = ("probs", "position")
-DISPATCH_BACKENDS = ("torch", "triton", "einsum")
+
+class NoisyGatePolicy(ConfigEnum):
+    """DeepSpeed's noisy_gate_policy (its None / Jitter / RSample): noise on the gate input, or Gumbel top-1."""
+
+    none = "none"
+    jitter = "jitter"
+    rsample = "rsample"
+
+
+class DropPolicy(ConfigEnum):
+    """top-k (k > 2) over capacity: keep the highest-gate tokens or the first ones."""
+
+    probs = "probs"
+    position = "position"
+
+
+class MoEDispatch(ConfigEnum):
+    """How tokens reach their experts: index permute, fused Triton gather kernels, or the dense einsum reference."""
+
+    torch = "torch"
+    triton = "triton"
+    einsum = "einsum"
+
+
+NOISY_GATE_POLICIES = enum_values(NoisyGatePolicy)
+DROP_POLICIES = enum_values(DropPolicy)
+DISPATCH_BACKENDS = enum_values(MoEDispatch)
 
 
 @dataclass
@@ -28,9 +53,10 @@ class MoEConfig:
     min_capacity: int = 4  # capacity never below this (DeepSpeed's MoE passes 4)
     drop_tokens: bool = True  # false: capacity = the busiest expert's load, nothing is dropped
     use_rts: bool = True  # top-1: random token selection decides who is dropped (else: first come)
-    drop_policy: str = "probs"  # top-k (k>2): keep the highest-gate tokens ("probs") or the first ("position")
+    drop_policy: DropPolicy = DropPolicy.probs  # top-k (k>2): keep the highest-gate tokens ("probs") or the first ("position")
     top2_2nd_expert_sampling: bool = True  # top-2: pick the second expert with Gumbel noise while training
-    noisy_gate_policy: str = "none"  # none | jitter (noise on the gate input) | rsample (Gumbel, top-1 only)
+    # none | jitter (noise on the gate input) | rsample (Gumbel, top-1 only)
+    noisy_gate_policy: NoisyGatePolicy = NoisyGatePolicy.none
     use_residual: bool = False  # PR-MoE: dense MLP + experts mixed by a learned coefficient
     expert_interval: int = 1  # MoE in every k-th block (blocks k-1, 2k-1, ...); 1 = every block
     layers: list[int] = field(default_factory=list)  # explicit block indices; overrides expert_interval
@@ -38,7 +64,7 @@ class MoEConfig:
     aux_loss_coef: float = 0.01  # load-balancing loss coefficient (added to the LM loss by the trainer)
     z_loss_coef: float = 0.0  # router z-loss coefficient (ST-MoE); 0 = off
     ep_size: int = 1  # expert-parallel degree: experts sharded over this many ranks
-    dispatch: str = "torch"  # torch (index permute) | triton (fused gather kernels) | einsum (dense reference)
+    dispatch: MoEDispatch = MoEDispatch.torch  # torch (index permute) | triton (fused gather kernels) | einsum (dense reference)
 
     @property
     def enabled(self) -> bool:

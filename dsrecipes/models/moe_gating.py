@@ -31,12 +31,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
-MaxReduce = Optional[Callable[[torch.Tensor], torch.Tensor]]
+MaxReduce = Callable[[torch.Tensor], torch.Tensor] | None
 
 
 @dataclass
@@ -145,7 +144,8 @@ def top1_gating(
     expert = chooser.argmax(dim=1)
     balance, z_loss = _balance_terms(logits, gates, expert)
     counts = torch.bincount(expert, minlength=num_experts)
-    capacity = _resolve_capacity(counts, capacity_for(num_tokens, num_experts, capacity_factor, min_capacity), drop_tokens, max_reduce)
+    capacity = _resolve_capacity(counts, capacity_for(num_tokens, num_experts, capacity_factor, min_capacity),
+                                 drop_tokens, max_reduce)
     if use_rts and drop_tokens:
         order = torch.argsort(torch.rand(num_tokens, device=logits.device), descending=True)
         kept = rank_within_expert(expert, order, num_experts) < capacity
@@ -182,7 +182,8 @@ def top2_gating(
     balance, z_loss = _balance_terms(logits, gates, first)
     expert = torch.stack([first, second], dim=1)  # [S, 2]
     counts = torch.bincount(expert.reshape(-1), minlength=num_experts)
-    capacity = _resolve_capacity(counts, capacity_for(num_tokens, num_experts, capacity_factor * 2, min_capacity), drop_tokens, max_reduce)
+    capacity = _resolve_capacity(counts, capacity_for(num_tokens, num_experts, capacity_factor * 2, min_capacity),
+                                 drop_tokens, max_reduce)
     # First choices queue before second choices; within each, token order.
     order = torch.arange(2 * num_tokens, device=logits.device).view(num_tokens, 2).t().reshape(-1)
     slot = rank_within_expert(expert.reshape(-1), order, num_experts).view(num_tokens, 2)
@@ -218,7 +219,8 @@ def topk_gating(
     ce = torch.bincount(expert.reshape(-1), minlength=num_experts).float() / num_tokens
     z_loss = torch.logsumexp(logits, dim=-1).pow(2).mean()
     counts = torch.bincount(expert.reshape(-1), minlength=num_experts)
-    capacity = _resolve_capacity(counts, capacity_for(num_tokens, num_experts, capacity_factor * k, min_capacity), drop_tokens, max_reduce)
+    capacity = _resolve_capacity(counts, capacity_for(num_tokens, num_experts, capacity_factor * k, min_capacity),
+                                 drop_tokens, max_reduce)
     flat = expert.reshape(-1)
     if drop_policy == "probs":
         order = torch.argsort(top_gate.reshape(-1).detach(), descending=True, stable=True)

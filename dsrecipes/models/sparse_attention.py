@@ -32,9 +32,25 @@ import torch.nn.functional as F
 from torch import nn
 
 from dsrecipes.models.sparsity_config import ATTENTION_TYPES, LAYOUT_CLASSES, SparsityConfig
+from dsrecipes.utils.config_enum import ConfigEnum, config_enum, enum_values, plain
 
-SPARSE_MODES = ("none",) + tuple(LAYOUT_CLASSES)
-SPARSE_IMPLS = ("auto", "triton", "gathered", "reference")
+# sparse_attention.mode: none or a layout of dsrecipes.models.sparsity_config (its LAYOUT_CLASSES are the list)
+SparseMode = config_enum("SparseMode", ("none", *LAYOUT_CLASSES), __name__)
+# sparse_attention.attention: the layouts' attention types (sparsity_config.ATTENTION_TYPES)
+SparseAttentionType = config_enum("SparseAttentionType", ATTENTION_TYPES, __name__)
+
+
+class SparseImpl(ConfigEnum):
+    """auto: the Triton kernel on CUDA, gathered elsewhere; triton; gathered (pure torch); reference (dense, masked)."""
+
+    auto = "auto"
+    triton = "triton"
+    gathered = "gathered"
+    reference = "reference"
+
+
+SPARSE_MODES = enum_values(SparseMode)
+SPARSE_IMPLS = enum_values(SparseImpl)
 _COMMON_KEYS = ("mode", "block", "impl", "different_layout_per_head", "attention")
 
 
@@ -47,11 +63,12 @@ class SparseAttentionConfig:
     blocks reproducible, `impl` picks the implementation.
     """
 
-    mode: str = "none"  # none | dense | fixed | variable | bigbird | bslongformer | sliding_window
+    mode: SparseMode = SparseMode.none  # none | dense | fixed | variable | bigbird | bslongformer | sliding_window
     block: int = 16  # tokens per layout block side; data.block_size must be a multiple
-    impl: str = "auto"  # auto | triton | gathered | reference
+    impl: SparseImpl = SparseImpl.auto  # auto | triton | gathered | reference
     different_layout_per_head: bool = False
-    attention: str = "unidirectional"  # unidirectional (causal) | bidirectional (layouts only; the model is causal)
+    # unidirectional (causal) | bidirectional (layouts only; the model is causal)
+    attention: SparseAttentionType = SparseAttentionType.unidirectional
     num_local_blocks: int = 4  # fixed
     num_global_blocks: int = 1  # fixed, bigbird
     horizontal_global_attention: bool = False  # fixed, variable (bidirectional only)
@@ -70,7 +87,7 @@ def build_sparsity_config(cfg: SparseAttentionConfig, num_heads: int, prefix: st
         raise ValueError(f"{prefix}.mode={cfg.mode!r} has no layout; choose one of: {', '.join(LAYOUT_CLASSES)}")
     cls = LAYOUT_CLASSES[cfg.mode]
     names = {f.name for f in fields(cls)} - {"num_heads", "prefix"}
-    kwargs = {name: getattr(cfg, name) for name in names if hasattr(cfg, name)}
+    kwargs = {name: plain(getattr(cfg, name)) for name in names if hasattr(cfg, name)}  # layouts take plain strings
     for key in ("local_window_blocks", "global_block_indices", "global_block_end_indices"):
         if key in kwargs and kwargs[key] is not None:
             kwargs[key] = [int(x) for x in kwargs[key]]
