@@ -23,7 +23,6 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from dsrecipes.config.store import register_configs
-from dsrecipes.training.trainer import Trainer
 
 register_configs()
 
@@ -58,6 +57,8 @@ def run(cfg: DictConfig) -> dict:
             if joined:
                 return worker_main(config, run_dir, overrides, sweep_name)
             return spawn_workers(nproc, cfg.launcher.max_restarts, config, run_dir, overrides, sweep_name)
+        from dsrecipes.training.trainer import Trainer  # only where this process trains (workers import their own)
+
         return Trainer(root, run_dir, batch, overrides=overrides, sweep_name=sweep_name).fit()
     except (ValueError, FileNotFoundError, FloatingPointError) as error:
         exit_on_user_error(error)

@@ -49,7 +49,8 @@ def main(argv: list[str] | None = None) -> list:
     ]
     table = Table(title=f"model states per rank: {model_cfg.name}, {num_params / 1e9:.3f}B parameters, "
                         f"{world_size} rank(s), {cfg.precision.dtype}, {cfg.optimizer.name}")
-    for column in ("zero.stage", "parameters GiB", "gradients GiB", "optimizer GiB", "dsrecipes total GiB", "DeepSpeed formula GiB"):
+    for column in ("zero.stage", "parameters GiB", "gradients GiB", "optimizer GiB", "dsrecipes total GiB",
+                   "DeepSpeed formula GiB"):
         table.add_column(column, justify="right")
     for row in rows:
         mark = " <" if row.stage == cfg.zero.stage else ""

@@ -68,7 +68,7 @@ _LOG2E = 1.4426950408889634
 
 @jit
 def _bs_fwd_kernel(
-    Q, K, V, O, LSE, ROW_PTR, COL_IDX,
+    Q, K, V, Out, LSE, ROW_PTR, COL_IDX,
     sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot,
     H, GROUP, T, NB, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -113,7 +113,7 @@ def _bs_fwd_kernel(
     acc = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse = tl.where(empty, float("inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))  # exp2(s - inf) = 0 in bwd
     tl.store(LSE + pid_bh * T + offs_m, lse)
-    tl.store(O + b * sob + h * soh + offs_m[:, None] * sot + offs_d[None, :], acc.to(O.dtype.element_ty))
+    tl.store(Out + b * sob + h * soh + offs_m[:, None] * sot + offs_d[None, :], acc.to(Out.dtype.element_ty))
 
 
 @jit

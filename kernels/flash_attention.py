@@ -45,7 +45,7 @@ _LOG2E = 1.4426950408889634
 
 @jit
 def _attn_fwd_kernel(
-    Q, K, V, O, LSE,
+    Q, K, V, Out, LSE,
     sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot,
     H, GROUP, T, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -95,13 +95,13 @@ def _attn_fwd_kernel(
 
     acc = acc / l_i[:, None]
     tl.store(LSE + pid_bh * T + offs_m, m_i + tl.log2(l_i), mask=row_ok)
-    tl.store(O + b * sob + h * soh + offs_m[:, None] * sot + offs_d[None, :], acc.to(O.dtype.element_ty),
+    tl.store(Out + b * sob + h * soh + offs_m[:, None] * sot + offs_d[None, :], acc.to(Out.dtype.element_ty),
              mask=row_ok[:, None])
 
 
 @jit
 def _attn_bwd_preprocess(
-    O, DO, DELTA,
+    Out, DO, DELTA,
     sob, soh, sot, sdb, sdh, sdt,
     H, T,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -113,7 +113,7 @@ def _attn_bwd_preprocess(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_m < T
-    o = tl.load(O + b * sob + h * soh + offs_m[:, None] * sot + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    o = tl.load(Out + b * sob + h * soh + offs_m[:, None] * sot + offs_d[None, :], mask=row_ok[:, None], other=0.0)
     do = tl.load(DO + b * sdb + h * sdh + offs_m[:, None] * sdt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     tl.store(DELTA + pid_bh * T + offs_m, delta, mask=row_ok)

@@ -45,7 +45,8 @@ def _gather_rows_kernel(src_ptr, index_ptr, scale_ptr, out_ptr, n_src, n_cols, H
 
 
 @jit
-def _gather_sum_kernel(src_ptr, index_ptr, weight_ptr, out_ptr, n_src, n_cols, K: tl.constexpr, HAS_WEIGHT: tl.constexpr, BLOCK: tl.constexpr):
+def _gather_sum_kernel(src_ptr, index_ptr, weight_ptr, out_ptr, n_src, n_cols,
+                       K: tl.constexpr, HAS_WEIGHT: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     in_row = cols < n_cols
@@ -134,7 +135,8 @@ def permute_rows_reference(tokens: torch.Tensor, source: torch.Tensor, slots: to
     return padded.index_select(0, torch.where(valid, source, tokens.shape[0]))
 
 
-def unpermute_rows_reference(y: torch.Tensor, slots: torch.Tensor, weight: torch.Tensor, source: torch.Tensor | None = None) -> torch.Tensor:
+def unpermute_rows_reference(y: torch.Tensor, slots: torch.Tensor, weight: torch.Tensor,
+                             source: torch.Tensor | None = None) -> torch.Tensor:
     valid = (slots >= 0) & (slots < y.shape[0])
     padded = torch.cat([y, y.new_zeros(1, y.shape[1])])
     routed = padded.index_select(0, torch.where(valid, slots, y.shape[0]).reshape(-1)).view(*slots.shape, -1)

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 
 
@@ -34,15 +30,6 @@ def fast_overrides(datasets_cache) -> list[str]:
     ]
 
 
-def run_cli(args: list[str], cwd, timeout: int = 240, env_extra: dict | None = None) -> subprocess.CompletedProcess:
-    """Run `python -m dsrecipes ARGS` in `cwd`; W&B forced offline, no network."""
-    env = dict(os.environ, WANDB_MODE="offline", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", **(env_extra or {}))
-    env.pop("WANDB_API_KEY", None)
-    return subprocess.run(
-        [sys.executable, "-m", "dsrecipes", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
-    )
-
-
 def pytest_collection_modifyitems(config, items):
     """Tests marked `gpu` need CUDA: skipped (with the reason) on machines without it."""
     import torch
@@ -59,7 +46,7 @@ def pytest_collection_modifyitems(config, items):
 def single_gpt(tmp_path_factory, datasets_cache):
     """The single-process reference run of tests/test_distributed.py's recipe (micro-batch 8 x accumulation 2),
     shared by the tensor-, pipeline- and sequence-parallel equivalence tests: (losses, exported state dict)."""
-    from tests.test_distributed import common, run_and_read
+    from tests.helpers.equivalence import common, run_and_read
 
     return run_and_read(tmp_path_factory.mktemp("single_gpt"), "single", common(datasets_cache) + [
         "launcher.nproc_per_node=1", "trainer.train_micro_batch_size_per_gpu=8"])

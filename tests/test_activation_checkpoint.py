@@ -4,6 +4,7 @@ import json
 
 import pytest
 import torch
+from hydra.errors import ConfigCompositionException
 
 from dsrecipes.config import validate_recipe
 from dsrecipes.config.store import compose
@@ -11,6 +12,7 @@ from dsrecipes.distributed.activation_checkpoint import (
     ActivationCheckpointConfig,
     apply_activation_checkpointing,
     saved_activation_bytes,
+    validate_activation_checkpoint_config,
 )
 from dsrecipes.models import GPT, load_flavor
 from dsrecipes.training.trainer import Trainer
@@ -23,6 +25,7 @@ def losses_with(tmp_path, overrides):
     return [r["train/loss"] for r in records if "train/loss" in r]
 
 
+@pytest.mark.slow
 def test_checkpointing_leaves_the_losses_unchanged(tmp_path, fast_overrides):
     base = fast_overrides + ["trainer.max_steps=6", "trainer.log_interval=1", "model=llama_debug",
                              "model.max_seq_len=64", "trainer.sample_tokens=0", "trainer.eval_interval=0"]
@@ -39,7 +42,8 @@ def test_saved_activation_bytes_shrink():
         torch.manual_seed(0)
         model = GPT(load_flavor("gpt_debug", vocab_size=320))
         keys = list(model.state_dict())
-        assert apply_activation_checkpointing(model, ActivationCheckpointConfig(mode=mode)) == {"none": 0, "every_k": 2, "full": 4}[mode]
+        assert apply_activation_checkpointing(model, ActivationCheckpointConfig(mode=mode)) == \
+            {"none": 0, "every_k": 2, "full": 4}[mode]
         assert list(model.state_dict()) == keys
         measured[mode] = saved_activation_bytes(model, ids, labels=ids)
     assert measured["full"] < measured["every_k"] < measured["none"]
@@ -47,5 +51,11 @@ def test_saved_activation_bytes_shrink():
 
 
 def test_bad_mode_is_rejected():
+    with pytest.raises(ConfigCompositionException) as err:  # at composition: mode is an Enum (ACMode)
+        compose(["activation_checkpointing.mode=some"])
+    message = str(err.value.__cause__)
+    assert "Invalid value 'some', expected one of [none, full, every_k]" in message
+    assert "full_key: activation_checkpointing.mode" in message
+    # a Python user's plain string is checked by the validator
     with pytest.raises(ValueError, match="activation_checkpointing.mode='some' is not valid; choose one of: none, full, every_k"):
-        validate_recipe(compose(["activation_checkpointing.mode=some"]), dp_world_size=1)
+        validate_activation_checkpoint_config(ActivationCheckpointConfig(mode="some"))

@@ -9,6 +9,7 @@ import pytest
 from dsrecipes.benchmarks import distributed_throughput
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_distributed_throughput_smoke(tmp_path, datasets_cache):
     rows = distributed_throughput.main([

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from tests.conftest import run_cli
+from tests.helpers.cli import run_cli
 
 
 def only_run_dir(root: Path) -> Path:
@@ -16,6 +16,7 @@ def only_run_dir(root: Path) -> Path:
     return runs[0]
 
 
+@pytest.mark.slow
 def test_default_run_writes_the_run_directory(tmp_path, fast_overrides):
     with_wandb = importlib.util.find_spec("wandb") is not None  # a dependency; absent on some GPU images
     result = run_cli(fast_overrides + (["logger=all"] if with_wandb else []), cwd=tmp_path)
@@ -26,7 +27,8 @@ def test_default_run_writes_the_run_directory(tmp_path, fast_overrides):
     run_dir = only_run_dir(tmp_path)
     assert run_dir.name.endswith("_gpt")
     for expected in (".hydra/config.yaml", ".hydra/overrides.yaml", "logs/rank0.log", "metrics.jsonl", "summary.json",
-                     "checkpoints/latest", "checkpoints/step_20/engine.pt", "checkpoints/step_20/dcp/.metadata", "checkpoints/step_20/config.yaml", "export/model.safetensors"):
+                     "checkpoints/latest", "checkpoints/step_20/engine.pt", "checkpoints/step_20/dcp/.metadata",
+                     "checkpoints/step_20/config.yaml", "export/model.safetensors"):
         assert (run_dir / expected).exists(), expected
     assert "eval step 20" in (run_dir / "logs" / "rank0.log").read_text()
     # nothing written outside the run directory (besides the datasets cache given in the overrides)
@@ -39,7 +41,8 @@ def test_default_run_writes_the_run_directory(tmp_path, fast_overrides):
 
     events = EventAccumulator(str(run_dir / "tb"))
     events.Reload()
-    assert {"train/loss", "train/lr", "train/grad_norm", "perf/tokens_per_s", "val/loss", "val/ppl"} <= set(events.Tags()["scalars"])
+    assert {"train/loss", "train/lr", "train/grad_norm", "perf/tokens_per_s", "val/loss", "val/ppl"} <= \
+        set(events.Tags()["scalars"])
     tb_loss = {e.step: e.value for e in events.Scalars("train/loss")}
     assert tb_loss == pytest.approx(train, rel=1e-6)
 
@@ -48,6 +51,7 @@ def test_default_run_writes_the_run_directory(tmp_path, fast_overrides):
         assert offline_runs, "W&B should write an offline run inside the run directory"
 
 
+@pytest.mark.slow
 def test_multirun_sweep_runs_each_job_and_summarises(tmp_path, fast_overrides):
     args = ["-m", "optimizer.lr=1e-3,3e-3"] + [o for o in fast_overrides if not o.startswith("trainer.max_steps")]
     result = run_cli(args + ["trainer.max_steps=6", "trainer.eval_interval=0", "logger=none"], cwd=tmp_path)
@@ -61,6 +65,7 @@ def test_multirun_sweep_runs_each_job_and_summarises(tmp_path, fast_overrides):
     assert "multirun summary" in result.stdout and "optimizer.lr=0.003" in result.stdout
 
 
+@pytest.mark.slow
 def test_bad_input_fails_before_work_with_clear_messages(tmp_path, fast_overrides):
     missing = tmp_path / "no_such_corpus.txt"
     result = run_cli(fast_overrides + ["data=files", f"data.paths=[{missing}]"], cwd=tmp_path)

@@ -71,6 +71,7 @@ def kd_teacher(tmp_path, fast_overrides):
     torch.set_num_threads(threads)
 
 
+@pytest.mark.slow
 def test_layer_reduction_student_learns_more_with_kd(tmp_path, fast_overrides, kd_teacher):
     """Student: teacher layers [0, 3] (2 of 4) plus embeddings / head, 30 steps x 8 sequences at lr 3e-3,
     with KD (T=2, kd_weight=1, conf/compression/layer_reduction_kd.yaml) vs the same run with kd_weight=0.

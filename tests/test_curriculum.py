@@ -279,6 +279,7 @@ def test_seqlen_hook_state_and_errors():
         make()({"input_ids": torch.zeros(2, 8), "labels": torch.zeros(2, 7)}, 0)
 
 
+@pytest.mark.slow
 def test_importable_without_hydra():
     code = ("import sys, dsrecipes.data_efficiency as de; "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('hydra', 'omegaconf')]; "

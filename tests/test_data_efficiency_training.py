@@ -11,8 +11,8 @@ import pytest
 from dsrecipes.config import validate_recipe
 from dsrecipes.config.store import compose
 from dsrecipes.training.extensions import Callback
-from dsrecipes.training.recipe_extensions import build_extensions
 from dsrecipes.training.lr_schedules import build_lr_scheduler
+from dsrecipes.training.recipe_extensions import build_extensions
 from dsrecipes.training.trainer import Trainer
 
 
@@ -93,6 +93,7 @@ def test_random_ltd_run_layer_tokens_and_layer_token_lr(tmp_path, de_overrides):
     assert recs[12]["train/lr"] < reference.lrs_at(11)[0]  # the warmup is slower than by steps
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:difficulty_step")
 def test_metric_curriculum_with_random_ltd_resumes_exactly(tmp_path, de_overrides):
     overrides = de_overrides + [

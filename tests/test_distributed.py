@@ -12,72 +12,13 @@ error (a wrong loss scaling or a missing gradient shard moves the loss by > 1e-2
 """
 
 import json
-import re
-from pathlib import Path
 
 import pytest
 import torch
 
 from dsrecipes.models import load_exported
-from tests.conftest import run_cli
-
-STEPS = 10
-
-
-def common(cache: str) -> list[str]:
-    return [
-        "model=gpt_debug", "model.max_seq_len=64", "data.max_bytes=300000", f"data.cache_dir={cache}",
-        f"trainer.max_steps={STEPS}", "trainer.log_interval=1", "trainer.eval_interval=0", "trainer.eval_batches=2",
-        "trainer.sample_tokens=0", "trainer.progress_bar=false", "trainer.gradient_accumulation_steps=2",
-        "trainer.gradient_clipping=1.0", "lr_scheduler.warmup_num_steps=3", "logger=jsonl", "model.dropout=0.0",
-    ]
-
-
-def run_and_read(tmp_path: Path, name: str, overrides: list[str]) -> tuple[list[float], dict]:
-    cwd = tmp_path / name
-    cwd.mkdir()
-    result = run_cli(overrides, cwd=cwd, timeout=300)
-    assert result.returncode == 0, result.stderr[-4000:]
-    (run_dir,) = [p for p in (cwd / "outputs").glob("*/*") if p.is_dir()]
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    losses = [r["train/loss"] for r in records if "train/loss" in r]
-    model, _ = load_exported(run_dir / "export")
-    return losses, model.state_dict()
-
-
-def assert_matches_single_process(losses, params, ref_losses, ref_params) -> None:
-    """The run trained, its STEPS losses are within 2e-5 and its exported parameters within 5e-5 of the reference."""
-    assert len(losses) == len(ref_losses) == STEPS
-    assert ref_losses[-1] < ref_losses[0] - 0.3  # it trained
-    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=0, atol=2e-5)
-    assert params.keys() == ref_params.keys()
-    for name in ref_params:
-        torch.testing.assert_close(params[name], ref_params[name], rtol=0, atol=5e-5, msg=name)
-
-
-def assert_resumes_in_one_process(tmp_path, datasets_cache, layout: list[str], reference) -> None:
-    """A run under `layout` saves at step 5; one process resuming it ends with the reference run's
-    losses for steps 6-10 (2e-5) and its exported parameters (5e-5)."""
-    base = common(datasets_cache) + ["checkpoint.interval=5", "trainer.train_micro_batch_size_per_gpu=8"]
-    run_and_read(tmp_path, "layout", base + layout)
-    (checkpoint,) = list((tmp_path / "layout").glob("outputs/*/*/checkpoints/step_5"))
-    resumed, params = run_and_read(tmp_path, "one", base + ["launcher.nproc_per_node=1", f"trainer.resume={checkpoint}"])
-    ref_losses, ref_params = reference
-    torch.testing.assert_close(torch.tensor(resumed), torch.tensor(ref_losses[5:]), rtol=0, atol=2e-5)
-    for name in ref_params:
-        torch.testing.assert_close(params[name], ref_params[name], rtol=0, atol=5e-5, msg=name)
-
-
-def assert_refused(cases: dict) -> None:
-    """Each recipe (overrides -> expected message) fails validation, at its launcher.nproc_per_node world size,
-    with a ValueError containing the message (validate_recipe is what the CLI runs before spawning)."""
-    from dsrecipes.config import validate_recipe
-    from dsrecipes.config.store import compose
-
-    for args, message in cases.items():
-        world = int(next((a.split("=")[1] for a in args if a.startswith("launcher.nproc_per_node=")), 1))
-        with pytest.raises(ValueError, match=re.escape(message)):
-            validate_recipe(compose(list(args)), dp_world_size=world)
+from tests.helpers.cli import run_cli
+from tests.helpers.equivalence import STEPS, assert_matches_single_process, common, run_and_read
 
 
 @pytest.fixture(scope="module")
@@ -85,15 +26,30 @@ def single_process(single_gpt):
     return single_gpt  # the session's single-process reference run (tests/conftest.py)
 
 
+@pytest.fixture(scope="module")
+def zero3_world2(tmp_path_factory, datasets_cache):
+    """One ZeRO-3 run at world size 2 (its losses, exported parameters and run folder), shared by the
+    equivalence test and the offline-export test."""
+    folder = tmp_path_factory.mktemp("zero3_world2")
+    losses, params = run_and_read(folder, "dp2", common(datasets_cache) + [
+        "zero.stage=3", "launcher.nproc_per_node=2", "trainer.train_micro_batch_size_per_gpu=4"])
+    return losses, params, folder / "dp2"
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("zero", ["zero.stage=0", "zero.stage=1", "zero.stage=2", "zero.stage=3",
                                   "zero.stage=3 zero.offload_param=cpu", "zero.stage=3 activation_checkpointing=full"])
-def test_world_size_2_reproduces_single_process(tmp_path, datasets_cache, single_process, zero):
-    losses, params = run_and_read(tmp_path, "dp2", common(datasets_cache) + zero.split() + [
-        "launcher.nproc_per_node=2", "trainer.train_micro_batch_size_per_gpu=4"])
+def test_world_size_2_reproduces_single_process(request, tmp_path, datasets_cache, single_process, zero):
+    if zero == "zero.stage=3":
+        losses, params, _ = request.getfixturevalue("zero3_world2")
+    else:
+        losses, params = run_and_read(tmp_path, "dp2", common(datasets_cache) + zero.split() + [
+            "launcher.nproc_per_node=2", "trainer.train_micro_batch_size_per_gpu=4"])
     assert_matches_single_process(losses, params, *single_process)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_sharded_checkpoint_resumes_at_other_world_sizes(tmp_path, datasets_cache):
     """ZeRO-3 at world 2 saves at step 5; resuming at world 1 and at world 4 continues with the same losses."""
@@ -109,6 +65,7 @@ def test_sharded_checkpoint_resumes_at_other_world_sizes(tmp_path, datasets_cach
         torch.testing.assert_close(torch.tensor(losses), torch.tensor(losses2[5:]), rtol=0, atol=2e-5)
 
 
+@pytest.mark.slow
 def test_launcher_smoke_gpt_zero3_spawns_two_workers(tmp_path, datasets_cache):
     result = run_cli(["+experiment=gpt_zero3", "trainer.max_steps=3", "trainer.eval_batches=1", "trainer.sample_tokens=4",
                       "data.max_bytes=300000", f"data.cache_dir={datasets_cache}", "model.max_seq_len=64"], cwd=tmp_path)
@@ -120,6 +77,7 @@ def test_launcher_smoke_gpt_zero3_spawns_two_workers(tmp_path, datasets_cache):
     assert result.stdout.count("dsrecipes run summary") == 1  # console output from rank 0 only
 
 
+@pytest.mark.slow
 def test_torchrun_joins_instead_of_spawning(tmp_path, datasets_cache):
     import subprocess
     import sys
@@ -134,6 +92,7 @@ def test_torchrun_joins_instead_of_spawning(tmp_path, datasets_cache):
     assert sorted(p.name for p in (runs[0] / "logs").iterdir()) == ["rank0.log", "rank1.log"]
 
 
+@pytest.mark.slow
 def test_a_failing_rank_ends_the_job_with_its_traceback(tmp_path, datasets_cache):
     result = run_cli(["model=gpt_debug", "model.max_seq_len=64", "zero.stage=1", "launcher.nproc_per_node=2",
                       "trainer.max_steps=50", "data.max_bytes=300000", f"data.cache_dir={datasets_cache}",
@@ -143,24 +102,24 @@ def test_a_failing_rank_ends_the_job_with_its_traceback(tmp_path, datasets_cache
     assert "injected failure on rank 1 at step 3" in result.stdout + result.stderr
 
 
-def test_offline_export_of_a_zero3_checkpoint_loads_into_a_plain_model(tmp_path, datasets_cache):
+@pytest.mark.slow
+def test_offline_export_of_a_zero3_checkpoint_loads_into_a_plain_model(tmp_path, zero3_world2):
     """The zero_to_fp32 use case: a world-size-2 ZeRO-3 checkpoint -> one safetensors file, same outputs."""
     from dsrecipes.export import export_checkpoint
 
-    base = common(datasets_cache) + ["zero.stage=3", "trainer.max_steps=3", "launcher.nproc_per_node=2",
-                                     "trainer.train_micro_batch_size_per_gpu=4"]
-    _, live = run_and_read(tmp_path, "w2", base)  # the engine's own export while running
-    (checkpoints,) = list((tmp_path / "w2").glob("outputs/*/*/checkpoints"))
+    _, live, run_folder = zero3_world2  # live: the engine's own export while running
+    (checkpoints,) = list(run_folder.glob("outputs/*/*/checkpoints"))
     export_checkpoint(checkpoints, tmp_path / "offline")
     model, config = load_exported(tmp_path / "offline")
     assert config["model"]["name"] == "gpt_debug"
     for name, tensor in live.items():
         assert torch.equal(model.state_dict()[name], tensor), name
     ids = torch.randint(0, 257, (2, 16))
-    reference = load_exported(next((tmp_path / "w2").glob("outputs/*/*/export")))[0]
+    reference = load_exported(next(run_folder.glob("outputs/*/*/export")))[0]
     torch.testing.assert_close(model(ids).logits, reference(ids).logits, rtol=0, atol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_max_restarts_restarts_failed_workers_which_resume(tmp_path, datasets_cache, single_process):
     """Rank 1 dies at step 7 while rank 0 waits in a gloo collective; with one restart allowed the agent
@@ -183,6 +142,7 @@ def test_max_restarts_restarts_failed_workers_which_resume(tmp_path, datasets_ca
     assert "resumed from" in (run_dir / "logs" / "rank0.log").read_text()
 
 
+@pytest.mark.slow
 def test_bad_layouts_fail_before_any_worker_starts(tmp_path):
     from dsrecipes.config import validate_recipe
     from dsrecipes.config.store import compose
@@ -218,46 +178,55 @@ class UserMLP(torch.nn.Module):
         return self.out(x)
 
 
-def _user_module_under_zero(rank, world_size, stage, results):
-    """A plain nn.Module (not dsrecipes' GPT) trained through dsrecipes.initialize under a ZeRO stage."""
+def _user_module_under_zero(rank, world_size, stages, results):
+    """A plain nn.Module (not dsrecipes' GPT) trained through dsrecipes.initialize under each ZeRO stage
+    in turn (one process group for all of them); rank 0 saves {stage: full state dict}."""
     import dsrecipes
 
-    torch.manual_seed(0)
-    model = UserMLP()
-    cfg = {"zero": {"stage": stage}, "lr_scheduler": {"name": "constant"}, "optimizer": {"lr": 1e-2},
-           "trainer": {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 8 // world_size,
-                       "gradient_accumulation_steps": None, "device": "cpu"}}
-    engine, *_ = dsrecipes.initialize(model=model, config=cfg)
-    g = torch.Generator().manual_seed(1)
-    x, y = torch.randn(80, 8, generator=g), torch.randn(80, 1, generator=g)
-    micro = engine.train_micro_batch_size_per_gpu
-    losses = []
-    for step in range(5):
-        for m in range(engine.gradient_accumulation_steps):
-            start = step * 16 + m * micro * world_size + rank * micro
-            loss = torch.nn.functional.mse_loss(engine(x[start:start + micro]), y[start:start + micro])
-            engine.backward(loss)
-            engine.step()
-            losses.append(loss.detach())
+    states = {}
+    for stage in stages:
+        torch.manual_seed(0)
+        model = UserMLP()
+        cfg = {"zero": {"stage": stage}, "lr_scheduler": {"name": "constant"}, "optimizer": {"lr": 1e-2},
+               "trainer": {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 8 // world_size,
+                           "gradient_accumulation_steps": None, "device": "cpu"}}
+        engine, *_ = dsrecipes.initialize(model=model, config=cfg)
+        g = torch.Generator().manual_seed(1)
+        x, y = torch.randn(80, 8, generator=g), torch.randn(80, 1, generator=g)
+        micro = engine.train_micro_batch_size_per_gpu
+        for step in range(5):
+            for m in range(engine.gradient_accumulation_steps):
+                start = step * 16 + m * micro * world_size + rank * micro
+                loss = torch.nn.functional.mse_loss(engine(x[start:start + micro]), y[start:start + micro])
+                engine.backward(loss)
+                engine.step()
+        states[stage] = engine.module_state_dict()  # a collective under FSDP2: every rank calls it
     if rank == 0:
-        torch.save(engine.module_state_dict(), results)
-    else:
-        engine.module_state_dict()  # a collective under FSDP2
+        torch.save(states, results)
 
 
+@pytest.fixture(scope="module")
+def user_module_runs(tmp_path_factory):
+    """(one process, {stage: state} at world 2): every stage shares one world-2 process group."""
+    from tests.helpers.distributed import run_distributed
+
+    folder = tmp_path_factory.mktemp("user_module")
+    reference_file, sharded_file = folder / "ref.pt", folder / "sharded.pt"
+    run_distributed(_user_module_under_zero, 1, [0], str(reference_file))
+    run_distributed(_user_module_under_zero, 2, [0, 1, 2, 3], str(sharded_file), timeout_s=280)
+    return torch.load(reference_file)[0], torch.load(sharded_file)
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
-def test_engine_api_shards_a_user_module(tmp_path, stage):
-    from tests.distributed_harness import run_distributed
-
-    reference_file, sharded_file = tmp_path / "ref.pt", tmp_path / "sharded.pt"
-    run_distributed(_user_module_under_zero, 1, 0, str(reference_file))
-    run_distributed(_user_module_under_zero, 2, stage, str(sharded_file))
-    reference, sharded = torch.load(reference_file), torch.load(sharded_file)
+def test_engine_api_shards_a_user_module(user_module_runs, stage):
+    reference, sharded = user_module_runs
     for name in reference:
-        torch.testing.assert_close(sharded[name], reference[name], rtol=0, atol=1e-5, msg=name)
+        torch.testing.assert_close(sharded[stage][name], reference[name], rtol=0, atol=1e-5, msg=name)
 
 
+@pytest.mark.slow
 def test_multirun_sweep_of_a_distributed_recipe(tmp_path, datasets_cache):
     result = run_cli(["-m", "zero.stage=2,3", "launcher.nproc_per_node=2"] + common(datasets_cache)[:-1] + [
         "trainer.max_steps=2", "trainer.train_micro_batch_size_per_gpu=4"], cwd=tmp_path, timeout=300)
@@ -282,7 +251,8 @@ def test_slurm_tasks_join_as_ranks(monkeypatch):
     assert under_launcher()
     import os
 
-    assert (os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ["LOCAL_RANK"], os.environ["LOCAL_WORLD_SIZE"]) == ("5", "8", "1", "4")
+    assert (os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ["LOCAL_RANK"], os.environ["LOCAL_WORLD_SIZE"]) == \
+        ("5", "8", "1", "4")
 
 
 def test_submitit_slurm_preset_composes():

@@ -103,7 +103,8 @@ def test_gradient_clipping_by_global_norm():
 
 
 def test_no_weight_decay_for_biases_and_norms():
-    engine, optimizer, *_ = dsrecipes.initialize(model=TwoLayerRegressor(), config=ENGINE_CFG | {"optimizer": {"weight_decay": 0.1}})
+    engine, optimizer, *_ = dsrecipes.initialize(model=TwoLayerRegressor(),
+                                                 config=ENGINE_CFG | {"optimizer": {"weight_decay": 0.1}})
     decay, no_decay = optimizer.param_groups
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
     assert all(p.ndim == 2 for p in decay["params"]) and all(p.ndim == 1 for p in no_decay["params"])
@@ -162,7 +163,7 @@ def test_config_typos_and_bad_values_fail_with_the_key(tmp_path):
         dsrecipes.initialize(model=TwoLayerRegressor(), config={"optimizer": {"lrr": 1.0}})
     with pytest.raises(ValidationError, match="trainer.max_steps"):
         dsrecipes.initialize(model=TwoLayerRegressor(), config={"trainer": {"max_steps": "many"}})
-    with pytest.raises(ValueError, match="precision.dtype='fp8' is not valid; choose one of: fp32, bf16"):
+    with pytest.raises(ValidationError, match=r"(?s)Invalid value 'fp8', expected one of \[fp32, bf16, fp16\].*precision.dtype"):
         dsrecipes.initialize(model=TwoLayerRegressor(), config={"precision": {"dtype": "fp8"}})
     bad_yaml = tmp_path / "bad.yaml"
     bad_yaml.write_text("trainer:\n  max_stepz: 3\n")
@@ -171,6 +172,7 @@ def test_config_typos_and_bad_values_fail_with_the_key(tmp_path):
 
 
 def test_bf16_autocast_forward():
-    engine, *_ = dsrecipes.initialize(model=nn.Linear(8, 8), config={"precision": {"dtype": "bf16"}, "trainer": {"device": "cpu"}})
+    engine, *_ = dsrecipes.initialize(model=nn.Linear(8, 8),
+                                      config={"precision": {"dtype": "bf16"}, "trainer": {"device": "cpu"}})
     out = engine(torch.randn(2, 8))
     assert out.dtype == torch.bfloat16 and engine.module.weight.dtype == torch.float32

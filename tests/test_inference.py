@@ -18,6 +18,7 @@ from dsrecipes.inference.decoder import CachedDecoder
 from dsrecipes.inference.generation import generate
 from dsrecipes.inference.logits_processing import choose_next_tokens, filter_top_k, filter_top_p
 from dsrecipes.models import GPT, ModelConfig
+from tests.helpers.generation import no_cache_greedy
 
 LOGIT_ATOL = 1e-4
 
@@ -26,15 +27,6 @@ def tiny(style: str = "gpt2", n_kv_head=None, seed: int = 0) -> GPT:
     torch.manual_seed(seed)
     cfg = ModelConfig(style=style, n_layer=2, n_head=4, n_kv_head=n_kv_head, d_model=32, vocab_size=61, max_seq_len=48)
     return GPT(cfg).eval()
-
-
-def no_cache_greedy(model: GPT, prompt: list[int], n: int) -> list[int]:
-    """Reference: the model's own forward over the whole sequence for every new token."""
-    ids = list(prompt)
-    for _ in range(n):
-        with torch.no_grad():
-            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
-    return ids[len(prompt):]
 
 
 PROMPTS = [[3, 1, 4, 1, 5, 9, 2, 6], [5, 3], [8, 9, 7, 9, 3]]

@@ -56,9 +56,11 @@ def test_decode_attention_rejects_bad_shapes():
     from dsrecipes.inference.decode_attention import decode_attention
 
     with pytest.raises(ValueError, match=r"q must be \[B, H, 1, D\]"):
-        decode_attention(torch.zeros(1, 2, 3, 16), torch.zeros(1, 2, 4, 16), torch.zeros(1, 2, 4, 16), torch.zeros(1, dtype=torch.long))
+        decode_attention(torch.zeros(1, 2, 3, 16), torch.zeros(1, 2, 4, 16), torch.zeros(1, 2, 4, 16),
+                         torch.zeros(1, dtype=torch.long))
     with pytest.raises(ValueError, match="H a multiple of Hkv"):
-        decode_attention(torch.zeros(1, 3, 1, 16), torch.zeros(1, 2, 4, 16), torch.zeros(1, 2, 4, 16), torch.zeros(1, dtype=torch.long))
+        decode_attention(torch.zeros(1, 3, 1, 16), torch.zeros(1, 2, 4, 16), torch.zeros(1, 2, 4, 16),
+                         torch.zeros(1, dtype=torch.long))
 
 
 @pytest.mark.parametrize("style,kv", [("gpt2", None), ("llama", 2)])

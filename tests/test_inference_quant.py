@@ -86,7 +86,8 @@ def test_int8_memory_saved_is_reported(trained):
     assert report.model_before_bytes == dense and report.model_after_bytes == module_bytes(model)
     weights = sum(m.q.numel() for m in model.modules() if isinstance(m, WeightOnlyInt8Linear))
     assert report.before_bytes == weights * 4  # they were fp32
-    assert report.after_bytes == weights + sum(m.scale.numel() * 4 for m in model.modules() if isinstance(m, WeightOnlyInt8Linear))
+    assert report.after_bytes == weights + sum(m.scale.numel() * 4 for m in model.modules()
+                                               if isinstance(m, WeightOnlyInt8Linear))
     assert report.saved_bytes > 0.7 * report.before_bytes
     assert "saved" in report.describe()
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from distributed_harness import run_distributed
 
 from dsrecipes.inference import init_inference
 from dsrecipes.models import GPT, ModelConfig
+from tests.helpers.distributed import run_distributed
 
 PROMPTS = [[3, 1, 4, 1, 5, 9], [2, 7], [1, 8, 2, 8]]
 
@@ -45,6 +45,7 @@ def _all_cases(rank: int, world: int) -> None:
         _tp_equals_single(rank, world, style, kv, quant)
 
 
+@pytest.mark.slow
 def test_tp2_generation_equals_single_process():
     """gpt2 (MHA), llama with grouped-query attention, and int8 weights, each sharded over 2 ranks."""
     run_distributed(_all_cases, 2, timeout_s=150)

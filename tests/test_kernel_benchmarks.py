@@ -14,6 +14,7 @@ from dsrecipes.benchmarks import kernels as kb
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU smoke: on a GPU main() runs real benchmarks")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_quick_cpu_smoke_writes_one_row_per_op_and_pass(tmp_path, capsys, monkeypatch):
     # The CPU smoke must never reach a Triton kernel (or a public op's fallback decision).

@@ -35,6 +35,7 @@ def _worker() -> tuple[int, float]:
     return attempt, total.item()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_restarted_group_forms_when_a_peer_joins_late():
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch

@@ -57,7 +57,7 @@ def test_tensorboard_holds_scalars_and_config_text(tmp_path):
 
 @needs_wandb
 def test_wandb_offline_run_holds_metrics_config_name_group_tags(tmp_path, monkeypatch):
-    from tests.wandb_records import read_offline_run_when_written
+    from tests.helpers.wandb_records import read_offline_run_when_written
 
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.chdir(tmp_path)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from dsrecipes.profiling.memory_estimator import deepspeed_model_state_bytes, estimate_model_states
-from tests.distributed_harness import run_distributed
+from tests.helpers.distributed import run_distributed
 
 
 def _measure_all_stages(rank: int, world_size: int) -> None:
@@ -31,6 +31,7 @@ def _measure_all_stages(rank: int, world_size: int) -> None:
             assert abs(measured[key] - want) <= 0.10 * want, (stage, rank, key, measured[key], want)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_estimate_matches_what_the_engine_holds(world_size):

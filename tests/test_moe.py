@@ -179,7 +179,8 @@ def test_sparse_dispatch_and_combine_equal_the_dense_einsum_with_gradients(k):
     torch.manual_seed(k)
     tokens = torch.randn(24, 8, requires_grad=True)
     logits = torch.randn(24, 4, requires_grad=True)
-    gating = {1: lambda: top1_gating(logits, 1.0, 2, use_rts=False), 2: lambda: top2_gating(logits, 0.75, 2, second_expert_sampling=False),
+    gating = {1: lambda: top1_gating(logits, 1.0, 2, use_rts=False),
+              2: lambda: top2_gating(logits, 0.75, 2, second_expert_sampling=False),
               3: lambda: topk_gating(logits, 3, 0.5, 2)}[k]
     expert_fn = torch.randn(4, 8, 8)
 
@@ -257,7 +258,8 @@ def test_noisy_gating_is_training_only_and_seeded():
 def test_moe_every_k_layers_or_chosen_layers():
     assert MoEConfig(num_experts=4, expert_interval=2).moe_layer_ids(6) == [1, 3, 5]
     assert MoEConfig(num_experts=4, layers=[0, 4]).moe_layer_ids(6) == [0, 4]
-    model = GPT(ModelConfig(n_layer=4, n_head=2, d_model=16, vocab_size=32, max_seq_len=16), MoEConfig(num_experts=4, expert_interval=2))
+    model = GPT(ModelConfig(n_layer=4, n_head=2, d_model=16, vocab_size=32, max_seq_len=16),
+                MoEConfig(num_experts=4, expert_interval=2))
     assert [isinstance(b.mlp, MoELayer) for b in model.blocks] == [False, True, False, True]
     dense = GPT(ModelConfig(n_layer=4, n_head=2, d_model=16, vocab_size=32, max_seq_len=16))
     assert model.num_active_params() < model.num_params()  # top-1 of 4 experts: a quarter of the expert weights
@@ -289,6 +291,7 @@ def test_bad_moe_config_names_the_key(overrides, message):
 
 
 # ---------------------------------------------------------------- through the Trainer
+@pytest.mark.slow
 def test_moe_recipe_loss_falls_and_routing_metrics_are_logged(tmp_path, fast_overrides):
     from dsrecipes.config import validate_recipe
     from dsrecipes.config.store import compose
@@ -337,7 +340,7 @@ def test_moe_export_loads_for_inference_and_cached_generation_matches_recomputat
     # (one token per step through the MoE layers) equals recomputing the whole sequence
     from dsrecipes.inference.decoder import CachedDecoder
     from dsrecipes.inference.generation import generate
-    from tests.test_inference import no_cache_greedy
+    from tests.helpers.generation import no_cache_greedy
 
     prompt = ids[0].tolist()
     assert generate(CachedDecoder(loaded), [prompt], 6).tokens[0] == no_cache_greedy(loaded, prompt, 6)

@@ -15,7 +15,7 @@ EP group by the all_to_all backward).
 import pytest
 import torch
 
-from tests.test_distributed import STEPS, assert_matches_single_process, assert_refused, common, run_and_read
+from tests.helpers.equivalence import STEPS, assert_matches_single_process, assert_refused, common, run_and_read
 
 MOE = [
     "moe.num_experts=4", "moe.k=2", "moe.expert_interval=1", "moe.use_rts=false",
@@ -30,6 +30,7 @@ def moe_single_process(tmp_path_factory, datasets_cache):
         "launcher.nproc_per_node=1", "trainer.train_micro_batch_size_per_gpu=4", "trainer.gradient_accumulation_steps=4"])
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("zero", ["zero.stage=0", "zero.stage=3"])
 def test_expert_parallel_2_reproduces_single_process(tmp_path, datasets_cache, moe_single_process, zero):
@@ -40,6 +41,7 @@ def test_expert_parallel_2_reproduces_single_process(tmp_path, datasets_cache, m
     assert_matches_single_process(losses, params, ref_losses, ref_params)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(500)
 def test_ep2_checkpoint_resumes_in_a_single_process(tmp_path, datasets_cache):
     """EP=2 saves at step 5 (experts as shards of global tensors); one process (EP=1) resumes it.
@@ -48,7 +50,8 @@ def test_ep2_checkpoint_resumes_in_a_single_process(tmp_path, datasets_cache):
     grouped, so an uninterrupted single-process run is the reference for the resumed steps.
     """
     base = common(datasets_cache) + MOE + ["moe.drop_tokens=false", "moe.aux_loss_coef=0", "checkpoint.interval=5"]
-    ref_losses, _ = run_and_read(tmp_path, "ref", base + ["launcher.nproc_per_node=1", "trainer.train_micro_batch_size_per_gpu=8"])
+    ref_losses, _ = run_and_read(tmp_path, "ref", base + [
+        "launcher.nproc_per_node=1", "trainer.train_micro_batch_size_per_gpu=8"])
     losses2, _ = run_and_read(tmp_path, "ep2", base + [
         "moe.ep_size=2", "launcher.nproc_per_node=2", "trainer.train_micro_batch_size_per_gpu=4"])
     torch.testing.assert_close(torch.tensor(losses2), torch.tensor(ref_losses), rtol=0, atol=2e-5)
@@ -62,7 +65,8 @@ def test_ep2_checkpoint_resumes_in_a_single_process(tmp_path, datasets_cache):
 def test_bad_moe_layouts_are_refused_naming_the_keys():
     """Checked by validate_recipe, which the CLI runs before spawning (tests/test_distributed.py shows that path)."""
     cases = {
-        ("moe.num_experts=3", "moe.ep_size=2", "launcher.nproc_per_node=2"): "moe.num_experts=3 is not divisible by moe.ep_size=2",
+        ("moe.num_experts=3", "moe.ep_size=2", "launcher.nproc_per_node=2"):
+            "moe.num_experts=3 is not divisible by moe.ep_size=2",
         ("moe.num_experts=4", "moe.k=5"): "moe.k=5 must be between 1 and moe.num_experts=4",
         ("moe.num_experts=4", "moe.capacity_factor=0"): "moe.capacity_factor=0.0 must be > 0",
         ("moe.num_experts=4", "moe.ep_size=2", "launcher.nproc_per_node=2", "zero.stage=1"): "zero.stage=1 is not supported",
@@ -71,6 +75,7 @@ def test_bad_moe_layouts_are_refused_naming_the_keys():
     assert_refused(cases)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(500)
 def test_expert_data_parallel_world_4_ep_2_reproduces_single_process(tmp_path, datasets_cache):
     """World 4 = 2 expert-data-parallel replicas x EP 2: expert gradients also reduce across replicas.

@@ -11,7 +11,7 @@ tied gradient summed across stages).
 
 import pytest
 
-from tests.test_distributed import (
+from tests.helpers.equivalence import (
     assert_matches_single_process,
     assert_refused,
     assert_resumes_in_one_process,
@@ -20,6 +20,7 @@ from tests.test_distributed import (
 )
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved_1f1b parallel.pp_partition=parameters"])
 def test_pp2_reproduces_single_process(tmp_path, datasets_cache, single_gpt, schedule):
@@ -28,6 +29,7 @@ def test_pp2_reproduces_single_process(tmp_path, datasets_cache, single_gpt, sch
     assert_matches_single_process(losses, params, *single_gpt)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(500)
 def test_dp2_x_pp2_reproduces_single_process(tmp_path, datasets_cache, single_gpt):
     losses, params = run_and_read(tmp_path, "dp2pp2", common(datasets_cache) + [
@@ -35,6 +37,7 @@ def test_dp2_x_pp2_reproduces_single_process(tmp_path, datasets_cache, single_gp
     assert_matches_single_process(losses, params, *single_gpt)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(500)
 def test_dp2_x_tp2_x_pp2_reproduces_single_process(tmp_path, datasets_cache, single_gpt):
     """3D (gpt_3d's layout) at world size 8: tensor-parallel stages with sequence-parallel activations
@@ -44,6 +47,7 @@ def test_dp2_x_tp2_x_pp2_reproduces_single_process(tmp_path, datasets_cache, sin
     assert_matches_single_process(losses, params, *single_gpt)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(500)
 def test_pp2_checkpoint_resumes_in_a_single_process(tmp_path, datasets_cache, single_gpt):
     """PP=2 saves at step 5 (each stage writes its own parameters); one process resumes with the same losses."""
@@ -53,10 +57,21 @@ def test_pp2_checkpoint_resumes_in_a_single_process(tmp_path, datasets_cache, si
 def test_bad_pipeline_layouts_are_refused_naming_the_keys():
     """Checked by validate_recipe, which the CLI runs before spawning (tests/test_distributed.py shows that path)."""
     cases = {
-        ("parallel.pp=2", "trainer.gradient_accumulation_steps=1", "launcher.nproc_per_node=2"): "parallel.pp=2 needs at least 2 micro-batches per step",
-        ("parallel.pp=2", "parallel.pp_schedule=zigzag", "launcher.nproc_per_node=2"): "parallel.pp_schedule='zigzag' is not valid",
+        ("parallel.pp=2", "trainer.gradient_accumulation_steps=1", "trainer.train_micro_batch_size_per_gpu=16",
+         "launcher.nproc_per_node=2"): "parallel.pp=2 needs at least 2 micro-batches per step",
         ("parallel.pp=2", "model.n_layer=1", "launcher.nproc_per_node=2"): "makes 2 stages, more than model.n_layer=1 blocks",
-        ("parallel.pp=2", "zero.stage=2", "trainer.gradient_accumulation_steps=2", "launcher.nproc_per_node=4"): "parallel.pp=2 with 2 data-parallel ranks needs zero.stage=0",
-        ("parallel.pp=2", "parallel.sp=2", "trainer.gradient_accumulation_steps=2", "launcher.nproc_per_node=4"): "parallel.pp=2 with parallel.sp is not supported yet",
+        ("parallel.pp=2", "zero.stage=2", "trainer.gradient_accumulation_steps=2", "trainer.train_micro_batch_size_per_gpu=16",
+         "launcher.nproc_per_node=4"): "parallel.pp=2 with 2 data-parallel ranks needs zero.stage=0",
+        ("parallel.pp=2", "parallel.sp=2", "trainer.gradient_accumulation_steps=2", "trainer.train_micro_batch_size_per_gpu=16",
+         "launcher.nproc_per_node=4"): "parallel.pp=2 with parallel.sp is not supported yet",
     }
     assert_refused(cases)
+    # an unknown schedule does not even compose (pp_schedule is an Enum)
+    from hydra.errors import ConfigCompositionException
+
+    from dsrecipes.config.store import compose
+
+    with pytest.raises(ConfigCompositionException) as err:
+        compose(["parallel.pp=2", "parallel.pp_schedule=zigzag", "launcher.nproc_per_node=2"])
+    assert "Invalid value 'zigzag', expected one of [gpipe, 1f1b, interleaved_1f1b]" in str(err.value.__cause__)
+    assert "full_key: parallel.pp_schedule" in str(err.value.__cause__)

@@ -21,7 +21,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests.distributed_harness import run_distributed
+from tests.helpers.distributed import run_distributed
 
 PRECISIONS = {
     "fp32": {"dtype": "fp32"},

@@ -43,6 +43,7 @@ def resume_overrides(fast_overrides):
     ]
 
 
+@pytest.mark.slow
 def test_resume_reproduces_the_uninterrupted_run_bitwise(tmp_path, resume_overrides):
     straight = trainer_for(tmp_path / "straight", resume_overrides).fit()
     with pytest.raises(Preempted):
@@ -57,6 +58,7 @@ def test_resume_reproduces_the_uninterrupted_run_bitwise(tmp_path, resume_overri
     assert resumed["metrics"]["val/loss"] == straight["metrics"]["val/loss"]
 
 
+@pytest.mark.slow
 def test_resume_auto_finds_the_previous_run_of_the_same_name(tmp_path, resume_overrides):
     outputs = tmp_path / "outputs" / "2026-11-30"
     with pytest.raises(Preempted):
@@ -124,7 +126,8 @@ def test_truncated_checkpoint_is_a_clear_error(tmp_path, resume_overrides):
 
 
 def test_final_export_loads_back_as_the_same_model(tmp_path, resume_overrides):
-    trainer = trainer_for(tmp_path / "run", resume_overrides + ["trainer.max_steps=4", "model=llama_debug", "model.max_seq_len=64"])
+    trainer = trainer_for(tmp_path / "run",
+                          resume_overrides + ["trainer.max_steps=4", "model=llama_debug", "model.max_seq_len=64"])
     summary = trainer.fit()
     model, config = load_exported(summary["export"])
     assert config["tokenizer"] == "byte" and config["model"]["style"] == "llama"
@@ -134,6 +137,7 @@ def test_final_export_loads_back_as_the_same_model(tmp_path, resume_overrides):
     torch.testing.assert_close(model(ids).logits, trainer.engine.module(ids).logits)
 
 
+@pytest.mark.slow
 def test_fp16_recipe_logs_scale_and_skipped_steps(tmp_path, fast_overrides):
     run_dir = tmp_path / "run"
     trainer_for(run_dir, fast_overrides + ["precision=fp16", "precision.initial_scale_power=8", "trainer.max_steps=10"]).fit()

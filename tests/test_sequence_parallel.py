@@ -36,7 +36,7 @@ from dsrecipes.distributed.sequence_parallel import (
 )
 from dsrecipes.models import GPT
 from dsrecipes.models.config import ModelConfig
-from tests.distributed_harness import run_distributed
+from tests.helpers.distributed import run_distributed
 
 FWD = dict(rtol=1e-5, atol=1e-5)
 GRAD = dict(rtol=1e-4, atol=1e-5)
@@ -113,6 +113,7 @@ def _worker_styles(rank: int, world: int) -> None:
     _check_forward_backward(rank, world, "gpt2", ignore_labels=True)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_sp2_forward_and_gradients_match_single_process():
     """gpt2 (learned positions) and llama (rope; GQA and MQA) at SP=2; also -100 labels, reweighted."""
@@ -146,6 +147,7 @@ def _worker_local_attention(rank: int, world: int) -> None:
     assert paths[:2] == ["FlashAttentionFunctionBackward"] * 2, paths  # the Triton kernel ran, not its fallback
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_sp2_wraps_any_local_attention_including_the_triton_flash_kernel():
     run_distributed(_worker_local_attention, 2, timeout_s=140)
@@ -166,6 +168,7 @@ def _worker_all_to_all(rank: int, world: int) -> None:
     torch.testing.assert_close(x.grad, g, rtol=0, atol=0)  # the round trip is the identity, so is its backward
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_all_to_all_swaps_sequence_and_head_sharding():
     run_distributed(_worker_all_to_all, 2, timeout_s=55)
@@ -217,6 +220,7 @@ def _worker_training(rank: int, world: int) -> None:
         _assert_same_run(losses, ref_losses, model, ref)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_sp2_ddp_training_reproduces_single_process_losses():
     run_distributed(_worker_training, 2, timeout_s=110)
@@ -245,6 +249,7 @@ def _worker_dp2_sp2(rank: int, world: int) -> None:
     _assert_same_run(losses, ref_losses, model, ref)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_dp2_x_sp2_at_world_size_4_reproduces_single_process_losses():
     run_distributed(_worker_dp2_sp2, 4, timeout_s=140)

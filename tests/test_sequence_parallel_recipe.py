@@ -11,9 +11,10 @@ gradient and 6 optimizer steps).
 import pytest
 import torch
 
-from tests.test_distributed import assert_matches_single_process, common, run_and_read
+from tests.helpers.equivalence import assert_matches_single_process, common, run_and_read
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_sp2_reproduces_single_process(tmp_path, datasets_cache, single_gpt):
     losses, params = run_and_read(tmp_path, "sp2", common(datasets_cache) + [
@@ -21,6 +22,7 @@ def test_sp2_reproduces_single_process(tmp_path, datasets_cache, single_gpt):
     assert_matches_single_process(losses, params, *single_gpt)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_sp2_under_zero3_checkpoint_resumes_in_a_single_process(tmp_path, datasets_cache):
     base = common(datasets_cache) + ["trainer.train_micro_batch_size_per_gpu=8", "checkpoint.interval=5"]

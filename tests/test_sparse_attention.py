@@ -13,6 +13,7 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
+from hydra.errors import ConfigCompositionException
 
 from dsrecipes.config import validate_recipe
 from dsrecipes.config.store import compose
@@ -23,6 +24,7 @@ from dsrecipes.models.sparse_attention import (
     SparseAttentionConfig,
     apply_sparse_attention,
     build_sparsity_config,
+    validate_sparse_attention_config,
 )
 from dsrecipes.models.sparsity_config import (
     BigBirdSparsityConfig,
@@ -229,12 +231,25 @@ def test_fewer_heads_than_layout_broadcasts_shared_layouts_only():
     (["sparse_attention=bigbird", "model.max_seq_len=72"], "data.block_size=72 must be a multiple of sparse_attention.block=16"),
     (["sparse_attention=fixed", "sparse_attention.num_global_blocks=3"], "sparse_attention.num_local_blocks=4 must be divisible"),
     (["sparse_attention=bigbird", "sparse_attention.num_sliding_window_blocks=9"], "num_sliding_window_blocks=9 exceeds"),
-    (["sparse_attention=fixed", "sparse_attention.mode=bogus"], "sparse_attention.mode='bogus' is not valid"),
-    (["sparse_attention=fixed", "sparse_attention.impl=cuda"], "sparse_attention.impl='cuda' is not valid"),
 ])
 def test_recipe_validation_names_the_keys(overrides, message):
     with pytest.raises(ValueError, match=message):
         validate_recipe(compose(["model=gpt_debug", *overrides]), dp_world_size=1)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("sparse_attention.mode=bogus", "Invalid value 'bogus', expected one of [none, dense, fixed, variable, bigbird"),
+    ("sparse_attention.impl=cuda", "Invalid value 'cuda', expected one of [auto, triton, gathered, reference]"),
+    ("sparse_attention.attention=causal", "Invalid value 'causal', expected one of [unidirectional, bidirectional]"),
+])
+def test_bad_choices_fail_at_composition_naming_the_key(override, message):
+    with pytest.raises(ConfigCompositionException) as err:
+        compose(["model=gpt_debug", "sparse_attention=fixed", override])
+    assert message in str(err.value.__cause__)
+    assert f"full_key: {override.split('=')[0]}" in str(err.value.__cause__)
+    key, value = override.split("=")
+    with pytest.raises(ValueError, match=f"{key}='{value}' is not valid"):  # a Python user's plain string
+        validate_sparse_attention_config(SparseAttentionConfig(**{"mode": "fixed", key.split(".")[1]: value}), 2, 64)
 
 
 def test_keys_the_mode_ignores_warn():
@@ -299,8 +314,9 @@ def _worker_sparse_under_ulysses(rank: int, world: int) -> None:
     torch.testing.assert_close(out.logits, ref_logits[:, rank * chunk:(rank + 1) * chunk], rtol=1e-5, atol=ATOL)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_sparse_attention_composes_with_ulysses_sp2():
-    from tests.distributed_harness import run_distributed
+    from tests.helpers.distributed import run_distributed
 
     run_distributed(_worker_sparse_under_ulysses, 2, timeout_s=110)

@@ -11,7 +11,7 @@ by all-reduce, vocab-parallel lookups).
 
 import pytest
 
-from tests.test_distributed import (
+from tests.helpers.equivalence import (
     assert_matches_single_process,
     assert_refused,
     assert_resumes_in_one_process,
@@ -20,6 +20,7 @@ from tests.test_distributed import (
 )
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_tp2_reproduces_single_process(tmp_path, datasets_cache, single_gpt):
     losses, params = run_and_read(tmp_path, "tp2", common(datasets_cache) + [
@@ -27,6 +28,7 @@ def test_tp2_reproduces_single_process(tmp_path, datasets_cache, single_gpt):
     assert_matches_single_process(losses, params, *single_gpt)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(500)
 def test_dp2_x_tp2_under_zero3_reproduces_single_process(tmp_path, datasets_cache, single_gpt):
     losses, params = run_and_read(tmp_path, "dp2tp2", common(datasets_cache) + [
@@ -34,6 +36,7 @@ def test_dp2_x_tp2_under_zero3_reproduces_single_process(tmp_path, datasets_cach
     assert_matches_single_process(losses, params, *single_gpt)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(500)
 def test_tp2_checkpoint_resumes_in_a_single_process(tmp_path, datasets_cache, single_gpt):
     """TP=2 saves at step 5 (vocab- and head-sharded DTensors); one process resumes with the same losses."""
@@ -43,8 +46,10 @@ def test_tp2_checkpoint_resumes_in_a_single_process(tmp_path, datasets_cache, si
 def test_bad_parallel_layouts_are_refused_naming_the_keys():
     """Checked by validate_recipe, which the CLI runs before spawning (tests/test_distributed.py shows that path)."""
     cases = {
-        ("parallel.tp=3", "launcher.nproc_per_node=2"): "parallel.tp=3 x parallel.sp=1 x parallel.pp=1 = 3 does not divide the world size 2",
-        ("parallel.tp=2", "model.n_head=3", "model.d_model=96", "launcher.nproc_per_node=2"): "parallel.tp=2 does not divide model.n_head=3",
+        ("parallel.tp=3", "launcher.nproc_per_node=2"):
+            "parallel.tp=3 x parallel.sp=1 x parallel.pp=1 = 3 does not divide the world size 2",
+        ("parallel.tp=2", "model.n_head=3", "model.d_model=96", "launcher.nproc_per_node=2"):
+            "parallel.tp=2 does not divide model.n_head=3",
         ("parallel.tp=2", "launcher.nproc_per_node=4"): "parallel.tp=2 with 2 data-parallel ranks needs zero.stage 2 or 3",
         ("parallel.tp=2", "moe=top2", "launcher.nproc_per_node=2"): "MoE layers have no tensor-parallel plan",
         ("parallel.tp=2", "optimizer.impl=foreach", "launcher.nproc_per_node=2"): "parallel.tp=2 with optimizer.impl=foreach",

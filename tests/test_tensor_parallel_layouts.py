@@ -28,7 +28,7 @@ from dsrecipes.distributed.tensor_parallel import apply_tensor_parallel, full_lo
 from dsrecipes.models import GPT
 from dsrecipes.models.config import ModelConfig
 from dsrecipes.models.sampling import sample_tokens
-from tests.distributed_harness import run_distributed
+from tests.helpers.distributed import run_distributed
 
 FWD = dict(rtol=1e-5, atol=1e-5)
 GRAD = dict(rtol=1e-4, atol=1e-5)
@@ -71,6 +71,7 @@ def _check(rank: int, world: int, style: str, sequence_parallel: bool) -> None:
             torch.testing.assert_close(_full(param.grad), ref_grads[name].grad, **GRAD, msg=f"{name} at seq {seq}")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("sequence_parallel", [True, False], ids=["sequence_parallel", "replicated"])
 @pytest.mark.parametrize("style", sorted(STYLES))

@@ -34,6 +34,7 @@ class Recorder(Callback):
         self.events.append("end")
 
 
+@pytest.mark.slow
 def test_training_smoke_loss_falls_and_extensions_fire(tmp_path, fast_overrides):
     recorder, seen_batches, transformed = Recorder(), [], []
 
@@ -49,7 +50,8 @@ def test_training_smoke_loss_falls_and_extensions_fire(tmp_path, fast_overrides)
         return {"aux_loss": 0.0 * output.logits.float().mean()}
 
     extensions = Extensions([transform], [zero_aux_loss], [hook], [recorder])
-    trainer = make_trainer(tmp_path, fast_overrides + ["trainer.max_steps=40", "trainer.gradient_accumulation_steps=2"], extensions)
+    trainer = make_trainer(tmp_path, fast_overrides + ["trainer.max_steps=40", "trainer.gradient_accumulation_steps=2"],
+                           extensions)
     summary = trainer.fit()
 
     m = summary["metrics"]
@@ -58,7 +60,8 @@ def test_training_smoke_loss_falls_and_extensions_fire(tmp_path, fast_overrides)
     assert transformed == ["GPT"]
     assert len(seen_batches) == 80  # 40 steps x 2 micro-batches
     assert recorder.events[0] == "start" and recorder.events[-1] == "end"
-    assert [e for e in recorder.events if isinstance(e, tuple) and e[0] == "eval"] == [("eval", 10), ("eval", 20), ("eval", 30), ("eval", 40)]
+    assert [e for e in recorder.events if isinstance(e, tuple) and e[0] == "eval"] == \
+        [("eval", 10), ("eval", 20), ("eval", 30), ("eval", 40)]
     assert summary["sample"].startswith("def ")
 
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -118,6 +121,7 @@ def test_vocab_smaller_than_tokenizer_is_rejected(tmp_path, fast_overrides):
         trainer.fit()
 
 
+@pytest.mark.slow
 def test_bf16_recipe_trains(tmp_path, fast_overrides):
     summary = make_trainer(tmp_path, fast_overrides + ["precision=bf16", "model=llama_debug", "model.max_seq_len=64",
                                                         "trainer.sample_tokens=0"]).fit()

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests.distributed_harness import run_distributed
+from tests.helpers.distributed import run_distributed
 
 
 class TiedNet(nn.Module):
@@ -85,6 +85,7 @@ def _sharded_run_from(rank, world, bucket_bytes, start):
     return model
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_sharded_gradients_reproduce_one_process(world_size):
@@ -118,6 +119,7 @@ def _master_weights(rank, world):
     assert losses[-1] < losses[0]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_master_weights_are_fp32_shards_of_a_bf16_model():
     run_distributed(_master_weights, 2, timeout_s=100)
@@ -140,6 +142,7 @@ def _refusals(rank, world):
         zero2.shard_optimizer(torch.optim.SGD([*model.parameters(), stray], lr=0.1))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_scalars_and_foreign_optimizer_tensors_are_refused():
     run_distributed(_refusals, 2, timeout_s=100)
@@ -192,6 +195,7 @@ def _resume_in_one_process(rank, world, folder, results):
     torch.save({"losses": _train(engine, world, rank, range(2, 4)), "state": engine.module_state_dict()}, results)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_stage2_checkpoint_resumes_at_world_2_and_in_one_process(tmp_path):
     """A stage-2 checkpoint (DCP, FSDP2's layout) resumes in a fresh stage-2 engine and in a stage-0 single
@@ -214,6 +218,7 @@ def _mixed_precision_run(rank, world, stage, precision, results):
         torch.save({"state": state, "skipped": engine.skipped_steps, "scale": engine.precision.loss_scale}, results)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("precision", [
     {"dtype": "fp16", "initial_scale_power": 20},  # dynamic loss scaling; 2^20 overflows at first

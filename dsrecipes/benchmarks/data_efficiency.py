@@ -38,7 +38,8 @@ VARIANTS = {
 def base_overrides(args) -> list[str]:
     ramp = args.ramp or args.steps // 2
     return [
-        f"model={args.model}", f"model.max_seq_len={args.seq}", f"data.max_bytes={args.max_bytes}", f"trainer.max_steps={args.steps}",
+        f"model={args.model}", f"model.max_seq_len={args.seq}", f"data.max_bytes={args.max_bytes}",
+        f"trainer.max_steps={args.steps}",
         f"trainer.train_micro_batch_size_per_gpu={args.micro_batch}", f"trainer.eval_interval={args.eval_interval}",
         f"trainer.log_interval={args.eval_interval}", f"trainer.eval_batches={args.eval_batches}",
         "trainer.sample_tokens=0", "trainer.progress_bar=false", "logger=jsonl", "checkpoint.save_final=false",

@@ -92,7 +92,8 @@ def dsrecipes_command(args, stage: int, run_dir: Path) -> list[str]:
         f"trainer.train_micro_batch_size_per_gpu={args.micro_batch}",
         f"trainer.gradient_accumulation_steps={args.grad_accum}", f"trainer.log_interval={args.log_interval}",
         f"launcher.nproc_per_node={args.world_size}", f"zero.stage={stage}",
-        "lr_scheduler=constant", "logger=jsonl", "trainer.eval_interval=0", "trainer.sample_tokens=0", "trainer.progress_bar=false",
+        "lr_scheduler=constant", "logger=jsonl", "trainer.eval_interval=0", "trainer.sample_tokens=0",
+        "trainer.progress_bar=false",
         "checkpoint.save_final=false", "checkpoint.export_safetensors=false", f"hydra.run.dir={run_dir}",
     ]
     if args.max_bytes:

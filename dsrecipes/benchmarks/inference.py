@@ -43,11 +43,12 @@ from omegaconf import OmegaConf
 
 from dsrecipes.benchmarks.results import write_rows
 from dsrecipes.inference import init_inference, load_model
+from dsrecipes.inference.config import BENCH_IMPLS
 from dsrecipes.inference.quantized import module_bytes
 from dsrecipes.models import GPT, ModelConfig
 from dsrecipes.utils.dtypes import DTYPES
 
-IMPLS = ("plain", "engine", "kernels", "int8", "int4", "graph", "int8_graph", "hf")
+IMPLS = BENCH_IMPLS  # the generate group's BenchImpl values (generate.bench_impls)
 GPU_ONLY = {"kernels": "the Triton kernels need a GPU; on CPU they would run their torch references",
             "graph": "CUDA graphs need a GPU", "int8_graph": "CUDA graphs need a GPU"}
 
@@ -203,7 +204,8 @@ def add_ratios(rows: list[dict], hbm_gbps: float | None) -> None:
 def run_benchmark(model: GPT, batches: list[int], prompt_len: int, new_tokens: int, dtype: torch.dtype,
                   device: str, repeats: int, impls: list[str], hbm_gbps: float | None = None) -> list[dict]:
     if prompt_len + new_tokens > model.cfg.max_seq_len:
-        raise ValueError(f"--prompt-len {prompt_len} + --new-tokens {new_tokens} exceed model.max_seq_len={model.cfg.max_seq_len}")
+        raise ValueError(f"--prompt-len {prompt_len} + --new-tokens {new_tokens} "
+                         f"exceed model.max_seq_len={model.cfg.max_seq_len}")
     unknown = set(impls) - set(IMPLS)
     if unknown:
         raise ValueError(f"--impls {sorted(unknown)} are not valid; choose from: {', '.join(IMPLS)}")

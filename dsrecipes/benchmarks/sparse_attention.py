@@ -99,10 +99,11 @@ def run(args) -> list[dict]:
         index = bsa.BlockSparseIndex.from_layout(layout, causal=True, device=device) if device.type == "cuda" else None
         q, k, v = (torch.randn(args.batch, args.heads, T, args.dim, generator=g).to(device, dtype) for _ in range(3))
         row = {"T": T, "layout": args.layout, "block": args.block, "device": str(device), "dtype": args.dtype,
-               "nnz_blocks_per_head": int(layout[0].sum()), "dense_blocks_per_head": (T // args.block) * (T // args.block + 1) // 2}
+               "nnz_blocks_per_head": int(layout[0].sum()),
+               "dense_blocks_per_head": (T // args.block) * (T // args.block + 1) // 2}
         for name, fn in impls.items():
-            call = (lambda q, k, v, fn=fn: fn(q, k, v, layout, args.block, index)) if name == "sparse" else \
-                (lambda q, k, v, fn=fn: fn(q, k, v, layout, args.block))
+            call = (lambda q, k, v, fn=fn, layout=layout, index=index: fn(q, k, v, layout, args.block, index)) \
+                if name == "sparse" else (lambda q, k, v, fn=fn, layout=layout: fn(q, k, v, layout, args.block))
             ms, mem = measure(call, q, k, v, args.repeats)
             row[f"{name}_ms"] = round(ms, 3)
             row[f"{name}_mem_mib"] = round(mem / 2**20, 4)
@@ -132,7 +133,8 @@ def print_table(rows: list[dict]) -> None:
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seq-lens", type=int, nargs="+", default=[512, 1024, 2048, 4096])
-    parser.add_argument("--layout", default="bigbird", choices=["bigbird", "bslongformer", "sliding_window", "fixed", "variable", "dense"])
+    parser.add_argument("--layout", default="bigbird",
+                        choices=["bigbird", "bslongformer", "sliding_window", "fixed", "variable", "dense"])
     parser.add_argument("--block", type=int, default=16)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--heads", type=int, default=4)

@@ -7,19 +7,26 @@ tokenizes and packs it into fixed-length blocks cached by Hugging Face datasets;
 data-parallel rank and ``eval_batches`` sequential validation batches.
 """
 
-from dsrecipes.data.batches import BatchIterator, eval_batches
-from dsrecipes.data.config import DataConfig, validate_data_config
-from dsrecipes.data.packing import PreparedData, prepare_data
-from dsrecipes.data.tokenizers import ByteTokenizer, HFTokenizerFile, build_tokenizer
+_EXPORTS = {
+    "BatchIterator": "dsrecipes.data.batches",
+    "eval_batches": "dsrecipes.data.batches",
+    "DataConfig": "dsrecipes.data.config",
+    "validate_data_config": "dsrecipes.data.config",
+    "PreparedData": "dsrecipes.data.packing",
+    "prepare_data": "dsrecipes.data.packing",
+    "ByteTokenizer": "dsrecipes.data.tokenizers",
+    "HFTokenizerFile": "dsrecipes.data.tokenizers",
+    "build_tokenizer": "dsrecipes.data.tokenizers",
+}
 
-__all__ = [
-    "BatchIterator",
-    "ByteTokenizer",
-    "DataConfig",
-    "HFTokenizerFile",
-    "PreparedData",
-    "build_tokenizer",
-    "eval_batches",
-    "prepare_data",
-    "validate_data_config",
-]
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    # Lazy, so that importing the schema (dsrecipes.data.config) does not import datasets and pandas
+    # (~1 s): the launching process only composes and validates the recipe.
+    if name in _EXPORTS:
+        import importlib
+
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'dsrecipes.data' has no attribute {name!r}")

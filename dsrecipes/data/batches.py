@@ -141,7 +141,8 @@ class BatchIterator:
             if key not in state:
                 raise ValueError(f"batch iterator state has no {key!r} entry")
         if int(state["seed"]) != self.seed:
-            raise ValueError(f"batch iterator state mismatch: seed={int(state['seed'])} in the state, {self.seed} in this iterator")
+            raise ValueError(f"batch iterator state mismatch: seed={int(state['seed'])} in the state, "
+                             f"{self.seed} in this iterator")
         # The position counts global batches, so it carries over to another world size as long as the
         # global batch (micro_batch_size x world_size) is the same.
         saved_global = int(state["micro_batch_size"]) * int(state["world_size"])

@@ -17,12 +17,23 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-AC_MODES = ("none", "full", "every_k")
+from dsrecipes.utils.config_enum import ConfigEnum, enum_values
+
+
+class ACMode(ConfigEnum):
+    """activation_checkpointing.mode: none, every block (full), or blocks 0, k, 2k, ... (every_k)."""
+
+    none = "none"
+    full = "full"
+    every_k = "every_k"
+
+
+AC_MODES = enum_values(ACMode)
 
 
 @dataclass
 class ActivationCheckpointConfig:
-    mode: str = "none"  # none | full | every_k
+    mode: ACMode = ACMode.none  # none | full | every_k
     every_k: int = 2  # with mode=every_k: checkpoint blocks 0, k, 2k, ...
     cpu_offload: bool = False  # keep what checkpointed blocks save on the CPU
 

@@ -26,14 +26,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 from torch.distributed.tensor import DTensor
 
+from dsrecipes.distributed.config import PP_PARTITIONS, PP_SCHEDULES  # noqa: F401 (exported here too)
 from dsrecipes.distributed.tensor_parallel import vocab_parallel_cross_entropy
 from dsrecipes.models.gpt import GPT
-
-PP_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
-PP_PARTITIONS = ("uniform", "parameters")
 
 
 def stages_per_rank(schedule: str) -> int:
@@ -128,6 +125,9 @@ class PipelineParallel:
         self.first_rank, self.last_rank = 0, (num_stages - 1) % self.size
         self.stage_modules = [GPTStage(gpt, ranges[s], s == 0, s == num_stages - 1) for s in self.stage_ids]
         self.block_ranges = [ranges[s] for s in self.stage_ids]
+        # imported here: torch.distributed.pipelining pulls in torch._dynamo (~0.7 s at every start-up otherwise)
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
         self.stages = [PipelineStage(m, s, num_stages, device, group=group) for m, s in zip(self.stage_modules, self.stage_ids)]
         self.has_first = 0 in self.stage_ids
         self.has_last = num_stages - 1 in self.stage_ids
@@ -203,7 +203,8 @@ class PipelineParallel:
         return float(self._broadcast_loss(losses))
 
     def _broadcast_loss(self, losses: list[torch.Tensor]) -> torch.Tensor:
-        value = torch.stack([_local(l.detach()).float() for l in losses]).mean() if losses else torch.zeros((), device=self.device)
+        value = (torch.stack([_local(loss.detach()).float() for loss in losses]).mean() if losses
+                 else torch.zeros((), device=self.device))
         value = value.reshape(1).to(self.device)
         src = dist.get_process_group_ranks(self.group)[self.last_rank]
         dist.broadcast(value, src=src, group=self.group)

@@ -33,7 +33,7 @@ OP = "decode_attention"
 
 @jit
 def _decode_attention_kernel(
-    Q, K, V, START, END, O,
+    Q, K, V, START, END, Out,
     H, GROUP, scale,
     sq_b, sq_h, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, so_b, so_h,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -66,7 +66,7 @@ def _decode_attention_kernel(
         denom = denom * alpha + tl.sum(p, axis=0)
         m = m_new
     out = acc / denom
-    tl.store(O + b * so_b + h * so_h + d, out.to(O.dtype.element_ty), mask=dmask)
+    tl.store(Out + b * so_b + h * so_h + d, out.to(Out.dtype.element_ty), mask=dmask)
 
 
 def decode_attention_reference(q, k, v, start, end: torch.Tensor | None = None):

@@ -127,7 +127,8 @@ def check_config_matches(stored: ModelConfig, given: ModelConfig, source: Path) 
                          "drop the model overrides to use the checkpoint's own config")
 
 
-def load_model(path: str | Path, model_cfg: ModelConfig | None = None, device: str | torch.device = "cpu") -> tuple[GPT, LoadedFrom]:
+def load_model(path: str | Path, model_cfg: ModelConfig | None = None,
+               device: str | torch.device = "cpu") -> tuple[GPT, LoadedFrom]:
     """A GPT in eval mode with the weights of `path` (see the module docstring), on `device`, fp32."""
     info, state = read_source(path)
     if model_cfg is not None:

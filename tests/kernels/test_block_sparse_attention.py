@@ -61,7 +61,8 @@ def test_kernel_matches_reference_forward_and_grads(name, shape, causal, toleran
     ref, _ = _run(block_sparse_attention_reference, q, k, v, do, layout, block, causal=causal)
     torch.testing.assert_close(got[0], ref[0], **tolerance("block_sparse_attention (output)", F32))
     for label, a, b in zip(("dq", "dk", "dv"), got[1:], ref[1:]):
-        torch.testing.assert_close(a, b, **tolerance("block_sparse_attention (grads)", F32), msg=lambda m: f"{label}: {m}")
+        torch.testing.assert_close(a, b, **tolerance("block_sparse_attention (grads)", F32),
+                                   msg=lambda m, label=label: f"{label}: {m}")
 
 
 def test_kernel_empty_layout_row_gives_zeros(tolerance):

@@ -19,7 +19,7 @@ Adding a mechanism (compressed all-reduce, quantized ZeRO collectives, NVMe plac
    memory estimator);
 2. one entry in STRATEGIES below, and one row in CHOICE saying when it is used (a config key,
    usually). Refused combinations belong in dsrecipes.config.compatibility, not here.
-"""
+"""  # noqa: E501 - a markdown table row (zero2) cannot be wrapped without breaking the table
 
 from __future__ import annotations
 

@@ -10,7 +10,6 @@ fp16/bf16 optimizers reduce in fp32.
 
 from __future__ import annotations
 
-import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
