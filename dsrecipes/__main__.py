@@ -31,11 +31,16 @@ register_configs()
 def run(cfg: DictConfig) -> dict:
     """One Hydra job: validate the whole recipe first, then train in this process or in spawned workers."""
     from omegaconf import OmegaConf
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     from dsrecipes.config.validate import validate_recipe
     from dsrecipes.distributed.config import resolve_nproc, validate_launcher_config
     from dsrecipes.launch import spawn_workers, under_launcher, worker_main
+    from dsrecipes.utils.errors import USER_ERROR_EXIT_CODE, USER_ERRORS, exit_on_user_error
+    from dsrecipes.utils.interrupts import exit_code, received_signal, signal_name, stop_on_signals
 
+    stop_on_signals()
     try:
         if cfg.mode != "train":  # generate / serve-bench: the inference engine, no training
             from dsrecipes.inference_cli import run_inference_mode
@@ -60,21 +65,22 @@ def run(cfg: DictConfig) -> dict:
         from dsrecipes.training.trainer import Trainer  # only where this process trains (workers import their own)
 
         return Trainer(root, run_dir, batch, overrides=overrides, sweep_name=sweep_name).fit()
-    except (ValueError, FileNotFoundError, FloatingPointError) as error:
+    except USER_ERRORS as error:
         exit_on_user_error(error)
-
-
-def exit_on_user_error(error: Exception) -> None:
-    """A recipe mistake ends the run with its message, not a traceback (DSRECIPES_DEBUG=1 re-raises)."""
-    if os.environ.get("DSRECIPES_DEBUG") or os.environ.get("HYDRA_FULL_ERROR"):
-        raise error
-    print(f"dsrecipes: error: {error}", file=sys.stderr)
-    sys.exit(2)
+    except ChildFailedError as error:
+        if all(failure.exitcode == USER_ERROR_EXIT_CODE for failure in error.failures.values()):
+            sys.exit(USER_ERROR_EXIT_CODE)  # the worker printed its one-line error already
+        raise
+    except (KeyboardInterrupt, SignalException) as interruption:
+        signum = getattr(interruption, "sigval", None) or received_signal()
+        print(f"dsrecipes: stopped by {signal_name(signum)}", file=sys.stderr, flush=True)
+        sys.exit(exit_code(signum))
 
 
 def main() -> None:
     """Console entry. Under a launcher (torchrun, srun), ranks agree on one run directory first."""
-    from dsrecipes.launch import RUN_STAMP_ENV, init_distributed, under_launcher
+    from dsrecipes.config.run_directory import RUN_STAMP_ENV
+    from dsrecipes.launch import init_distributed, under_launcher
 
     if under_launcher() and int(os.environ["WORLD_SIZE"]) > 1:
         init_distributed()

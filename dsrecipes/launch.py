@@ -21,8 +21,6 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-RUN_STAMP_ENV = "DSRECIPES_RUN_STAMP"
-
 
 def adopt_slurm_environment() -> None:
     """Under srun (e.g. Hydra's submitit launcher) map SLURM's task variables to torch's RANK names."""
@@ -86,17 +84,26 @@ def init_distributed(backend: str = "auto", timeout_s: int = 600) -> None:
 
 @record
 def worker_main(config: dict, run_dir: str, overrides: list[str], sweep_name: str | None) -> dict | None:
-    """Body of one worker: join the group, train, leave. Returns the summary on rank 0."""
+    """Body of one worker: join the group, train, leave. Returns the summary on rank 0.
+
+    A user error (dsrecipes.utils.errors) ends the worker with one line and status 2, SIGINT/SIGTERM
+    with 128 + the signal (dsrecipes.utils.interrupts); anything else keeps its traceback.
+    """
+    import sys
+
     from omegaconf import OmegaConf
 
     from dsrecipes.config.loading import load_config
     from dsrecipes.config.validate import validate_recipe
     from dsrecipes.training.trainer import Trainer
+    from dsrecipes.utils.errors import USER_ERRORS, exit_on_user_error
+    from dsrecipes.utils.interrupts import exit_code, received_signal, stop_on_signals
 
+    stop_on_signals()
     launcher = config.get("launcher", {})
-    init_distributed(launcher.get("backend", "auto"), launcher.get("collective_timeout_s", 600))
     finished = False
     try:
+        init_distributed(launcher.get("backend", "auto"), launcher.get("collective_timeout_s", 600))
         cfg = load_config(OmegaConf.create(config))
         if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
             cfg.trainer.resume = "auto"  # a restarted worker continues from the newest checkpoint
@@ -105,6 +112,12 @@ def worker_main(config: dict, run_dir: str, overrides: list[str], sweep_name: st
         summary = Trainer(root, run_dir, batch, overrides=overrides, rank=rank, sweep_name=sweep_name).fit()
         finished = True
         return summary if rank == 0 else None
+    except BaseException as error:
+        if received_signal() is not None:  # stopping: a peer's collective may have failed first
+            sys.exit(exit_code(received_signal()))
+        if isinstance(error, USER_ERRORS):
+            exit_on_user_error(error, prefix=f"rank {os.environ.get('RANK', '?')}: ")
+        raise
     finally:
         # Only a clean finish leaves the group politely; a failing rank just exits, which closes its
         # connections so the peers' collectives fail and the agent ends (or restarts) the job, rather
@@ -129,6 +142,7 @@ def spawn_workers(nproc: int, max_restarts: int, config: dict, run_dir: str, ove
         max_restarts=max_restarts,
         monitor_interval=0.1,
         start_method="spawn",
+        shutdown_timeout=10,  # on SIGINT/SIGTERM, workers that have not stopped 10 s later are killed
     )
     results = elastic_launch(launch_config, worker_main)(config, run_dir, overrides, sweep_name)
     return results[0]

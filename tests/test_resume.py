@@ -84,7 +84,7 @@ def test_interrupted_save_leaves_the_previous_checkpoint_loadable(tmp_path, resu
     real_save = torch.save
 
     def dying_save(obj, path, *args, **kwargs):
-        if str(path).endswith("rng_rank0.pt"):  # after the model and optimizer shards are written
+        if str(getattr(path, "name", path)).endswith("rng_rank0.pt"):  # after the model and optimizer shards are written
             real_save({"partial": True}, path)
             raise KeyboardInterrupt("killed mid-save")
         return real_save(obj, path, *args, **kwargs)
@@ -117,6 +117,10 @@ def test_truncated_checkpoint_is_a_clear_error(tmp_path, resume_overrides):
     trainer.fit()
     (data_file,) = list((tmp_path / "run" / "checkpoints" / "step_2" / "dcp").glob("*.distcp"))
     data_file.write_bytes(data_file.read_bytes()[:1000])
+    with pytest.raises(ValueError, match=f"failed verification: dcp/{data_file.name} has 1000 bytes"):
+        trainer.engine.load_checkpoint(tmp_path / "run" / "checkpoints")
+    # without its manifest (a checkpoint from before manifests) the readers still name the damage
+    (tmp_path / "run" / "checkpoints" / "step_2" / "manifest.json").unlink()
     with pytest.raises(ValueError, match="dcp could not be read, it may be truncated or corrupt"):
         trainer.engine.load_checkpoint(tmp_path / "run" / "checkpoints")
     engine_file = tmp_path / "run" / "checkpoints" / "step_2" / "engine.pt"

@@ -9,34 +9,15 @@ and SGDConfig, and Enum fields (every fixed-choice field, e.g. impl, warmup_type
 
 from __future__ import annotations
 
-import os
-from datetime import datetime
-
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from dsrecipes.config.run_directory import run_dir, run_stamp
 from dsrecipes.config.schema import RootConfig
 from dsrecipes.training.config import OPTION_SCHEMAS, ExtraArguments
 
 SCHEMA_NAME = "dsrecipes_schema"
 CONFIG_MODULE = "dsrecipes.conf"
-
-
-def run_stamp(fmt: str) -> str:
-    """`${run_stamp:%H-%M-%S}`: the run's start time, one value per run even across ranks.
-
-    Under a launcher rank 0's time is shared through DSRECIPES_RUN_STAMP (Hydra's `now` would give
-    each rank its own directory); otherwise the first call's time, cached for the process.
-    """
-    shared = os.environ.get("DSRECIPES_RUN_STAMP")
-    if shared:
-        return datetime.fromisoformat(shared).strftime(fmt)
-    if not _STAMP:
-        _STAMP.append(datetime.now())
-    return _STAMP[0].strftime(fmt)
-
-
-_STAMP: list[datetime] = []
 
 
 def option_node(schema: type) -> DictConfig:
@@ -70,8 +51,9 @@ def register_configs() -> None:
     for group, schemas in OPTION_SCHEMAS.items():
         for option, schema in schemas.items():
             store.store(group=group, name=f"{option}_schema", node=option_node(schema))
-    if not OmegaConf.has_resolver("run_stamp"):
-        OmegaConf.register_new_resolver("run_stamp", run_stamp)
+    for name, resolver in (("run_stamp", run_stamp), ("run_dir", run_dir)):
+        if not OmegaConf.has_resolver(name):  # cached: Hydra hands a sweep's cache to each of its jobs
+            OmegaConf.register_new_resolver(name, resolver, use_cache=True)
 
 
 def compose(overrides: list[str] | None = None, return_hydra_config: bool = False):

@@ -11,8 +11,9 @@ Two formats, picked by the data-parallel strategy (`strategy.uses_full_state_che
   describe; they resume with the same stage and precision.
 
 Every rank also writes its RNG state; rank 0 writes engine.pt (counters, LR schedule, loss scaler,
-client state) last, and the directory is renamed into place only when every rank is done (see
-dsrecipes.training.checkpoint). Loads check every tensor against the model first and load nothing
+client state) and the manifest last, and the directory is renamed into place only when every rank
+is done (see dsrecipes.training.checkpoint); a failed write on any rank fails the save on all.
+Loads check every tensor against the model first and load nothing
 on a mismatch. `engine` below is a dsrecipes.training.engine.Engine (not imported: it imports this).
 """
 
@@ -30,12 +31,16 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 
 from dsrecipes.training.checkpoint import (
     COMPLETE_MARKER,
-    barrier,
     begin_checkpoint,
     check_state_dict_matches,
+    checkpoint_bytes,
+    complete_checkpoints,
+    describe_write_error,
     finish_checkpoint,
+    raise_if_any_rank_failed,
     read_checkpoint,
     resolve_checkpoint_dir,
+    save_file,
 )
 from dsrecipes.utils.seed import rng_state, set_rng_state
 
@@ -75,25 +80,65 @@ def _sharded_state(engine) -> tuple[dict, dict]:
 
 
 def save(engine, save_dir: str | os.PathLike, tag: str, client_state: dict | None) -> Path:
-    tmp = begin_checkpoint(save_dir, tag, engine.is_writer)
+    """Write checkpoint `tag` under save_dir on every rank; a write failing on any rank fails it on all (CheckpointSaveError)."""
+    save_dir = Path(save_dir)
+    tmp = begin_checkpoint(save_dir, tag, engine.is_writer, expected_checkpoint_bytes(engine, save_dir))
+    error = None
+    try:
+        _write_states(engine, tmp)
+    except (OSError, CheckpointException) as failure:  # CheckpointException (DCP) is a BaseException
+        error = _describe_failure(failure)
+    raise_if_any_rank_failed(error, save_dir, tag, tmp, engine.is_writer)
+    if engine.is_writer:
+        try:
+            if engine.config_yaml is not None:
+                (tmp / "config.yaml").write_text(engine.config_yaml)
+            save_file(engine.counters_state(client_state), tmp / COMPLETE_MARKER)
+        except OSError as failure:
+            error = describe_write_error(failure)
+    raise_if_any_rank_failed(error, save_dir, tag, tmp, engine.is_writer)
+    return finish_checkpoint(save_dir, tag, engine.is_writer, engine.keep_last_checkpoints)
+
+
+def _write_states(engine, tmp: Path) -> None:
+    """Model and optimizer (full files on the writer, or DCP shards on every rank) and this rank's RNG state."""
     strategy = engine.strategy
     if strategy.uses_full_state_checkpoints:
         strategy.prepare_full_save()
         model_state = full_model_state(engine)
         if engine.is_writer:
-            torch.save(model_state, tmp / "model.pt")
-            torch.save(strategy.optimizer_state_for_save(), tmp / "optimizer.pt")
+            save_file(model_state, tmp / "model.pt")
+            save_file(strategy.optimizer_state_for_save(), tmp / "optimizer.pt")
     else:
         model_state, optimizer_state = _sharded_state(engine)
         with _single_process_dcp_quiet():
             dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(tmp / DCP_DIR))
-    torch.save(rng_state(), tmp / f"rng_rank{engine.rank}.pt")
-    barrier()
-    if engine.is_writer:
-        if engine.config_yaml is not None:
-            (tmp / "config.yaml").write_text(engine.config_yaml)
-        torch.save(engine.counters_state(client_state), tmp / COMPLETE_MARKER)
-    return finish_checkpoint(save_dir, tag, engine.is_writer, engine.keep_last_checkpoints)
+    save_file(rng_state(), tmp / f"rng_rank{engine.rank}.pt")
+
+
+def _describe_failure(failure: BaseException) -> str:
+    """DCP wraps each rank's write error; name the underlying OS error where there is one."""
+    causes = getattr(failure, "failures", None)
+    if causes:
+        return "; ".join(describe_write_error(cause) for cause in causes.values())
+    return describe_write_error(failure)
+
+
+def expected_checkpoint_bytes(engine, save_dir: Path) -> int:
+    """The size to check free space for: the previous checkpoint of this directory, else a first estimate.
+
+    The estimate is the parameters at full precision plus this rank's optimizer state times the
+    data-parallel degree it is sharded over (an upper bound for replicated states).
+    """
+    previous = complete_checkpoints(save_dir)
+    if previous:
+        return checkpoint_bytes(previous[-1])
+    module = engine.strategy.state_module
+    params = sum(p.numel() * 4 for p in module.parameters())
+    states = sum(t.numel() * t.element_size() for state in engine.optimizer.state.values()
+                 for t in state.values() if isinstance(t, torch.Tensor))
+    world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+    return params + states * world
 
 
 def load(engine, load_dir: str | os.PathLike, tag: str | None, load_optimizer_states: bool) -> tuple[Path, dict]:

@@ -31,7 +31,7 @@ from dsrecipes.models.config import padded_vocab_size
 from dsrecipes.models.sampling import sample_tokens
 from dsrecipes.training.assembly import build_engine
 from dsrecipes.training.batch import BatchSizes
-from dsrecipes.training.checkpoint import find_resume_checkpoint
+from dsrecipes.training.checkpoint import find_resume_checkpoint, newest_checkpoint
 from dsrecipes.training.config import to_dictconfig
 from dsrecipes.training.extensions import Extensions, RunContext, callback_states, load_callback_states
 from dsrecipes.training.loggers import MetricLoggers
@@ -214,10 +214,26 @@ class Trainer:
             self.setup()
             self.maybe_resume()
             return self._train()
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM under dsrecipes.utils.interrupts.stop_on_signals
+            self._log_interrupted()
+            raise
         finally:
             loggers = getattr(self, "loggers", None)
             if loggers is not None:
                 loggers.close()
+
+    def _log_interrupted(self) -> None:
+        """The run's last line when a signal stops it: the step reached and where to resume from."""
+        if not self.is_logging_rank:
+            return
+        engine = getattr(self, "engine", None)
+        step = f"at step {engine.global_steps}" if engine is not None else "before training started"
+        newest = newest_checkpoint(self.run_dir / self.cfg.checkpoint.dirname)
+        if newest is None:
+            where = "no checkpoint was saved (checkpoint.interval sets how often one is)"
+        else:
+            where = f"newest checkpoint: {newest}; resume: the same command + trainer.resume=auto (or ={newest})"
+        self.log.warning("interrupted %s; %s", step, where)
 
     def _train(self) -> dict:
         cfg, t = self.cfg, self.cfg.trainer

@@ -1,0 +1,35 @@
+"""Which errors are the user's to fix, and how the entry points report them: one line, no traceback.
+
+A recipe value the checks refuse (ValueError), a file that is missing or cannot be written
+(OSError: disk full, read-only or vanished directory, dsrecipes.training.checkpoint's
+CheckpointSaveError), a loss that went non-finite (FloatingPointError): `python -m dsrecipes`
+and its workers print `dsrecipes: error: ...` and exit with status 2. DSRECIPES_DEBUG=1 or
+HYDRA_FULL_ERROR=1 re-raise them with their traceback. Anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+USER_ERRORS = (ValueError, OSError, FloatingPointError)
+USER_ERROR_EXIT_CODE = 2
+
+
+def debugging() -> bool:
+    return bool(os.environ.get("DSRECIPES_DEBUG") or os.environ.get("HYDRA_FULL_ERROR"))
+
+
+def user_error_message(error: BaseException) -> str:
+    """The error's message; for an OS error its reason and the path it concerns."""
+    if isinstance(error, OSError) and error.strerror:
+        return f"{error.strerror}: {error.filename}" if error.filename else error.strerror
+    return str(error)
+
+
+def exit_on_user_error(error: BaseException, prefix: str = "") -> None:
+    """Print `dsrecipes: error: <message>` on stderr and exit 2 (re-raise when debugging)."""
+    if debugging():
+        raise error
+    print(f"dsrecipes: error: {prefix}{user_error_message(error)}", file=sys.stderr, flush=True)
+    sys.exit(USER_ERROR_EXIT_CODE)
