@@ -13,6 +13,7 @@ launcher.max_restarts > 0 restarts the workers, which resume from the run's newe
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import uuid
 from datetime import timedelta
@@ -144,5 +145,8 @@ def spawn_workers(nproc: int, max_restarts: int, config: dict, run_dir: str, ove
         start_method="spawn",
         shutdown_timeout=10,  # on SIGINT/SIGTERM, workers that have not stopped 10 s later are killed
     )
+    # The agent logs each failed worker with a traceback of its own process-joining code; the worker's
+    # own error reaches the user anyway (one line for a user error, the ChildFailedError's root cause else).
+    logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
     results = elastic_launch(launch_config, worker_main)(config, run_dir, overrides, sweep_name)
     return results[0]
