@@ -9,7 +9,10 @@ the second job's bad value is only found once the first job has trained. The `Pr
 * on_multirun_start (a sweep): hydra.sweep.dir must be creatable, then every job's config is
   composed, as the sweeper will compose it, and checked, so a bad value in any job stops the sweep
   before the first one starts. Only Hydra's basic sweeper lists its jobs up front; under another
-  sweeper (optuna, ...) each job is checked when it starts, by `run()`.
+  sweeper (optuna, ...) each job is checked when it starts, by `run()`. Under a launcher that runs
+  the jobs elsewhere (hydra/launcher=slurm) the world size and files are the remote machine's, so
+  only what depends on neither is checked here (every numeric range, the run's path-like names);
+  the rest when each job starts.
 
 A failed check prints `dsrecipes: error: <message>` (one line, no traceback) and exits with code 2;
 DSRECIPES_DEBUG=1 or HYDRA_FULL_ERROR=1 re-raise it instead. Warnings are left to `run()`, which
@@ -30,6 +33,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from dsrecipes.utils.paths import check_writable_dir
 
 _BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+_BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
 USER_ERRORS = (ValueError, FileNotFoundError)
 
 
@@ -46,6 +50,10 @@ def check_train_job(cfg: DictConfig) -> tuple[Any, Any, int, bool]:
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     nproc = int(os.environ["WORLD_SIZE"]) if joined else resolve_nproc(cfg.launcher, cfg.zero, gpus)
     check_launcher_backend(cfg.launcher, nproc)
+    if cfg.launcher.max_restarts > 0 and (joined or nproc == 1):
+        where = "under an outside launcher (use its own restart option, e.g. torchrun --max-restarts)" if joined else \
+            "with one process, which trains in this process (restarts are for spawned workers)"
+        warnings.warn(f"launcher.max_restarts={cfg.launcher.max_restarts} has no effect {where}", stacklevel=2)
     root, batch = validate_recipe(cfg, dp_world_size=nproc)
     return root, batch, nproc, joined
 
@@ -64,6 +72,16 @@ def check_inference_job(cfg: DictConfig) -> None:
     if root.generate.tp_size != world:
         raise ValueError(f"generate.tp_size={root.generate.tp_size} needs exactly that many processes, but {world} "
                          f"would run; use torchrun --nproc-per-node {root.generate.tp_size} -m dsrecipes mode={root.mode} ...")
+
+
+def check_portable(cfg: DictConfig) -> None:
+    """The checks that hold on any machine: every numeric key's range and the path-like names."""
+    from dsrecipes.config.ranges import check_ranges
+    from dsrecipes.config.validate import check_run_paths, to_root
+
+    root = to_root(cfg)
+    check_ranges(root)
+    check_run_paths(root)
 
 
 def check_job(cfg: DictConfig) -> None:
@@ -106,13 +124,14 @@ def check_sweep(config: DictConfig) -> int:
     if jobs is None:
         return 0
     loader = GlobalHydra.instance().config_loader()
+    local = OmegaConf.select(config, "hydra.launcher._target_") == _BASIC_LAUNCHER
     for index, overrides in enumerate(jobs):
         job = loader.load_sweep_config(config, list(overrides))
         with open_dict(job):
             job.hydra.job.id = index
             job.hydra.job.num = index
         try:
-            check_job(task_config(job))
+            (check_job if local else check_portable)(task_config(job))
         except USER_ERRORS as err:
             shown = " ".join(overrides) or "(no overrides)"
             raise type(err)(f"multirun job #{index} ({shown}), before any job started: {err}") from err

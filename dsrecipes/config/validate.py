@@ -54,7 +54,7 @@ def check_run_name(name: str) -> None:
     if not str(name).strip():
         raise ValueError(f"name={name!r} is not valid; the run name ends the run directory's name and names the run "
                          "in the loggers, so it must not be empty (e.g. name=gpt)")
-    if "/" in name or os.sep in name or name in (".", "..") or "\0" in name:
+    if "/" in name or os.sep in name or name in (".", "..") or "\x00" in name:
         raise ValueError(f"name={name!r} is not valid; it must be a single file name (no '/', not '.' or '..'): it "
                          "becomes part of the run directory's name (set hydra.run.dir to choose the directory)")
 
