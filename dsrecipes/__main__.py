@@ -34,9 +34,8 @@ def run(cfg: DictConfig) -> dict:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    from dsrecipes.config.validate import validate_recipe
-    from dsrecipes.distributed.config import resolve_nproc, validate_launcher_config
-    from dsrecipes.launch import spawn_workers, under_launcher, worker_main
+    from dsrecipes.config.preflight import check_train_job
+    from dsrecipes.launch import spawn_workers, worker_main
     from dsrecipes.utils.errors import USER_ERROR_EXIT_CODE, USER_ERRORS, exit_on_user_error
     from dsrecipes.utils.interrupts import exit_code, received_signal, signal_name, stop_on_signals
 
@@ -46,13 +45,9 @@ def run(cfg: DictConfig) -> dict:
             from dsrecipes.inference_cli import run_inference_mode
 
             return run_inference_mode(cfg, HydraConfig.get().runtime.output_dir, list(HydraConfig.get().overrides.task))
-        validate_launcher_config(cfg.launcher)
-        joined = under_launcher()
-        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        nproc = int(os.environ["WORLD_SIZE"]) if joined else resolve_nproc(cfg.launcher, cfg.zero, gpus)
         with warnings.catch_warnings():
             warnings.simplefilter("always")
-            root, batch = validate_recipe(cfg, dp_world_size=nproc)
+            root, batch, nproc, joined = check_train_job(cfg)  # the Preflight callback ran it before the run dir
         hydra_cfg = HydraConfig.get()
         run_dir = hydra_cfg.runtime.output_dir
         overrides = list(hydra_cfg.overrides.task)

@@ -9,7 +9,9 @@ from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import OmegaConf
 
 from dsrecipes.config import CONFIG_GROUPS, load_config, validate_recipe
+from dsrecipes.config.inactive import inactive_keys
 from dsrecipes.config.loading import to_dictconfig
+from dsrecipes.config.ranges import check_ranges
 from dsrecipes.config.store import compose
 from dsrecipes.config.validate import to_root
 from dsrecipes.training.config import OPTION_SCHEMAS, OptimizerImpl, WarmupType
@@ -44,6 +46,7 @@ def test_every_experiment_composes_and_validates(experiment):
     nproc = str(cfg.launcher.nproc_per_node)  # the world size the experiment launches (auto: 1 here)
     root, _ = validate_recipe(cfg, dp_world_size=int(nproc) if nproc.isdigit() else 1)
     assert root.name == experiment
+    assert inactive_keys(root) == []  # a shipped experiment sets no key its groups do not read
 
 
 def test_required_experiments_exist():
@@ -56,7 +59,9 @@ def test_required_experiments_exist():
 def test_every_group_option_composes(group):
     for option in options(group):
         overrides = [f"{group}={option}"] + REQUIRED_OVERRIDES.get((group, option), [])
-        OmegaConf.to_object(compose(overrides))
+        root = OmegaConf.to_object(compose(overrides))
+        check_ranges(root)  # every numeric value of a shipped option is in range
+        assert inactive_keys(root) == [], (group, option)  # and none sits in a group that is off
 
 
 def test_experiment_files_document_their_command():

@@ -2,6 +2,9 @@
 
 Each check raises ValueError naming the key, its value and what would be valid; schema-level
 problems (unknown keys, wrong types) were already caught by Hydra/OmegaConf at composition.
+Order: every numeric key against its range (dsrecipes.config.ranges), the names that become paths
+(name, checkpoint.dirname, compression.export_dirname), then each group and the cross-group rules.
+Keys set in a group that is switched off are warned about (dsrecipes.config.inactive), not refused.
 """
 
 from __future__ import annotations
@@ -13,11 +16,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from dsrecipes.compression.config import validate_compression_config
 from dsrecipes.config.compatibility import check_compatibility
+from dsrecipes.config.inactive import warn_inactive_keys
+from dsrecipes.config.ranges import check_ranges
 from dsrecipes.config.schema import RootConfig, validate_kernels_config
 from dsrecipes.data.config import validate_data_config
 from dsrecipes.data_efficiency.config import validate_data_efficiency_config
 from dsrecipes.distributed.activation_checkpoint import validate_activation_checkpoint_config
-from dsrecipes.distributed.config import validate_zero_config
+from dsrecipes.distributed.config import check_launcher_backend, validate_launcher_config, validate_zero_config
 from dsrecipes.distributed.parallel_dims import ParallelDims
 from dsrecipes.distributed.sequence_parallel import validate_sequence_parallel_recipe
 from dsrecipes.models.config import validate_model_config
@@ -42,6 +47,43 @@ def _choice(key: str, value, choices) -> None:
 def _positive(key: str, value, allow_zero: bool = False) -> None:
     if value < 0 or (value == 0 and not allow_zero):
         raise ValueError(f"{key}={value} must be {'>= 0' if allow_zero else '> 0'}")
+
+
+def check_run_name(name: str) -> None:
+    """`name` ends the run directory's name and names the run in the loggers: a non-empty single path component."""
+    if not str(name).strip():
+        raise ValueError(f"name={name!r} is not valid; the run name ends the run directory's name and names the run "
+                         "in the loggers, so it must not be empty (e.g. name=gpt)")
+    if "/" in name or os.sep in name or name in (".", "..") or "\x00" in name:
+        raise ValueError(f"name={name!r} is not valid; it must be a single file name (no '/', not '.' or '..'): it "
+                         "becomes part of the run directory's name (set hydra.run.dir to choose the directory)")
+
+
+def check_subdirectory(key: str, value: str) -> None:
+    """A directory the run writes inside its run directory: a non-empty relative path that stays inside it."""
+    parts = str(value).replace("\\", "/").split("/")
+    if not str(value).strip() or os.path.isabs(value) or ".." in parts or all(p in ("", ".") for p in parts):
+        raise ValueError(f"{key}={value!r} is not valid; it must be a relative directory name inside the run directory "
+                         "(not empty, not absolute, no '..'), e.g. checkpoints")
+
+
+def check_run_paths(root: RootConfig) -> None:
+    """name, checkpoint.dirname and compression.export_dirname: what the run turns into paths of its run directory."""
+    check_run_name(root.name)
+    check_subdirectory("checkpoint.dirname", root.checkpoint.dirname)
+    check_subdirectory("compression.export_dirname", root.compression.export_dirname)
+
+
+def warn_fp16_on_cpu(root: RootConfig, device) -> None:
+    """precision.dtype=fp16 on a CPU: it runs (torch autocasts to fp16 on the CPU and the loss scaler works), but it
+    is no fast path there, so the run is told what it gets."""
+    if root.precision.dtype == "fp16" and device.type == "cpu":
+        warnings.warn(
+            f"precision.dtype=fp16 on a CPU (trainer.device={root.trainer.device}): torch autocasts matmuls to fp16 on "
+            "the CPU and the loss scaler runs as on a GPU, so training is correct, but most CPU kernels have no fast "
+            "fp16 path (expect it several times slower than fp32). fp16 is for GPUs; on a CPU use precision=fp32 or bf16",
+            stacklevel=3,
+        )
 
 
 def to_root(cfg: RootConfig | DictConfig) -> RootConfig:
@@ -76,7 +118,7 @@ def validate_engine_config(cfg: RootConfig, world_size: int) -> BatchSizes:
     batch = resolve_batch_sizes(
         t.train_batch_size, t.train_micro_batch_size_per_gpu, t.gradient_accumulation_steps, dp_world_size
     )
-    resolve_device(t.device)
+    warn_fp16_on_cpu(cfg, resolve_device(t.device))
     _positive("trainer.max_steps", t.max_steps)
     _positive("trainer.log_interval", t.log_interval)
     _positive("trainer.eval_interval", t.eval_interval, allow_zero=True)
@@ -148,6 +190,8 @@ def validate_recipe(cfg: RootConfig | DictConfig, dp_world_size: int | None = No
     or WORLD_SIZE); the data-parallel size is derived from it and the `parallel` degrees.
     """
     root = to_root(cfg)
+    check_ranges(root)
+    check_run_paths(root)
     validate_model_config(root.model)
     validate_data_config(root.data)
     if root.data.block_size > root.model.max_seq_len:
@@ -158,6 +202,8 @@ def validate_recipe(cfg: RootConfig | DictConfig, dp_world_size: int | None = No
     validate_kernels_config(root.kernels)
     validate_activation_checkpoint_config(root.activation_checkpointing)
     world = dp_world_size or data_parallel_world_size()
+    validate_launcher_config(root.launcher)
+    check_launcher_backend(root.launcher, world)
     dims = parallel_dims(root, world)
     validate_parallel_values(root, dims)
     validate_moe_config(root.moe, root.model, world)
@@ -167,4 +213,5 @@ def validate_recipe(cfg: RootConfig | DictConfig, dp_world_size: int | None = No
     validate_sparse_attention_config(root.sparse_attention, root.model.n_head, root.data.block_size, root.model.dropout)
     check_compatibility(root, dims)
     batch = validate_engine_config(root, world)
+    warn_inactive_keys(root)
     return root, batch

@@ -32,6 +32,8 @@ TEXT_SUFFIXES = (".txt", ".md", ".py")
 JSON_SUFFIXES = (".jsonl", ".json")
 PARQUET_SUFFIXES = (".parquet",)
 SUPPORTED_SUFFIXES = TEXT_SUFFIXES + JSON_SUFFIXES + PARQUET_SUFFIXES
+#: data.val_fraction is at most this: a larger hold-out would leave less data to train on than to evaluate.
+MAX_VAL_FRACTION = 0.5
 
 
 @dataclass
@@ -51,7 +53,7 @@ class DataConfig:
         text_field: column holding the text for json/parquet/hub data.
         tokenizer: ``"byte"`` or a path to a ``tokenizers`` ``tokenizer.json`` file.
         block_size: tokens per training example (the model's context length).
-        val_fraction: fraction of documents held out for validation.
+        val_fraction: fraction of documents held out for validation, in (0, 0.5].
         max_bytes: cap on the corpus size; documents are taken in sorted order
             while the cumulative size fits (always at least one).
         num_proc: worker processes for ``datasets.Dataset.map``.
@@ -77,15 +79,19 @@ class DataConfig:
 def validate_data_config(cfg) -> None:
     """Check ``cfg`` (a ``DataConfig`` or an equivalent OmegaConf node).
 
+    Also looks at the disk (dsrecipes.data.files.check_data_sources): every corpus file must be
+    readable as its suffix says, the tokenizer file must load, the cache directory must be writable.
+
     Raises:
-        ValueError: naming the offending ``data.<key>``, its value and what would be valid.
+        ValueError: naming the offending ``data.<key>``, its value (or file) and what would be valid.
     """
     if cfg.source not in SOURCES:
         raise ValueError(f"data.source={cfg.source!r} is not valid; choose one of: {', '.join(SOURCES)}")
     if not isinstance(cfg.block_size, int) or cfg.block_size <= 0:
         raise ValueError(f"data.block_size={cfg.block_size!r} is not valid; it must be a positive integer")
-    if not 0.0 < float(cfg.val_fraction) < 1.0:
-        raise ValueError(f"data.val_fraction={cfg.val_fraction!r} is not valid; it must lie strictly between 0 and 1")
+    if not 0.0 < float(cfg.val_fraction) <= MAX_VAL_FRACTION:
+        raise ValueError(f"data.val_fraction={cfg.val_fraction!r} is not valid; it must be in (0, {MAX_VAL_FRACTION}] "
+                         "(the fraction of documents held out for validation)")
     if cfg.max_bytes is not None and cfg.max_bytes <= 0:
         raise ValueError(f"data.max_bytes={cfg.max_bytes!r} is not valid; use a positive integer or null (no cap)")
     if cfg.num_proc is not None and cfg.num_proc < 1:
@@ -104,3 +110,6 @@ def validate_data_config(cfg) -> None:
         raise ValueError(
             f"data.tokenizer={cfg.tokenizer!r} is not valid; use 'byte' or the path of an existing tokenizer.json file"
         )
+    from dsrecipes.data.files import check_data_sources  # here: files.py imports this module's suffix tables
+
+    check_data_sources(cfg)

@@ -14,90 +14,16 @@ Nothing is downloaded for ``builtin`` or ``files``: only packaged builders are u
 
 from __future__ import annotations
 
-import glob
-import os
-import sysconfig
 from collections.abc import Sequence
 
 import datasets
 import numpy as np
 import pyarrow.compute as pc
 
-from dsrecipes.data.config import JSON_SUFFIXES, PARQUET_SUFFIXES, SUPPORTED_SUFFIXES, TEXT_SUFFIXES
+from dsrecipes.data.files import builtin_files, cap_files_by_size, common_kind, expand_paths, file_kind
 
-
-def builtin_files() -> list[str]:
-    """Return the standard library's top-level ``*.py`` files, sorted by name."""
-    stdlib = sysconfig.get_paths()["stdlib"]
-    files = sorted(glob.glob(os.path.join(stdlib, "*.py")), key=os.path.basename)
-    if not files:
-        raise RuntimeError(f"no *.py files found in the standard library directory {stdlib!r}")
-    return files
-
-
-def file_kind(path: str) -> str:
-    """Map a file's suffix to the packaged datasets builder that reads it ("text", "json", "parquet")."""
-    suffix = os.path.splitext(path)[1].lower()
-    if suffix in TEXT_SUFFIXES:
-        return "text"
-    if suffix in JSON_SUFFIXES:
-        return "json"
-    if suffix in PARQUET_SUFFIXES:
-        return "parquet"
-    raise ValueError(
-        f"data.paths: {path!r} has an unsupported suffix {suffix!r}; supported: {', '.join(SUPPORTED_SUFFIXES)}"
-    )
-
-
-def expand_paths(paths: Sequence[str]) -> list[str]:
-    """Expand files and directories (recursively, supported suffixes only, sorted) into a file list."""
-    files: list[str] = []
-    for path in paths:
-        path = str(path)
-        if os.path.isdir(path):
-            found = []
-            for root, dirs, names in os.walk(path):
-                dirs.sort()
-                found.extend(
-                    os.path.join(root, n) for n in names if os.path.splitext(n)[1].lower() in SUPPORTED_SUFFIXES
-                )
-            if not found:
-                raise ValueError(
-                    f"data.paths: directory {path!r} holds no files with a supported suffix "
-                    f"({', '.join(SUPPORTED_SUFFIXES)})"
-                )
-            files.extend(sorted(found))
-        elif os.path.isfile(path):
-            file_kind(path)  # raises on an unsupported suffix
-            files.append(path)
-        else:
-            raise ValueError(f"data.paths: {path!r} does not exist")
-    return files
-
-
-def common_kind(files: Sequence[str]) -> str:
-    """Return the single builder kind shared by ``files``; raise ValueError listing them if they mix kinds."""
-    by_kind: dict[str, list[str]] = {}
-    for f in files:
-        by_kind.setdefault(file_kind(f), []).append(f)
-    if len(by_kind) != 1:
-        listing = "; ".join(f"{kind}: {', '.join(fs)}" for kind, fs in sorted(by_kind.items()))
-        raise ValueError(f"data.paths mixes file kinds ({listing}); all files of one run must share one kind")
-    return next(iter(by_kind))
-
-
-def cap_files_by_size(files: Sequence[str], max_bytes) -> list[str]:
-    """Take ``files`` in order while their cumulative on-disk size fits ``max_bytes`` (at least one)."""
-    if max_bytes is None:
-        return list(files)
-    taken, total = [], 0
-    for f in files:
-        size = os.path.getsize(f)
-        if taken and total + size > max_bytes:
-            break
-        taken.append(f)
-        total += size
-    return taken
+__all__ = ["builtin_files", "cap_files_by_size", "cap_rows_by_bytes", "common_kind", "expand_paths", "file_kind",
+           "load_documents", "select_text_column"]
 
 
 def cap_rows_by_bytes(ds: datasets.Dataset, max_bytes) -> datasets.Dataset:
@@ -127,6 +53,14 @@ def select_text_column(ds: datasets.Dataset, text_field: str) -> datasets.Datase
     return ds
 
 
+def _root_cause(err: BaseException) -> str:
+    """The message of the error at the end of the `raise ... from` chain (datasets wraps the parser's error in
+    DatasetGenerationError)."""
+    while err.__cause__ is not None:
+        err = err.__cause__
+    return f"{type(err).__name__}: {err}".splitlines()[0]
+
+
 def _load_text_files(files: Sequence[str], cache_dir) -> datasets.Dataset:
     """Read each text file as one document with the packaged "text" builder (no network)."""
     return datasets.load_dataset(
@@ -152,7 +86,11 @@ def load_documents(cfg) -> datasets.Dataset:
         kind = common_kind(files)
         if kind == "text":
             return _load_text_files(cap_files_by_size(files, cfg.max_bytes), cfg.cache_dir)
-        ds = datasets.load_dataset(kind, data_files=list(files), split="train", cache_dir=cfg.cache_dir)
+        try:
+            ds = datasets.load_dataset(kind, data_files=list(files), split="train", cache_dir=cfg.cache_dir)
+        except Exception as err:  # DatasetGenerationError / ArrowInvalid: a file that is not what its suffix says
+            raise ValueError(f"data.paths: the {kind} file(s) {', '.join(files)} could not be read: "
+                             f"{_root_cause(err)}") from err
         return cap_rows_by_bytes(select_text_column(ds, cfg.text_field), cfg.max_bytes)
     if cfg.source == "hub":
         ds = datasets.load_dataset(cfg.hub_name, cfg.hub_config, split=cfg.hub_split, cache_dir=cfg.cache_dir)

@@ -87,7 +87,11 @@ class HFTokenizerFile:
                 raise ImportError(
                     f"data.tokenizer={self.path!r} needs the Hugging Face tokenizers package: pip install tokenizers"
                 ) from exc
-            self._tokenizer = Tokenizer.from_file(self.path)
+            try:
+                self._tokenizer = Tokenizer.from_file(self.path)
+            except Exception as err:  # tokenizers raises a plain Exception for a file it cannot parse
+                raise ValueError(f"data.tokenizer={self.path!r} is not a tokenizers tokenizer.json file "
+                                 f"({str(err).splitlines()[0] if str(err) else type(err).__name__})") from None
         return self._tokenizer
 
     @property

@@ -137,3 +137,32 @@ def validate_launcher_config(cfg: LauncherConfig, prefix: str = "launcher") -> N
         raise ValueError(f"{prefix}.max_restarts={cfg.max_restarts} must be >= 0")
     if cfg.collective_timeout_s <= 0:
         raise ValueError(f"{prefix}.collective_timeout_s={cfg.collective_timeout_s} must be > 0")
+
+
+def nccl_unavailable_reason() -> str | None:
+    """Why NCCL cannot run here (no CUDA device, or a torch build without NCCL); None when it can."""
+    import torch
+    import torch.distributed as dist
+
+    if not torch.cuda.is_available():
+        return "no CUDA device is available"
+    if not (dist.is_available() and dist.is_nccl_available()):
+        return "this torch build has no NCCL"
+    return None
+
+
+def check_launcher_backend(cfg: LauncherConfig, processes: int, prefix: str = "launcher") -> None:
+    """launcher.backend=nccl where NCCL cannot run: an error before any worker starts when processes will form a
+    group (processes > 1), a warning when there is one process (it forms no group, so the key has no effect)."""
+    if cfg.backend != "nccl":
+        return
+    reason = nccl_unavailable_reason()
+    if reason is None:
+        return
+    if processes > 1:
+        raise ValueError(f"{prefix}.backend=nccl needs CUDA GPUs and NCCL, but {reason}; use {prefix}.backend=gloo or "
+                         f"auto (auto = nccl on CUDA, gloo on CPU)")
+    import warnings
+
+    warnings.warn(f"{prefix}.backend=nccl has no effect with one process (no process group is formed); NCCL could not "
+                  f"run here anyway: {reason}", stacklevel=2)

@@ -13,6 +13,7 @@ ConfigEnums, so a bad value fails at composition naming the key and the valid va
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from dsrecipes.utils.config_enum import ConfigEnum, config_enum, enum_values
@@ -87,6 +88,9 @@ def validate_generate_config(cfg: GenerateConfig, mode: str, prefix: str = "gene
         raise ValueError(f"mode={mode!r} is not valid; choose one of: {', '.join(RECIPE_MODES)}")
     if mode == "train":
         return
+    from dsrecipes.config.ranges import check_section  # here: dsrecipes.config imports this module
+
+    check_section(cfg, "generate", prefix)  # every numeric key: batch sizes >= 1, temperature / top_k >= 0, ...
     if cfg.dtype not in DTYPE_CHOICES:
         raise ValueError(f"{prefix}.dtype={cfg.dtype!r} is not valid; choose one of: {', '.join(DTYPE_CHOICES)}")
     if cfg.quant not in QUANT_CHOICES:
@@ -96,6 +100,13 @@ def validate_generate_config(cfg: GenerateConfig, mode: str, prefix: str = "gene
             raise ValueError(f"{prefix}.{key}={getattr(cfg, key)} must be >= 1")
     if cfg.max_new_tokens < 0:
         raise ValueError(f"{prefix}.max_new_tokens={cfg.max_new_tokens} must be >= 0")
+    if cfg.checkpoint is not None and not os.path.exists(str(cfg.checkpoint)):
+        raise FileNotFoundError(f"{prefix}.checkpoint={cfg.checkpoint!r} does not exist; give a run directory, its "
+                                "checkpoints folder, a checkpoints/step_N directory or a safetensors export")
+    if mode == "serve-bench":
+        for key in ("bench_batch_sizes", "bench_impls"):
+            if not getattr(cfg, key):
+                raise ValueError(f"{prefix}.{key}=[] is empty; mode=serve-bench needs at least one value")
     if mode == "generate":
         if cfg.checkpoint is None:
             raise ValueError(f"mode=generate needs {prefix}.checkpoint (a run dir, checkpoint or export), e.g. "
@@ -103,3 +114,5 @@ def validate_generate_config(cfg: GenerateConfig, mode: str, prefix: str = "gene
         if (cfg.prompt is None) == (cfg.prompts_file is None):
             raise ValueError(f"mode=generate needs exactly one of {prefix}.prompt and {prefix}.prompts_file "
                              f"(got prompt={cfg.prompt!r}, prompts_file={cfg.prompts_file!r})")
+        if cfg.prompts_file is not None and not os.path.isfile(str(cfg.prompts_file)):
+            raise FileNotFoundError(f"{prefix}.prompts_file={cfg.prompts_file!r} does not exist")

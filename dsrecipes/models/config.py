@@ -72,11 +72,13 @@ class ModelConfig:
 
 def validate_model_config(cfg: ModelConfig, prefix: str = "model") -> None:
     """Raise ValueError naming the key, its value and what would be valid."""
+    from dsrecipes.config.ranges import check_section  # here: dsrecipes.config imports this module
+
     if cfg.style not in MODEL_STYLES:
         raise ValueError(f"{prefix}.style={cfg.style!r} is not valid; choose one of: {', '.join(MODEL_STYLES)}")
-    for key in ("n_layer", "n_head", "d_model", "max_seq_len"):
-        if getattr(cfg, key) <= 0:
-            raise ValueError(f"{prefix}.{key}={getattr(cfg, key)} must be > 0")
+    # every numeric field: n_layer, n_head, d_model, max_seq_len, d_ff, vocab_size >= 1 (or null), dropout in
+    # [0, 1), norm_eps, rope_theta, init_std > 0 (finite)
+    check_section(cfg, "model", prefix)
     if cfg.d_model % cfg.n_head:
         raise ValueError(
             f"{prefix}.d_model={cfg.d_model} must be divisible by {prefix}.n_head={cfg.n_head}"
@@ -89,7 +91,3 @@ def validate_model_config(cfg: ModelConfig, prefix: str = "model") -> None:
         raise ValueError(
             f"{prefix}: rotary embeddings need an even head dim, got d_model/n_head={cfg.head_dim}"
         )
-    if cfg.vocab_size is not None and cfg.vocab_size <= 0:
-        raise ValueError(f"{prefix}.vocab_size={cfg.vocab_size} must be > 0 (or null: from the tokenizer)")
-    if not 0.0 <= cfg.dropout < 1.0:
-        raise ValueError(f"{prefix}.dropout={cfg.dropout} must be in [0, 1)")
