@@ -9,8 +9,8 @@ Select a layout per recipe:
 
 `SparseAttentionConfig` is the group's schema (DeepSpeed's keys, flat; each mode reads its own).
 `apply_sparse_attention(model, cfg)` sets `CausalSelfAttention.attention_fn` on every attention
-module to a `BlockSparseAttention` callable: the layout is built once per sequence length (and
-device) from the *global* head count, intersected with the causal block triangle, and the
+module to a `BlockSparseAttention` callable: the layout for each sequence length (cached per length
+and device; see below) uses the *global* head count, is intersected with the causal block triangle, and the
 within-block causal mask applies on diagonal blocks. Nothing is added to the state dict, so
 checkpoints move freely between sparse and dense recipes. Sequences that are not a multiple of the
 block (generation) are right-padded to one: padded keys lie after every real query, so the causal
