@@ -76,7 +76,11 @@ def _load(cfg: DictConfig, overrides: list[str], device):
 
         model_cfg.vocab_size = read_source(g.checkpoint)[0].model_cfg.vocab_size
     model, info = load_model(g.checkpoint, model_cfg, device=device)
-    return model, build_tokenizer(info.tokenizer), f"{info.kind} {info.path}"
+    source = f"{info.kind} {info.path}"
+    if info.sparse_attention:  # the KV-cache decoder has no block-sparse path: say so rather than imply one
+        source += (f" (trained with sparse_attention.mode={info.sparse_attention}; generation attends densely over "
+                   "the KV cache, so contexts longer than the layout's local window see more than in training)")
+    return model, build_tokenizer(info.tokenizer), source
 
 
 def run_inference_mode(cfg: DictConfig, run_dir: str, overrides: list[str]) -> dict:

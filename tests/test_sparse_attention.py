@@ -223,6 +223,68 @@ def test_fewer_heads_than_layout_broadcasts_shared_layouts_only():
 
 
 # --------------------------------------------------------------------------------------------------
+# Short sequences (generation): the corner of the master layout, as DeepSpeed's get_layout
+# --------------------------------------------------------------------------------------------------
+
+# Every layout of the group, with keys that make the short-prompt case bite: BigBird's window of 3
+# blocks (plus random blocks), a Longformer window of 5, random blocks in `variable` (which draws from
+# the whole row, so a layout built per length would change with the length).
+SHORT_CASES = {
+    "dense": {},
+    "fixed": {},
+    "variable": {"num_random_blocks": 2},
+    "bigbird": {"num_random_blocks": 1, "num_sliding_window_blocks": 3, "num_global_blocks": 1},
+    "bslongformer": {"num_sliding_window_blocks": 5},
+    "sliding_window": {"num_sliding_window_blocks": 3},
+}
+
+
+def _sparse_gpt(mode: str, **keys) -> GPT:
+    torch.manual_seed(0)
+    cfg = ModelConfig(n_layer=2, n_head=2, d_model=32, max_seq_len=128, vocab_size=61)
+    model = GPT(cfg).eval()
+    apply_sparse_attention(model, SparseAttentionConfig(mode=mode, block=8, **keys), cfg.n_head)
+    return model
+
+
+@pytest.mark.parametrize("mode", sorted(SHORT_CASES))
+def test_every_length_uses_the_corner_of_the_context_layout(mode):
+    model = _sparse_gpt(mode, **SHORT_CASES[mode])
+    fn = model.blocks[0].attn.attention_fn
+    master = fn.layout_config.make_layout(128)
+    for T in (8, 16, 24, 64, 128):
+        assert torch.equal(fn.block_layout(T), master[:, :T // 8, :T // 8]), T
+    ids = torch.randint(0, 61, (1, 128), generator=torch.Generator().manual_seed(1))
+    full = model(ids).logits
+    for T in (1, 5, 8, 20, 40):  # below the layout's minimum, partial blocks, several blocks
+        torch.testing.assert_close(model(ids[:, :T]).logits, full[:, :T], rtol=1e-4, atol=ATOL)
+
+
+@pytest.mark.parametrize("mode", sorted(SHORT_CASES))
+def test_sampling_with_every_sparse_layout_from_a_short_prompt(mode):
+    """The end-of-run sample (Trainer.sample_text -> sample_tokens) from a one-token prompt."""
+    from dsrecipes.models.sampling import sample_tokens
+
+    model = _sparse_gpt(mode, **SHORT_CASES[mode])
+    new = sample_tokens(model, [3], max_new_tokens=20, max_seq_len=16, temperature=0.8, top_k=10, seed=0)
+    assert len(new) == 20 and all(0 <= i < 61 for i in new)
+    greedy = sample_tokens(model, [3, 7], max_new_tokens=6, max_seq_len=128, temperature=0)
+    ids = torch.tensor([[3, 7, *greedy]])
+    assert greedy == model(ids).logits[0, 1:-1].argmax(-1).tolist()  # each step saw the full-length layout's rows
+
+
+def test_without_a_context_short_sequences_use_the_layouts_minimum_length():
+    layout_cfg = BigBirdSparsityConfig(num_heads=2, block=4, num_random_blocks=1, attention="unidirectional")
+    fn = BlockSparseAttention(layout_cfg, impl="gathered")  # a plain module: no model context known
+    assert torch.equal(fn.block_layout(4), layout_cfg.make_layout(12)[:, :1, :1])  # window 3 needs 3 blocks
+    assert torch.equal(fn.block_layout(40), layout_cfg.make_layout(40))
+    q, k, v = _qkv(H=2, Hkv=2, T=5, D=8)
+    ref = BlockSparseAttention(layout_cfg, impl="reference")
+    torch.testing.assert_close(fn(q, k, v), ref(q, k, v), rtol=1e-4, atol=ATOL)
+    torch.testing.assert_close(fn(q, k, v), _sdpa_causal(q, k, v), rtol=1e-4, atol=ATOL)  # 2 blocks: all attended
+
+
+# --------------------------------------------------------------------------------------------------
 # Config group, validation, training through the Trainer
 # --------------------------------------------------------------------------------------------------
 
@@ -268,7 +330,7 @@ def test_training_with_sparse_layout_through_trainer(tmp_path, fast_overrides):
     from dsrecipes.training.trainer import Trainer
 
     overrides = fast_overrides + ["sparse_attention=bigbird", "sparse_attention.block=16", "trainer.max_steps=12",
-                                  "trainer.eval_interval=12", "trainer.eval_batches=1", "trainer.sample_tokens=0"]
+                                  "trainer.eval_interval=12", "trainer.eval_batches=1", "trainer.sample_tokens=8"]
     root, batch = validate_recipe(compose(overrides), dp_world_size=1)
     trainer = Trainer(root, tmp_path / "run", batch, overrides=overrides)
     summary = trainer.fit()
@@ -276,6 +338,20 @@ def test_training_with_sparse_layout_through_trainer(tmp_path, fast_overrides):
     assert attn and all(isinstance(m.attention_fn, BlockSparseAttention) for m in attn)
     m = summary["metrics"]
     assert m["train/loss"] < m["train/first_loss"] - 0.5, m
+    assert summary["sample"].startswith(root.trainer.sample_prompt)  # a 4-token prompt: 1 block of a 3-block window
+
+    # mode=generate from the export and from the checkpoint: the KV-cache decoder attends densely, and says so
+    from dsrecipes.inference_cli import run_inference_mode
+
+    printed: list[str] = []
+    for source in (tmp_path / "run" / "export", tmp_path / "run" / "checkpoints"):
+        gen = ["mode=generate", f"generate.checkpoint={source}", "generate.prompt=def f", "generate.max_new_tokens=4"]
+        printed.clear()
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr("builtins.print", lambda *a, **k: printed.append(" ".join(map(str, a))))
+            out = run_inference_mode(compose(gen), str(tmp_path / "gen"), gen)
+        assert out["generations"][0]["prompt"] == "def f"
+        assert any("trained with sparse_attention.mode=bigbird; generation attends densely" in p for p in printed), printed
 
 
 def test_benchmark_memory_grows_linearly_for_sparse_and_quadratically_for_masked(tmp_path):

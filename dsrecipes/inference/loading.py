@@ -38,6 +38,7 @@ class LoadedFrom:
     model_cfg: ModelConfig
     tokenizer: str  # "byte" or a tokenizer.json path
     moe_cfg: MoEConfig | None = None  # MoE models: the experts' layout (always loaded at ep_size=1)
+    sparse_attention: str | None = None  # the sparse_attention.mode it was trained with (None: dense or unknown)
 
 
 def _moe_cfg_from(recipe) -> MoEConfig | None:
@@ -103,14 +104,17 @@ def read_source(path: str | Path) -> tuple[LoadedFrom, dict]:
         for alias, owner in aliases.items():
             state[alias] = state[owner]
         model_cfg = ModelConfig(**config["model"])
-        return LoadedFrom(kind, where, model_cfg, tokenizer, _moe_cfg_from(config.get("moe"))), state
+        sparse = (config.get("sparse_attention") or {}).get("mode")
+        return LoadedFrom(kind, where, model_cfg, tokenizer, _moe_cfg_from(config.get("moe")), sparse), state
     from dsrecipes.export import consolidated_model_state
 
     recipe = _checkpoint_recipe(where)
     tokenizer = OmegaConf.select(recipe, "data.tokenizer", default="byte")
     model_cfg = _model_cfg_from(recipe.model, tokenizer)
     moe_cfg = _moe_cfg_from(OmegaConf.select(recipe, "moe", default=None))
-    return LoadedFrom(kind, where, model_cfg, tokenizer, moe_cfg), consolidated_model_state(where)
+    sparse = OmegaConf.select(recipe, "sparse_attention.mode", default=None)
+    sparse = None if sparse in (None, "none") else str(sparse)
+    return LoadedFrom(kind, where, model_cfg, tokenizer, moe_cfg, sparse), consolidated_model_state(where)
 
 
 # Fields that change what the weights mean (a head count changes no tensor shape, so shapes alone miss it).

@@ -9,12 +9,21 @@ Select a layout per recipe:
 
 `SparseAttentionConfig` is the group's schema (DeepSpeed's keys, flat; each mode reads its own).
 `apply_sparse_attention(model, cfg)` sets `CausalSelfAttention.attention_fn` on every attention
-module to a `BlockSparseAttention` callable: the layout is built once per sequence length (and
-device) from the *global* head count, intersected with the causal block triangle, and the
+module to a `BlockSparseAttention` callable: the layout for each sequence length (cached per length
+and device; see below) uses the *global* head count, is intersected with the causal block triangle, and the
 within-block causal mask applies on diagonal blocks. Nothing is added to the state dict, so
 checkpoints move freely between sparse and dense recipes. Sequences that are not a multiple of the
 block (generation) are right-padded to one: padded keys lie after every real query, so the causal
 mask hides them and the real rows are exact.
+
+Shorter sequences use the top-left corner of one master layout, as DeepSpeed's SparseSelfAttention
+does (`master_layout = make_layout(max_seq_length)`, `get_layout(L)` = its first L/block rows and
+columns): the master is built at the model's context (`max_seq_len`, rounded up to whole blocks and
+to the layout's minimum block count). A causal query block's row then never depends on the sequence
+length, so the first tokens of a training sequence and a short generation prompt see the same key
+blocks, and lengths below a layout's minimum (BigBird's window of 3 blocks, say, with a one-token
+prompt) work. Without a known context, each length gets its own layout, built at the layout's
+minimum length when the sequence is shorter.
 
 impl: auto (Triton kernel on CUDA, the gathered pure-torch path otherwise — both ~linear in T),
 triton (the kernel; falls back to the dense reference with a warning where Triton cannot run),
@@ -140,18 +149,33 @@ class BlockSparseAttention:
     per-head layouts need the full head count (ValueError otherwise).
     """
 
-    def __init__(self, layout_config: SparsityConfig, impl: str = "auto"):
+    def __init__(self, layout_config: SparsityConfig, impl: str = "auto", max_seq_len: int | None = None):
         if impl not in SPARSE_IMPLS:
             raise ValueError(f"sparse_attention.impl={impl!r} is not valid; choose one of: {', '.join(SPARSE_IMPLS)}")
         self.layout_config = layout_config
         self.block = layout_config.block
         self.impl = impl
+        self.max_seq_len = max_seq_len  # the master layout's length (the model's context); None: one per length
         self._cache: dict = {}
+        self._full: dict[int, torch.Tensor] = {}
+
+    def block_layout(self, seq_len: int) -> torch.Tensor:
+        """Bool[layout heads, nb, nb] for a whole-block `seq_len`: the corner of the layout it is cut from."""
+        nb = seq_len // self.block
+        if seq_len < 1 or seq_len % self.block:
+            raise ValueError(f"sequence length {seq_len} must be a positive multiple of sparse_attention.block="
+                             f"{self.block}")
+        master = -(-self.max_seq_len // self.block) if self.max_seq_len else 0
+        source = master if nb <= master else nb  # past the context (or without one): this length's own layout
+        source = max(source, self.layout_config.min_blocks)
+        if source not in self._full:
+            self._full[source] = self.layout_config.make_layout(source * self.block)
+        return self._full[source][:, :nb, :nb]
 
     def layout(self, seq_len: int, num_heads: int, device) -> tuple[torch.Tensor, object]:
         key = (seq_len, num_heads, str(device))
         if key not in self._cache:
-            layout = torch.tril(self.layout_config.make_layout(seq_len))
+            layout = torch.tril(self.block_layout(seq_len))
             if num_heads != layout.shape[0]:
                 if not bool((layout == layout[:1]).all()):
                     raise ValueError(
@@ -191,13 +215,20 @@ class BlockSparseAttention:
         return out[:, :, :T] if pad else out
 
 
-def apply_sparse_attention(model: nn.Module, cfg: SparseAttentionConfig, num_heads: int) -> int:
-    """Route every CausalSelfAttention of `model` through one BlockSparseAttention; returns how many."""
+def apply_sparse_attention(model: nn.Module, cfg: SparseAttentionConfig, num_heads: int,
+                           max_seq_len: int | None = None) -> int:
+    """Route every CausalSelfAttention of `model` through one BlockSparseAttention; returns how many.
+
+    max_seq_len: the master layout's length (see the module docstring); default the model's own
+    context (`model.cfg.max_seq_len` of a dsrecipes GPT), else one layout per sequence length.
+    """
     from dsrecipes.models.layers import CausalSelfAttention
 
     if cfg.mode == "none":
         return 0
-    fn = BlockSparseAttention(build_sparsity_config(cfg, num_heads), cfg.impl)
+    if max_seq_len is None:
+        max_seq_len = getattr(getattr(model, "cfg", None), "max_seq_len", None)
+    fn = BlockSparseAttention(build_sparsity_config(cfg, num_heads), cfg.impl, max_seq_len=max_seq_len)
     count = 0
     for module in model.modules():
         if isinstance(module, CausalSelfAttention):

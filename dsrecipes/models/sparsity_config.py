@@ -73,6 +73,11 @@ class SparsityConfig:
     def make_layout(self, seq_len: int) -> torch.Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    @property
+    def min_blocks(self) -> int:
+        """The fewest blocks make_layout accepts (a window or a random-block count may need several)."""
+        return 1
+
     def _require_blocks(self, key: str, value: int, nb: int) -> None:
         if nb < value:
             raise ValueError(f"{self.prefix}.{key}={value} exceeds the {nb} blocks of the sequence "
@@ -224,6 +229,10 @@ class VariableSparsityConfig(SparsityConfig):
             raise ValueError(f"{p}.horizontal_global_attention=true needs {p}.attention=bidirectional, "
                              f"got {self.attention!r}")
 
+    @property
+    def min_blocks(self) -> int:
+        return max(1, self.num_random_blocks)
+
     def make_layout(self, seq_len: int) -> torch.Tensor:
         layout = self.setup_layout(seq_len)
         nb, causal = layout.shape[1], self.attention == "unidirectional"
@@ -268,6 +277,10 @@ class BigBirdSparsityConfig(SparsityConfig):
             raise ValueError(f"{p}.num_sliding_window_blocks={self.num_sliding_window_blocks} must be >= 1")
         _check_attention("bigbird", self.attention, p)
 
+    @property
+    def min_blocks(self) -> int:
+        return max(1, self.num_random_blocks, self.num_sliding_window_blocks, self.num_global_blocks)
+
     def make_layout(self, seq_len: int) -> torch.Tensor:
         layout = self.setup_layout(seq_len)
         nb, causal = layout.shape[1], self.attention == "unidirectional"
@@ -305,6 +318,10 @@ class BSLongformerSparsityConfig(SparsityConfig):
         _check_global_blocks(p, self.global_block_indices, self.global_block_end_indices)
         _check_attention("bslongformer", self.attention, p)
 
+    @property
+    def min_blocks(self) -> int:
+        return self.num_sliding_window_blocks
+
     def make_layout(self, seq_len: int) -> torch.Tensor:
         layout = self.setup_layout(seq_len)
         nb = layout.shape[1]
@@ -333,6 +350,10 @@ class LocalSlidingWindowSparsityConfig(SparsityConfig):
         if self.num_sliding_window_blocks < 1:
             raise ValueError(f"{self.prefix}.num_sliding_window_blocks={self.num_sliding_window_blocks} must be >= 1")
         _check_attention("sliding_window", self.attention, self.prefix)
+
+    @property
+    def min_blocks(self) -> int:
+        return self.num_sliding_window_blocks
 
     def make_layout(self, seq_len: int) -> torch.Tensor:
         layout = self.setup_layout(seq_len)

@@ -296,9 +296,11 @@ class Trainer:
         out = self.run_dir / "export"
         state = self.engine.module_state_dict()  # a collective under FSDP2: every rank takes part
         if self.is_logging_rank:
-            export_safetensors(
-                state, self.cfg.model, out, extra={"tokenizer": self.cfg.data.tokenizer}, moe_cfg=self.cfg.moe
-            )
+            extra = {"tokenizer": self.cfg.data.tokenizer}
+            if str(self.cfg.sparse_attention.mode) != "none":  # recorded for inference (which attends densely)
+                extra["sparse_attention"] = OmegaConf.to_container(OmegaConf.structured(self.cfg.sparse_attention),
+                                                                   enum_to_str=True)
+            export_safetensors(state, self.cfg.model, out, extra=extra, moe_cfg=self.cfg.moe)
             self.log.info("export: %s", out)
         return out
 
