@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+if os.environ.get("PYTEST_XDIST_WORKER") and (os.environ.get("PYTEST_XDIST_WORKER_COUNT") or "1") != "1":
+    # Several test processes share the cores: one intra-op thread each (and in the runs they start),
+    # or OpenMP's spinning threads oversubscribe them and everything slows several times over.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

@@ -9,9 +9,11 @@ Issue 17's behaviours, each compared with the DeepSpeed code that defines it:
   step, fixed_linear / fixed_root / fixed_discrete (the lower bound ceil(min / step) * step arrived in
   DeepSpeed 0.19.7; older releases are skipped).
 * Compression-training weight quantizers: `deepspeed.compression.utils.SymQuantizer` / `AsymQuantizer`
-  bit for bit. DeepSpeed 0.19.7 removed its compression library, so those two tests run only with
-  deepspeed<=0.19.6 installed; the symmetric grid is also checked against 0.19.8's surviving copy of the
-  same formula, `deepspeed.module_inject.replace_module.GroupQuantizer` (codes and scales).
+  bit for bit. DeepSpeed 0.19.7 removed its compression library: with deepspeed<=0.19.6 installed the
+  tests call it, otherwise they compare with what 0.19.6 returned for the same cases
+  (tests/data/deepspeed_0_19_6_quantizers.pt, written by tests/helpers/record_deepspeed_quantizers.py);
+  the symmetric grid is also checked against 0.19.8's surviving copy of the same formula,
+  `deepspeed.module_inject.replace_module.GroupQuantizer` (codes and scales).
 * LR schedules: every schedule's lr (and OneCycle's momentum) over 30 steps from DeepSpeed's classes
   (`deepspeed.runtime.lr_schedules`: placeholder at construction, step() after each optimizer step)
   equals dsrecipes' with lr_scheduler.step_alignment=deepspeed; the default is one step ahead. The
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -177,28 +180,46 @@ def test_symmetric_codes_match_deepspeeds_group_quantizer(bits, groups):
     assert torch.equal(fake_quantize(w, bits, True, groups), expect)
 
 
-def _compression_utils():
-    return pytest.importorskip("deepspeed.compression.utils",
-                               reason="DeepSpeed removed its compression library in 0.19.7; install "
-                                      "deepspeed==0.19.6 to compare with SymQuantizer / AsymQuantizer")
+SYM_SHIFTS = (0.0, 0.02)
+ASYM_SHIFTS = (0.0, 0.02, -0.3)  # ranges across 0, mostly positive, wholly negative
+QUANTIZER_RECORD = Path(__file__).parent / "data" / "deepspeed_0_19_6_quantizers.pt"
+
+
+def sym_weight(bits: int, groups: int, shift: float) -> torch.Tensor:
+    return _weight(bits * groups, shift)
+
+
+def asym_weight(bits: int, groups: int, shift: float) -> torch.Tensor:
+    return _weight(bits * groups + 1, shift)
+
+
+def _deepspeed_quantizer(kind: str):
+    """DeepSpeed's SymQuantizer / AsymQuantizer as f(weight, bits, groups, shift): live where its compression
+    library is installed (deepspeed<=0.19.6), else what 0.19.6 returned for these exact cases
+    (tests/helpers/record_deepspeed_quantizers.py wrote the record)."""
+    try:
+        from deepspeed.compression import utils
+    except ImportError:
+        record = torch.load(QUANTIZER_RECORD, weights_only=True)
+        return lambda w, bits, groups, shift: record[kind][(bits, groups, shift)]
+    quantizer = utils.SymQuantizer if kind == "sym" else utils.AsymQuantizer
+    return lambda w, bits, groups, shift: quantizer.apply(w.clone(), bits, None, None, groups)
 
 
 @pytest.mark.parametrize("bits,groups", QUANT_CASES)
 def test_symmetric_quantizer_matches_deepspeed_sym_quantizer(bits, groups):
-    utils = _compression_utils()
-    for shift in (0.0, 0.02):
-        w = _weight(bits * groups, shift)
-        assert torch.equal(fake_quantize(w, bits, True, groups), utils.SymQuantizer.apply(w.clone(), bits, None, None,
-                                                                                          groups))
+    theirs = _deepspeed_quantizer("sym")
+    for shift in SYM_SHIFTS:
+        w = sym_weight(bits, groups, shift)
+        assert torch.equal(fake_quantize(w, bits, True, groups), theirs(w, bits, groups, shift))
 
 
 @pytest.mark.parametrize("bits,groups", QUANT_CASES)
 def test_asymmetric_quantizer_matches_deepspeed_asym_quantizer(bits, groups):
-    utils = _compression_utils()
-    for shift in (0.0, 0.02, -0.3):  # ranges across 0, mostly positive, wholly negative
-        w = _weight(bits * groups + 1, shift)
-        assert torch.equal(fake_quantize(w, bits, False, groups), utils.AsymQuantizer.apply(w.clone(), bits, None,
-                                                                                            None, groups))
+    theirs = _deepspeed_quantizer("asym")
+    for shift in ASYM_SHIFTS:
+        w = asym_weight(bits, groups, shift)
+        assert torch.equal(fake_quantize(w, bits, False, groups), theirs(w, bits, groups, shift))
 
 
 # ------------------------------------------------------------------------------------- lr schedules

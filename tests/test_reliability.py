@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import logging
 import multiprocessing
 import os
 import shutil
@@ -120,8 +121,13 @@ def test_resume_auto_passes_over_a_damaged_checkpoint_for_the_one_before(tmp_pat
     saved_steps(engine, run / "checkpoints", 2)
     model_file = next((run / "checkpoints" / "step_2" / "dcp").glob("*.distcp"))
     model_file.write_bytes(bytes(model_file.stat().st_size))  # same size, zeros
-    with caplog.at_level("WARNING", logger="dsrecipes"):
-        found = find_resume_checkpoint("auto", run, "checkpoints", "gpt")
+    logger = logging.getLogger("dsrecipes")  # a Trainer run earlier in this process stops its propagation
+    logger.addHandler(caplog.handler)
+    try:
+        with caplog.at_level("WARNING", logger="dsrecipes"):
+            found = find_resume_checkpoint("auto", run, "checkpoints", "gpt")
+    finally:
+        logger.removeHandler(caplog.handler)
     assert found == run / "checkpoints" / "step_1"
     assert "skipping step_2" in caplog.text and "does not match its checksum" in caplog.text
     with pytest.raises(ValueError, match="step_2 failed verification"):
