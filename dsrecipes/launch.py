@@ -22,21 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-
-def adopt_slurm_environment() -> None:
-    """Under srun (e.g. Hydra's submitit launcher) map SLURM's task variables to torch's RANK names."""
-    env = os.environ
-    if "RANK" in env or int(env.get("SLURM_NTASKS", "1")) <= 1 or "SLURM_PROCID" not in env:
-        return
-    env["RANK"], env["WORLD_SIZE"] = env["SLURM_PROCID"], env["SLURM_NTASKS"]
-    env["LOCAL_RANK"] = env.get("SLURM_LOCALID", "0")
-    env.setdefault("LOCAL_WORLD_SIZE", env.get("SLURM_NTASKS_PER_NODE", env["SLURM_NTASKS"]).split("(")[0])
-
-
-def under_launcher() -> bool:
-    """True when torchrun, srun (SLURM) or another launcher already started this process."""
-    adopt_slurm_environment()
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+from dsrecipes.distributed.environment import adopt_slurm_environment, under_launcher  # noqa: F401 (re-exported)
 
 
 def backend_for(configured: str) -> str:

@@ -23,12 +23,12 @@ from omegaconf import OmegaConf
 
 from dsrecipes.config.inactive import inactive_keys
 from dsrecipes.config.preflight import Preflight, check_inference_job, check_sweep, check_train_job
-from dsrecipes.config.ranges import RANGES, check_ranges, numeric_keys
 from dsrecipes.config.schema import CONFIG_GROUPS, RootConfig
 from dsrecipes.config.store import compose
 from dsrecipes.config.validate import to_root, validate_recipe
 from dsrecipes.distributed.config import nccl_unavailable_reason
 from dsrecipes.utils.paths import check_writable_dir
+from dsrecipes.utils.ranges import RANGES, check_ranges, numeric_keys
 from tests.helpers.cli import run_cli
 
 _PARSER = OverridesParser.create()
@@ -219,8 +219,10 @@ def test_a_fixed_choice_fails_at_composition_listing_the_choices(override, fragm
 
 
 def test_every_numeric_key_of_the_schema_has_a_range():
-    keys = numeric_keys(RootConfig)
-    assert keys - set(RANGES) == set(), "add these keys to dsrecipes.config.ranges.RANGES"
+    from dsrecipes.training.config import OPTION_SCHEMAS
+
+    keys = numeric_keys(RootConfig, OPTION_SCHEMAS)
+    assert keys - set(RANGES) == set(), "add these keys to dsrecipes.utils.ranges.RANGES"
     assert set(RANGES) - keys == set(), "RANGES names keys the schema does not have"
     check_ranges(RootConfig())  # the schema's defaults are in range
     check_ranges(to_root(_composed(())))  # so is the default recipe

@@ -11,10 +11,10 @@ from omegaconf import OmegaConf
 from dsrecipes.config import CONFIG_GROUPS, load_config, validate_recipe
 from dsrecipes.config.inactive import inactive_keys
 from dsrecipes.config.loading import to_dictconfig
-from dsrecipes.config.ranges import check_ranges
 from dsrecipes.config.store import compose
 from dsrecipes.config.validate import to_root
 from dsrecipes.training.config import OPTION_SCHEMAS, OptimizerImpl, WarmupType
+from dsrecipes.utils.ranges import check_ranges
 
 # options that need a key set before they build (their class is the user's choice)
 REQUIRED_OVERRIDES = {

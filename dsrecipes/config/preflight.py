@@ -42,7 +42,7 @@ def check_train_job(cfg: DictConfig) -> tuple[Any, Any, int, bool]:
 
     from dsrecipes.config.validate import validate_recipe
     from dsrecipes.distributed.config import check_launcher_backend, resolve_nproc, validate_launcher_config
-    from dsrecipes.launch import under_launcher
+    from dsrecipes.distributed.environment import under_launcher
 
     validate_launcher_config(cfg.launcher)
     joined = under_launcher()
@@ -59,9 +59,9 @@ def check_train_job(cfg: DictConfig) -> tuple[Any, Any, int, bool]:
 
 def check_inference_job(cfg: DictConfig) -> None:
     """mode=generate / serve-bench: every numeric key, the run name, the generate group and its process count."""
-    from dsrecipes.config.ranges import check_ranges
     from dsrecipes.config.validate import check_run_name, to_root
     from dsrecipes.inference.config import validate_generate_config
+    from dsrecipes.utils.ranges import check_ranges
 
     root = to_root(cfg)
     check_ranges(root)
@@ -75,8 +75,8 @@ def check_inference_job(cfg: DictConfig) -> None:
 
 def check_portable(cfg: DictConfig) -> None:
     """The checks that hold on any machine: every numeric key's range and the path-like names."""
-    from dsrecipes.config.ranges import check_ranges
     from dsrecipes.config.validate import check_run_paths, to_root
+    from dsrecipes.utils.ranges import check_ranges
 
     root = to_root(cfg)
     check_ranges(root)

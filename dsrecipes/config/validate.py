@@ -2,7 +2,7 @@
 
 Each check raises ValueError naming the key, its value and what would be valid; schema-level
 problems (unknown keys, wrong types) were already caught by Hydra/OmegaConf at composition.
-Order: every numeric key against its range (dsrecipes.config.ranges), the names that become paths
+Order: every numeric key against its range (dsrecipes.utils.ranges), the names that become paths
 (name, checkpoint.dirname, compression.export_dirname), then each group and the cross-group rules.
 Keys set in a group that is switched off are warned about (dsrecipes.config.inactive), not refused.
 """
@@ -17,7 +17,6 @@ from omegaconf import DictConfig, OmegaConf
 from dsrecipes.compression.config import validate_compression_config
 from dsrecipes.config.compatibility import check_compatibility
 from dsrecipes.config.inactive import warn_inactive_keys
-from dsrecipes.config.ranges import check_ranges
 from dsrecipes.config.schema import RootConfig, validate_kernels_config
 from dsrecipes.data.config import validate_data_config
 from dsrecipes.data_efficiency.config import validate_data_efficiency_config
@@ -35,6 +34,7 @@ from dsrecipes.training.optimizers import validate_optimizer_config
 from dsrecipes.training.precision import validate_precision_config
 from dsrecipes.utils.config_enum import enum_values
 from dsrecipes.utils.device import resolve_device
+from dsrecipes.utils.ranges import check_ranges
 
 WANDB_MODES = enum_values(WandbMode)
 

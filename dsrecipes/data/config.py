@@ -13,6 +13,7 @@ before any expensive work starts.
 import os
 from dataclasses import dataclass, field
 
+from dsrecipes.data.files import check_data_sources
 from dsrecipes.utils.config_enum import ConfigEnum, enum_values
 
 
@@ -27,11 +28,6 @@ class DataSource(ConfigEnum):
 #: Valid values of ``data.source``.
 SOURCES = enum_values(DataSource)
 
-#: File suffixes accepted by ``source=files``, grouped by the datasets builder that reads them.
-TEXT_SUFFIXES = (".txt", ".md", ".py")
-JSON_SUFFIXES = (".jsonl", ".json")
-PARQUET_SUFFIXES = (".parquet",)
-SUPPORTED_SUFFIXES = TEXT_SUFFIXES + JSON_SUFFIXES + PARQUET_SUFFIXES
 #: data.val_fraction is at most this: a larger hold-out would leave less data to train on than to evaluate.
 MAX_VAL_FRACTION = 0.5
 
@@ -110,6 +106,5 @@ def validate_data_config(cfg) -> None:
         raise ValueError(
             f"data.tokenizer={cfg.tokenizer!r} is not valid; use 'byte' or the path of an existing tokenizer.json file"
         )
-    from dsrecipes.data.files import check_data_sources  # here: files.py imports this module's suffix tables
 
     check_data_sources(cfg)

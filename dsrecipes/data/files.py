@@ -16,8 +16,13 @@ import os
 import sysconfig
 from collections.abc import Sequence
 
-from dsrecipes.data.config import JSON_SUFFIXES, PARQUET_SUFFIXES, SUPPORTED_SUFFIXES, TEXT_SUFFIXES
 from dsrecipes.utils.paths import check_writable_dir
+
+#: File suffixes accepted by ``source=files``, grouped by the datasets builder that reads them.
+TEXT_SUFFIXES = (".txt", ".md", ".py")
+JSON_SUFFIXES = (".jsonl", ".json")
+PARQUET_SUFFIXES = (".parquet",)
+SUPPORTED_SUFFIXES = TEXT_SUFFIXES + JSON_SUFFIXES + PARQUET_SUFFIXES
 
 _SNIFF_BYTES = 64 * 1024  # how much of each file the checks read
 _PARQUET_MAGIC = b"PAR1"

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from dsrecipes.utils.config_enum import ConfigEnum, config_enum, enum_values
 from dsrecipes.utils.dtypes import DTYPES
+from dsrecipes.utils.ranges import check_section
 
 # the root `mode` ("serve-bench" is no identifier: the functional form names each member by its value)
 RecipeMode = config_enum("RecipeMode", ("train", "generate", "serve-bench"), __name__)
@@ -88,7 +89,6 @@ def validate_generate_config(cfg: GenerateConfig, mode: str, prefix: str = "gene
         raise ValueError(f"mode={mode!r} is not valid; choose one of: {', '.join(RECIPE_MODES)}")
     if mode == "train":
         return
-    from dsrecipes.config.ranges import check_section  # here: dsrecipes.config imports this module
 
     check_section(cfg, "generate", prefix)  # every numeric key: batch sizes >= 1, temperature / top_k >= 0, ...
     if cfg.dtype not in DTYPE_CHOICES:

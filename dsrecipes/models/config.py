@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 
 from dsrecipes.utils.config_enum import ConfigEnum, enum_values
+from dsrecipes.utils.ranges import check_section
 
 
 class ModelStyle(ConfigEnum):
@@ -72,7 +73,6 @@ class ModelConfig:
 
 def validate_model_config(cfg: ModelConfig, prefix: str = "model") -> None:
     """Raise ValueError naming the key, its value and what would be valid."""
-    from dsrecipes.config.ranges import check_section  # here: dsrecipes.config imports this module
 
     if cfg.style not in MODEL_STYLES:
         raise ValueError(f"{prefix}.style={cfg.style!r} is not valid; choose one of: {', '.join(MODEL_STYLES)}")

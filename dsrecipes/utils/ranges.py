@@ -312,10 +312,10 @@ def _numeric(tp: Any) -> bool:
     return tp in (int, float)
 
 
-def numeric_keys(schema: type, prefix: str = "") -> set[str]:
-    """Every numeric key of a config schema (optimizer / lr_scheduler: the union over their options)."""
-    from dsrecipes.training.config import OPTION_SCHEMAS
-
+def numeric_keys(schema: type, option_schemas: dict | None = None, prefix: str = "") -> set[str]:
+    """Every numeric key of a config schema; a group in option_schemas ({group: {option: schema}}, e.g.
+    dsrecipes.training.config.OPTION_SCHEMAS) counts the union over its options' schemas."""
+    option_schemas = option_schemas or {}
     keys: set[str] = set()
     hints = typing.get_type_hints(schema)
     for f in dataclasses.fields(schema):
@@ -323,11 +323,11 @@ def numeric_keys(schema: type, prefix: str = "") -> set[str]:
             continue
         key = f"{prefix}.{f.name}" if prefix else f.name
         tp = hints[f.name]
-        if not prefix and f.name in OPTION_SCHEMAS:
-            for option in OPTION_SCHEMAS[f.name].values():
-                keys |= numeric_keys(option, key)
+        if not prefix and f.name in option_schemas:
+            for option in option_schemas[f.name].values():
+                keys |= numeric_keys(option, prefix=key)
         elif dataclasses.is_dataclass(tp):
-            keys |= numeric_keys(tp, key)
+            keys |= numeric_keys(tp, prefix=key)
         elif _numeric(tp):
             keys.add(key)
     return keys
