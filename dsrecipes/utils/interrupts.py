@@ -19,6 +19,10 @@ _RECEIVED: list[int] = []
 
 
 def _on_signal(signum, frame) -> None:
+    """The first signal stops the run; later ones (the agent passes Ctrl-C on to workers that got it from the
+    terminal too) are ignored, so they cannot raise again while the process is already shutting down."""
+    if _RECEIVED:
+        return
     _RECEIVED.append(signum)
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
