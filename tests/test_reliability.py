@@ -173,6 +173,22 @@ def test_a_failed_write_is_one_clear_error_and_the_previous_checkpoint_stays(tmp
     small_engine().load_checkpoint(tmp_path)
 
 
+def test_a_failed_save_is_reported_as_one_line_not_a_traceback(tmp_path, monkeypatch, capsys):
+    from dsrecipes.utils.errors import USER_ERROR_EXIT_CODE, USER_ERRORS, exit_on_user_error
+
+    engine = small_engine()
+    monkeypatch.setattr(torch, "save", _failing_save(torch.save, OSError(errno.ENOSPC, "No space left on device")))
+    monkeypatch.delenv("DSRECIPES_DEBUG", raising=False)
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    with pytest.raises(USER_ERRORS) as raised:  # what the CLI and its workers turn into one line
+        engine.save_checkpoint(tmp_path)
+    with pytest.raises(SystemExit) as exited:
+        exit_on_user_error(raised.value)
+    assert exited.value.code == USER_ERROR_EXIT_CODE
+    err = capsys.readouterr().err
+    assert err.startswith("dsrecipes: error: checkpoint step_0 could not be saved") and err.count("\n") == 1
+
+
 def test_a_run_directory_that_vanishes_mid_save_is_a_clear_error(tmp_path, monkeypatch):
     engine = small_engine()
     real = torch.save

@@ -47,8 +47,11 @@ _CHUNK = 8 << 20
 log = logging.getLogger("dsrecipes")
 
 
-class CheckpointSaveError(RuntimeError):
-    """A checkpoint could not be written (disk full, read-only or vanished directory); nothing was renamed into place."""
+class CheckpointSaveError(OSError):
+    """A checkpoint could not be written (disk full, read-only or vanished directory); nothing was renamed into place.
+
+    An OSError, so the entry points report it as the user's to fix (dsrecipes.utils.errors.USER_ERRORS).
+    """
 
 
 def begin_checkpoint(save_dir: str | os.PathLike, tag: str, is_writer: bool, expected_bytes: int = 0) -> Path:
@@ -66,7 +69,7 @@ def begin_checkpoint(save_dir: str | os.PathLike, tag: str, is_writer: bool, exp
             remove_stale_temporaries(save_dir)
             check_free_space(save_dir, expected_bytes)
             tmp.mkdir()
-        except (OSError, CheckpointSaveError) as failure:
+        except OSError as failure:  # CheckpointSaveError (the free-space check) included
             error = describe_write_error(failure)
     raise_if_any_rank_failed(error, save_dir, tag, tmp, is_writer)
     return tmp
@@ -102,8 +105,6 @@ def save_file(obj, path: Path) -> None:
 
 def describe_write_error(error: BaseException) -> str:
     """One line for a failed write: the OS's reason and the path it concerns."""
-    if isinstance(error, tuple):  # DCP's CheckpointException.failures values: (exception, frames)
-        error = error[0]
     if isinstance(error, OSError) and error.strerror:
         where = f": {error.filename}" if error.filename else ""
         return f"{error.strerror}{where}"

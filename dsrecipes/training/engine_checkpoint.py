@@ -120,7 +120,8 @@ def _describe_failure(failure: BaseException) -> str:
     """DCP wraps each rank's write error; name the underlying OS error where there is one."""
     causes = getattr(failure, "failures", None)
     if causes:
-        return "; ".join(describe_write_error(cause) for cause in causes.values())
+        # each value is (exception, frames)
+        return "; ".join(describe_write_error(cause[0] if isinstance(cause, tuple) else cause) for cause in causes.values())
     return describe_write_error(failure)
 
 
