@@ -7,6 +7,8 @@ tokenizes and packs it into fixed-length blocks cached by Hugging Face datasets;
 data-parallel rank and ``eval_batches`` sequential validation batches.
 """
 
+from dsrecipes.utils.lazy_exports import lazy_exports
+
 _EXPORTS = {
     "BatchIterator": "dsrecipes.data.batches",
     "eval_batches": "dsrecipes.data.batches",
@@ -22,11 +24,6 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
-    # Lazy, so that importing the schema (dsrecipes.data.config) does not import datasets and pandas
-    # (~1 s): the launching process only composes and validates the recipe.
-    if name in _EXPORTS:
-        import importlib
-
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'dsrecipes.data' has no attribute {name!r}")
+# Lazy, so that importing the schema (dsrecipes.data.config) does not import datasets and pandas
+# (~1 s): the launching process only composes and validates the recipe.
+__getattr__ = lazy_exports(__name__, _EXPORTS)

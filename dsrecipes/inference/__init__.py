@@ -15,6 +15,8 @@ dsrecipes.models.sampling. The names below are imported lazily, so the config sc
 
 from __future__ import annotations
 
+from dsrecipes.utils.lazy_exports import lazy_exports
+
 _EXPORTS = {
     "InferenceEngine": "dsrecipes.inference.engine",
     "init_inference": "dsrecipes.inference.engine",
@@ -25,9 +27,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        import importlib
-
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'dsrecipes.inference' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _EXPORTS)
