@@ -47,12 +47,15 @@ def test_tensorboard_holds_scalars_and_config_text(tmp_path):
     loggers = MetricLoggers(LoggerConfig(jsonl=False), tmp_path, "run", {"model": {"n_layer": 3}})
     loggers.log({"train/loss": 2.5}, 1)
     loggers.log({"train/loss": 2.0}, 2)
+    loggers.log_text("run/layout", "world 1 = pp 1 x dp 1")
     loggers.close()
     events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"tensors": 0})
     events.Reload()
     assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [(1, 2.5), (2, 2.0)]
     text = events.Tensors("config/text_summary")[0].tensor_proto.string_val[0].decode()
     assert "n_layer: 3" in text
+    layout = events.Tensors("run/layout/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert layout == "world 1 = pp 1 x dp 1"
 
 
 @needs_wandb
@@ -66,12 +69,14 @@ def test_wandb_offline_run_holds_metrics_config_name_group_tags(tmp_path, monkey
     assert isinstance(loggers.sinks[0], WandbLogger)
     loggers.log({"train/loss": 2.5}, 1)
     loggers.log({"train/loss": 2.0, "val/loss": 2.2}, 2)
+    loggers.log_text("run/layout", "world 1 = pp 1 x dp 1")
     loggers.close()
     (run_dir,) = list((tmp_path / "wandb").glob("offline-run-*"))
     run = read_offline_run_when_written(run_dir, expected_history=2)
     assert [h["train/loss"] for h in run["history"]] == [2.5, 2.0]
     assert run["history"][1]["val/loss"] == 2.2 and run["history"][1]["_step"] == 2
     assert run["config"]["model"] == {"n_layer": 3}
+    assert run["summary"]["run/layout"] == "world 1 = pp 1 x dp 1"
     assert (run["name"], run["group"], run["tags"]) == ("gpt_tiny", "12-00-00_gpt", ["smoke"])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["wandb"]
 

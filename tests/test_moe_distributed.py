@@ -15,7 +15,14 @@ EP group by the all_to_all backward).
 import pytest
 import torch
 
-from tests.helpers.equivalence import STEPS, assert_matches_single_process, assert_refused, common, run_and_read
+from tests.helpers.equivalence import (
+    STEPS,
+    assert_matches_single_process,
+    assert_refused,
+    common,
+    run_and_read,
+    run_layout,
+)
 
 MOE = [
     "moe.num_experts=4", "moe.k=2", "moe.expert_interval=1", "moe.use_rts=false",
@@ -39,6 +46,9 @@ def test_expert_parallel_2_reproduces_single_process(tmp_path, datasets_cache, m
         "launcher.nproc_per_node=2", "trainer.train_micro_batch_size_per_gpu=4"])
     assert params["blocks.0.mlp.experts.w_in"].shape[0] == 4  # the export holds every expert
     assert_matches_single_process(losses, params, ref_losses, ref_params)
+    layout = run_layout(tmp_path / "ep2")
+    assert layout.startswith("world 2 = pp 1 x dp 2 (replicate 1 x shard 2) x sp 1 x tp 1; ep 2 | data parallel: ")
+    assert ("data parallel: fsdp2: FSDP2 (zero.stage=3)" if zero == "zero.stage=3" else "data parallel: ddp") in layout
 
 
 @pytest.mark.slow

@@ -17,6 +17,7 @@ from tests.helpers.equivalence import (
     assert_resumes_in_one_process,
     common,
     run_and_read,
+    run_layout,
 )
 
 
@@ -45,6 +46,10 @@ def test_dp2_x_tp2_x_pp2_reproduces_single_process(tmp_path, datasets_cache, sin
     losses, params = run_and_read(tmp_path, "dp2tp2pp2", common(datasets_cache) + [
         "parallel.pp=2", "parallel.tp=2", "launcher.nproc_per_node=8", "trainer.train_micro_batch_size_per_gpu=4"])
     assert_matches_single_process(losses, params, *single_gpt)
+    layout = run_layout(tmp_path / "dp2tp2pp2")  # the run says what it ran (not "one data-parallel rank")
+    assert layout.startswith("world 8 = pp 2 x dp 2 (replicate 2 x shard 1) x sp 1 x tp 2; ep 1 | pipeline: ")
+    assert "tensor parallel: sequence-parallel activations" in layout and "data parallel: allreduce" in layout
+    assert "precision: fp32 weights and compute" in layout
 
 
 @pytest.mark.slow

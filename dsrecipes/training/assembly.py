@@ -14,6 +14,7 @@ Used by the recipe Trainer and by `dsrecipes.initialize`.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import warnings
 
 import torch
@@ -25,6 +26,7 @@ from dsrecipes.distributed.parallelize import ParallelPlan, parallelize
 from dsrecipes.distributed.utils import is_distributed
 from dsrecipes.training.batch import BatchSizes
 from dsrecipes.training.engine import Engine
+from dsrecipes.training.layout import describe_layout
 from dsrecipes.training.lr_schedules import build_lr_scheduler
 from dsrecipes.training.optimizers import (
     build_optimizer,
@@ -36,6 +38,8 @@ from dsrecipes.training.optimizers import (
 from dsrecipes.training.precision import Precision
 from dsrecipes.training.runners import MicroBatchRunner, PipelineRunner, StepRunner
 from dsrecipes.utils.device import resolve_device
+
+log = logging.getLogger("dsrecipes")
 
 
 def build_engine(
@@ -93,6 +97,8 @@ def build_engine(
         lr_scheduler = build_lr_scheduler(cfg.lr_scheduler, optimizer, cfg.trainer.max_steps)
     elif callable(lr_scheduler) and not hasattr(lr_scheduler, "step"):
         lr_scheduler = lr_scheduler(optimizer)
+    layout = describe_layout(plan, cfg, precision, micro_batches=batch.gradient_accumulation_steps)
+    log.info("layout: %s", layout)
     return Engine(
         plan,
         optimizer,
@@ -104,6 +110,7 @@ def build_engine(
         keep_last_checkpoints=cfg.checkpoint.keep_last,
         config_yaml=config_yaml,
         rank=torch.distributed.get_rank() if is_distributed() else 0,
+        layout=layout,
     )
 
 

@@ -48,6 +48,7 @@ class Engine:
         keep_last_checkpoints: int = 0,
         config_yaml: str | None = None,
         rank: int = 0,
+        layout: str = "",
     ):
         self.plan = plan
         self.strategy = plan.strategy
@@ -59,6 +60,7 @@ class Engine:
         self.gradient_clipping = gradient_clipping
         self.keep_last_checkpoints = keep_last_checkpoints
         self.config_yaml = config_yaml
+        self.layout = layout  # one line: axes, mechanism, offload, precision, kernels (dsrecipes.training.layout)
         self.device = precision.device
         self.rank = rank
         self.is_writer = rank == 0

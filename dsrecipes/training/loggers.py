@@ -30,6 +30,9 @@ class JsonlLogger:
     def log_histogram(self, name: str, values: list[float], step: int) -> None:
         self._file.write(json.dumps({"step": step, "time": round(time.time(), 3), name: list(values)}) + "\n")
 
+    def log_text(self, name: str, text: str) -> None:
+        """Not a per-step record: run-level text goes to summary.json (written by the Trainer)."""
+
     def close(self) -> None:
         self._file.close()
 
@@ -48,6 +51,9 @@ class TensorBoardLogger:
     def log(self, metrics: dict, step: int) -> None:
         for key, value in metrics.items():
             self.writer.add_scalar(key, value, step)
+
+    def log_text(self, name: str, text: str) -> None:
+        self.writer.add_text(name, text, 0)
 
     def log_histogram(self, name: str, values: list[float], step: int) -> None:
         """values[i] = mass of bucket i (e.g. tokens routed to expert i), drawn as that histogram."""
@@ -99,6 +105,10 @@ class WandbLogger:
     def log(self, metrics: dict, step: int) -> None:
         self.run.log(metrics, step=step)
 
+    def log_text(self, name: str, text: str) -> None:
+        """A run-level fact (the layout): in the run's summary, shown on its overview page."""
+        self.run.summary[name] = text
+
     def log_histogram(self, name: str, values: list[float], step: int) -> None:
         import wandb
 
@@ -139,6 +149,11 @@ class MetricLoggers:
         """A bucketed distribution (bucket i holds values[i]): TensorBoard/W&B histogram, a list in jsonl."""
         for sink in self.sinks:
             sink.log_histogram(name, values, step)
+
+    def log_text(self, name: str, text: str) -> None:
+        """A run-level text (e.g. run/layout): TensorBoard's TEXT tab and the W&B run summary."""
+        for sink in self.sinks:
+            sink.log_text(name, text)
 
     def close(self) -> None:
         """Close every sink (idempotent; called on every exit path of a run)."""

@@ -41,6 +41,12 @@ def run_and_read(tmp_path: Path, name: str, overrides: list[str]) -> tuple[list[
     return losses, model.state_dict()
 
 
+def run_layout(folder: Path) -> str:
+    """The layout line (dsrecipes.training.layout) of the one run under folder/outputs, from its summary.json."""
+    (summary,) = list(folder.glob("outputs/*/*/summary.json"))
+    return json.loads(summary.read_text())["layout"]
+
+
 def assert_matches_single_process(losses, params, ref_losses, ref_params) -> None:
     """The run trained, its STEPS losses are within 2e-5 and its exported parameters within 5e-5 of the reference."""
     assert len(losses) == len(ref_losses) == STEPS

@@ -52,17 +52,21 @@ def read_offline_run_when_written(run_dir: Path, expected_history: int, timeout_
 
 
 def read_offline_run(run_dir: Path) -> dict:
-    """{"history": [{key: value}], "config": {key: value}, "name": str, "group": str, "tags": [...]}."""
+    """{"history": [{key: value}], "config": {key: value}, "summary": {key: value}, "name": str, "group": str,
+    "tags": [...]}."""
     from wandb.proto import wandb_internal_pb2 as pb
 
     (path,) = list(Path(run_dir).glob("run-*.wandb"))
-    out = {"history": [], "config": {}, "name": None, "group": None, "tags": []}
+    out = {"history": [], "config": {}, "summary": {}, "name": None, "group": None, "tags": []}
     for payload in _payloads(path.read_bytes()):
         record = pb.Record()
         record.ParseFromString(payload)
         kind = record.WhichOneof("record_type")
         if kind == "history":
             out["history"].append({(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in record.history.item})
+        elif kind == "summary":
+            out["summary"].update({(i.key or "/".join(i.nested_key)): json.loads(i.value_json)
+                                   for i in record.summary.update})
         elif kind == "config":
             out["config"].update({i.key: json.loads(i.value_json) for i in record.config.update})
         elif kind == "run":

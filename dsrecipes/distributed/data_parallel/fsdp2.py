@@ -32,6 +32,7 @@ def repeated_blocks(model: nn.Module) -> list[nn.Module]:
 
 class FSDP2Strategy(DataParallelStrategy):
     name = "fsdp2"
+    description = "FSDP2 fully_shard: gradients and optimizer state sharded (parameters too at zero.stage=3)"
     needs_own_optimizer = True
 
     @property

@@ -1,0 +1,85 @@
+"""The run's layout in one line: every parallel axis, the data-parallel mechanism, offload, precision,
+kernels, compile and activation checkpointing, as the assembly step actually applied them.
+
+    layout = describe_layout(plan, cfg, precision)
+    # world 8 = pp 2 x dp 2 (replicate 2 x shard 1) x sp 1 x tp 2; ep 1 | pipeline: 1f1b, 8 micro-batches | ...
+
+Built once by dsrecipes.training.assembly (so `dsrecipes.initialize` and the Trainer report the same
+thing), logged at start, written to TensorBoard / W&B as the `run/layout` text and into summary.json.
+Each part comes from the object that does the work (the ParallelDims, the chosen strategy's own
+description, the Precision, the kernel-injection lines), not from the config alone, so the line
+says what runs rather than what was asked for.
+"""
+
+from __future__ import annotations
+
+LAYOUT_KEY = "run/layout"
+
+
+def describe_layout(plan, cfg, precision, micro_batches: int = 1) -> str:
+    """One line for the run log; plan: the ParallelPlan, cfg: the RootConfig, precision: the run's Precision."""
+    parts = [_axes(plan.dims)]
+    if plan.dims.pp > 1:
+        parts.append(f"pipeline: {cfg.parallel.pp_schedule}, {micro_batches} micro-batches per step, "
+                     f"partition by {cfg.parallel.pp_partition}")
+    if plan.dims.tp > 1:
+        activations = "sequence-parallel" if cfg.parallel.tp_sequence_parallel else "replicated"
+        parts.append(f"tensor parallel: {activations} activations")
+    strategy = plan.strategy
+    parts.append(f"data parallel: {strategy.name}: {strategy.describe()}")
+    parts.append(f"offload: {_offload(cfg)}")
+    parts.append(f"precision: {_precision(precision)}")
+    parts.append(f"kernels: {_kernels(cfg, plan.applied)}")
+    parts.append("compile: off")  # torch.compile is not applied by dsrecipes yet
+    parts.append(f"activation checkpointing: {_activation_checkpointing(cfg.activation_checkpointing)}")
+    if str(cfg.sparse_attention.mode) != "none":
+        parts.append(f"sparse attention: {cfg.sparse_attention.mode}")
+    return " | ".join(parts)
+
+
+def _axes(dims) -> str:
+    dp = dims.dp_replicate * dims.dp_shard
+    return (f"world {dims.world_size} = pp {dims.pp} x dp {dp} (replicate {dims.dp_replicate} x shard "
+            f"{dims.dp_shard}) x sp {dims.sp} x tp {dims.tp}; ep {dims.ep}")
+
+
+def _offload(cfg) -> str:
+    zero, ac = cfg.zero, cfg.activation_checkpointing
+    places = []
+    if str(zero.offload_param) != "none":
+        places.append(f"parameters -> {zero.offload_param}")
+    if str(zero.offload_optimizer) != "none":
+        places.append(f"optimizer -> {zero.offload_optimizer}")
+    if str(ac.mode) != "none" and ac.cpu_offload:
+        places.append("checkpointed activations -> cpu")
+    return ", ".join(places) or "none"
+
+
+def _precision(precision) -> str:
+    name = precision.name
+    if name == "fp32":
+        text = "fp32 weights and compute"
+    elif precision.master_weights:
+        text = f"{name} weights and compute, fp32 master weights in the optimizer"
+    else:
+        text = f"{name} autocast compute over fp32 weights"
+    scaler = precision.loss_scaler
+    if scaler is not None:
+        kind = "static" if precision.cfg.loss_scale > 0 else "dynamic"
+        text += f", {kind} loss scale {precision.loss_scale:g}"
+    return text
+
+
+def _kernels(cfg, applied: list[str]) -> str:
+    replaced = [line.removeprefix("kernels: replaced ") for line in applied if line.startswith("kernels: replaced ")]
+    if not replaced:
+        backend = str(cfg.kernels.backend)
+        return "torch" if backend == "torch" else f"torch (kernels.backend={backend} swapped nothing in)"
+    return f"triton ({'; '.join(replaced)})"
+
+
+def _activation_checkpointing(ac) -> str:
+    mode = str(ac.mode)
+    if mode == "none":
+        return "none"
+    return f"every {ac.every_k} blocks" if mode == "every_k" else "every block"
