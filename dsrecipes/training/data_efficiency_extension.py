@@ -82,6 +82,11 @@ class DataEfficiencyCallback(Callback):
                                     else rows * seq_len * self.n_layer)
         return batch
 
+    def processed_tokens(self, batch: dict) -> float:
+        """random-LTD: the micro-batch's layer-tokens averaged over the layers (the Trainer's perf/tokens_per_s)."""
+        rows, seq_len = batch["input_ids"].shape
+        return self.ltd.layer_tokens(rows, seq_len) / self.ltd.total_layer_num
+
     def ltd_hook(self, batch: dict, step: int) -> dict:
         self.ltd.update(step)
         return batch
@@ -203,5 +208,6 @@ def data_efficiency_extension(cfg) -> Extensions:
 
         extensions.model_transforms.append(random_ltd_transform)
         extensions.batch_hooks.append(callback.ltd_hook)
+        extensions.token_counter = callback.processed_tokens
     extensions.batch_hooks.append(callback.observe)
     return extensions

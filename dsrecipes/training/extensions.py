@@ -10,6 +10,9 @@
 * callbacks: `Callback` objects told about train start/end, every optimizer step and every
   evaluation (pruning / quantization schedules, profilers). Every callback's `state_dict()` is saved
   in every checkpoint (client_state["callbacks"][state_key]) and restored on resume.
+* token_counter: `fn(batch) -> tokens` (at most one): how many tokens a micro-batch (after the batch
+  hooks) counts as processed in perf/tokens_per_s; default its input_ids' size (random-LTD counts
+  the tokens its layers kept, averaged over the layers).
 * batch_sources: `fn(context, batches) -> batches`, applied once to the Trainer's training batch
   iterator after it is built (a curriculum sampler replacing it). The result is what the Trainer
   draws from and checkpoints: it needs `__next__`, `state_dict` and `load_state_dict`.
@@ -109,6 +112,7 @@ class Extensions:
     batch_hooks: list[Callable[[dict, int], dict]] = field(default_factory=list)
     callbacks: list[Callback] = field(default_factory=list)
     batch_sources: list[Callable[[RunContext, Any], Any]] = field(default_factory=list)
+    token_counter: Callable[[dict], float] | None = None
 
     def extend(self, other: Extensions) -> Extensions:
         self.model_transforms += other.model_transforms
@@ -116,6 +120,10 @@ class Extensions:
         self.batch_hooks += other.batch_hooks
         self.callbacks += other.callbacks
         self.batch_sources += other.batch_sources
+        if other.token_counter is not None:
+            if self.token_counter is not None:
+                raise ValueError("two extensions count processed tokens (Extensions.token_counter); keep one")
+            self.token_counter = other.token_counter
         return self
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from pathlib import Path
 
 import torch
@@ -34,9 +33,11 @@ from dsrecipes.training.batch import BatchSizes
 from dsrecipes.training.checkpoint import find_resume_checkpoint, newest_checkpoint
 from dsrecipes.training.config import to_dictconfig
 from dsrecipes.training.extensions import Extensions, RunContext, callback_states, load_callback_states
+from dsrecipes.training.layout import LAYOUT_KEY
 from dsrecipes.training.loggers import MetricLoggers
 from dsrecipes.training.progress import TrainingProgress
 from dsrecipes.training.recipe_extensions import build_extensions
+from dsrecipes.training.throughput import ThroughputMeter
 from dsrecipes.utils.device import peak_tflops, resolve_device
 from dsrecipes.utils.logging import get_logger, setup_logging
 from dsrecipes.utils.seed import seed_everything
@@ -119,7 +120,6 @@ class Trainer:
             self.batch.gradient_accumulation_steps,
             self.batch.dp_world_size,
         )
-        self.log.info("zero: stage %d, %s", cfg.zero.stage, self.engine.sharding_summary())
 
         self.loggers = MetricLoggers(
             cfg.logger,
@@ -129,8 +129,8 @@ class Trainer:
             self.is_logging_rank,
             group=self.sweep_name,
         )
+        self.loggers.log_text(LAYOUT_KEY, self.engine.layout)
         self.context.engine, self.context.loggers = self.engine, self.loggers
-        self.tokens_per_step = self.batch.train_batch_size * cfg.data.block_size
         self.flops_per_token = self.gpt.flops_per_token(cfg.data.block_size)
         self.peak_flops = peak_tflops(self.device, cfg.trainer.peak_tflops)
 
@@ -139,6 +139,8 @@ class Trainer:
         batch = {k: v.to(self.device, non_blocking=True) for k, v in next(self.train_batches).items()}
         for hook in self.extensions.batch_hooks:
             batch = hook(batch, step)
+        counter = self.extensions.token_counter
+        self._step_tokens += counter(batch) if counter is not None else batch["input_ids"].numel()
         return batch
 
     def train_step(self, step: int, reduce_across_ranks: bool = True) -> dict:
@@ -150,7 +152,9 @@ class Trainer:
         engine = self.engine
         engine.train()
         lr = engine.get_lr()[0]
+        self._step_tokens = 0
         totals = engine.train_batch(lambda: self._micro_batch(step), self.extensions.loss_terms)
+        self.meter.add_step(self._step_tokens * self.batch.dp_world_size)  # data-parallel ranks see equal shapes
         gas = engine.gradient_accumulation_steps
         names = list(totals)
         values = torch.stack([totals[n] for n in names])
@@ -172,14 +176,19 @@ class Trainer:
         engine.train()
         return {"val/loss": val_loss, "val/ppl": math.exp(min(val_loss, 50.0))}
 
-    def _perf_metrics(self, steps: int, seconds: float) -> dict:
-        tokens_per_s = steps * self.tokens_per_step / max(seconds, 1e-9)
-        metrics = {"perf/tokens_per_s": tokens_per_s, "perf/step_time_s": seconds / max(steps, 1)}
+    def _perf_metrics(self) -> dict:
+        """The log interval's throughput (training steps only; see dsrecipes.training.throughput), MFU, memory."""
+        metrics = self.meter.window()
         if self.peak_flops:
-            metrics["perf/mfu"] = tokens_per_s * self.flops_per_token / (self.peak_flops * 1e12)
+            metrics["perf/mfu"] = metrics["perf/tokens_per_s"] * self.flops_per_token / (self.peak_flops * 1e12)
         if self.device.type == "cuda":
             metrics["mem/peak_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         return metrics
+
+    def _synchronize(self) -> None:
+        device = getattr(self, "device", None)
+        if device is not None and device.type == "cuda":
+            torch.cuda.synchronize(device)
 
     def save_checkpoint(self) -> Path:
         save_dir = self.run_dir / self.cfg.checkpoint.dirname
@@ -211,6 +220,7 @@ class Trainer:
         Loggers are closed on every exit path, errors included.
         """
         try:
+            self.meter = ThroughputMeter(self.batch.train_batch_size * self.cfg.data.block_size, self._synchronize)
             self.setup()
             self.maybe_resume()
             return self._train()
@@ -239,8 +249,8 @@ class Trainer:
         cfg, t = self.cfg, self.cfg.trainer
         for callback in self.extensions.callbacks:
             callback.on_train_start(self.context)
-        started = window_start = time.perf_counter()
-        window_steps, first_loss, last_train, last_eval, last_checkpoint = 0, None, {}, {}, None
+        self.meter.start_training()
+        first_loss, last_train, last_eval, last_checkpoint = None, {}, {}, None
         show_bar = t.progress_bar and self.is_logging_rank
         with TrainingProgress(self.console, t.max_steps, self.engine.global_steps, enabled=show_bar) as bar:
             while self.engine.global_steps < t.max_steps:
@@ -249,7 +259,6 @@ class Trainer:
                 metrics = self.train_step(self.engine.global_steps, reduce_across_ranks=logged)
                 step = self.engine.global_steps
                 maybe_inject_failure(self.rank, step)
-                window_steps += 1
                 first_loss = metrics["train/loss"] if first_loss is None else first_loss
                 if self.engine.last_step_skipped:
                     self.log.warning(
@@ -257,14 +266,10 @@ class Trainer:
                         step, self.engine.precision.loss_scale, self.engine.skipped_steps,
                     )
                 if step % t.log_interval == 0 or step == t.max_steps:
-                    if self.device.type == "cuda":
-                        torch.cuda.synchronize(self.device)
-                    now = time.perf_counter()
-                    metrics.update(self._perf_metrics(window_steps, now - window_start))
-                    window_start, window_steps = now, 0
+                    metrics.update(self._perf_metrics())
                     self.loggers.log(metrics, step)
                     last_train = metrics
-                    bar.update(step, metrics["train/loss"], metrics["train/lr"], metrics["perf/tokens_per_s"])
+                    bar.update(step, metrics["train/loss"], metrics["train/lr"], self.meter.tokens_per_s)
                     self.log.debug("step %d %s", step, _fmt(metrics))
                 else:
                     bar.update(step)
@@ -273,13 +278,14 @@ class Trainer:
                 if t.eval_interval and step % t.eval_interval == 0 and step < t.max_steps:
                     last_eval = self._evaluate_and_log(step)
                 if cfg.checkpoint.interval and step % cfg.checkpoint.interval == 0 and step < t.max_steps:
-                    last_checkpoint = self.save_checkpoint()
+                    with self.meter.paused("checkpoint"):
+                        last_checkpoint = self.save_checkpoint()
         last_eval = self._evaluate_and_log(self.engine.global_steps)
-        if cfg.checkpoint.save_final:
-            last_checkpoint = self.save_checkpoint()
-        export_dir = self.export() if cfg.checkpoint.export_safetensors else None
-        total_s = time.perf_counter() - started
-        summary = self._summary(first_loss, last_train, last_eval, total_s, last_checkpoint)
+        with self.meter.paused("checkpoint"):
+            if cfg.checkpoint.save_final:
+                last_checkpoint = self.save_checkpoint()
+            export_dir = self.export() if cfg.checkpoint.export_safetensors else None
+        summary = self._summary(first_loss, last_train, last_eval, last_checkpoint)
         summary["export"] = str(export_dir) if export_dir else None
         sample = self.sample_text()
         if sample is not None:
@@ -305,7 +311,8 @@ class Trainer:
         return out
 
     def _evaluate_and_log(self, step: int) -> dict:
-        metrics = self.evaluate()
+        with self.meter.paused("eval"):
+            metrics = self.evaluate()
         self.loggers.log(metrics, step)
         self.log.info("eval step %d: val/loss %.4f  val/ppl %.2f", step, metrics["val/loss"], metrics["val/ppl"])
         for callback in self.extensions.callbacks:
@@ -328,16 +335,13 @@ class Trainer:
                                         device=self.device, stop_id=getattr(tokenizer, "eos_id", None))
         return t.sample_prompt + tokenizer.decode(new_ids)
 
-    def _summary(self, first_loss, last_train, last_eval, total_s, checkpoint) -> dict:
-        steps = self.engine.global_steps
+    def _summary(self, first_loss, last_train, last_eval, checkpoint) -> dict:
         metrics = {
             "train/first_loss": first_loss,
             "train/loss": last_train.get("train/loss"),
             **last_eval,
-            "perf/tokens_per_s": steps * self.tokens_per_step / max(total_s, 1e-9),
-            "time/total_s": total_s,
-            "train/steps": steps,
-            "train/tokens": steps * self.tokens_per_step,
+            "train/steps": self.engine.global_steps,
+            **self.meter.totals(),  # throughput of the steps this run trained (not those before a resume)
         }
         if "perf/mfu" in last_train:
             metrics["perf/mfu"] = last_train["perf/mfu"]
@@ -346,6 +350,7 @@ class Trainer:
             "run_dir": str(self.run_dir),
             "overrides": self.overrides,
             "parameters": self.gpt.num_params(),
+            "layout": self.engine.layout,
             "checkpoint": str(checkpoint) if checkpoint else None,
             "metrics": metrics,
         }
@@ -359,6 +364,7 @@ class Trainer:
         table.add_row("parameters", f"{summary['parameters']:,}")
         for key, value in summary["metrics"].items():
             table.add_row(key, _fmt_value(value))
+        table.add_row("layout", summary["layout"])
         table.add_row("run directory", summary["run_dir"])
         table.add_row("checkpoint", summary["checkpoint"] or "-")
         table.add_row("export", summary.get("export") or "-")
