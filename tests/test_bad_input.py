@@ -272,7 +272,7 @@ def test_a_sweep_is_checked_job_by_job_before_any_starts():
         # jobs that run elsewhere (hydra/launcher=slurm): only what holds on any machine is checked here
         with open_dict(cfg):
             cfg.hydra.launcher._target_ = "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
-        assert check_sweep(cfg) == 4
+        assert len(check_sweep(cfg)) == 4
         with open_dict(cfg):
             cfg.hydra.overrides.task = ["model.init_std=0.02,-1"]
         with pytest.raises(ValueError, match=r"job #1 \(model.init_std=-1\).*model.init_std=-1.0 must be > 0"):

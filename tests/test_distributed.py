@@ -18,7 +18,7 @@ import torch
 
 from dsrecipes.models import load_exported
 from tests.helpers.cli import run_cli
-from tests.helpers.equivalence import STEPS, assert_matches_single_process, common, run_and_read
+from tests.helpers.equivalence import STEPS, assert_matches_single_process, common, run_and_read, run_layout
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +46,10 @@ def test_world_size_2_reproduces_single_process(request, tmp_path, datasets_cach
     else:
         losses, params = run_and_read(tmp_path, "dp2", common(datasets_cache) + zero.split() + [
             "launcher.nproc_per_node=2", "trainer.train_micro_batch_size_per_gpu=4"])
+        if "offload" in zero:
+            layout = run_layout(tmp_path / "dp2")
+            assert "data parallel: fsdp2: FSDP2 (zero.stage=3): parameters, gradients and optimizer state sharded " \
+                   "(over 2 ranks), CPU offload | offload: parameters -> cpu |" in layout
     assert_matches_single_process(losses, params, *single_process)
 
 
@@ -227,14 +231,21 @@ def test_engine_api_shards_a_user_module(user_module_runs, stage):
 
 
 @pytest.mark.slow
-def test_multirun_sweep_of_a_distributed_recipe(tmp_path, datasets_cache):
-    result = run_cli(["-m", "zero.stage=2,3", "launcher.nproc_per_node=2"] + common(datasets_cache)[:-1] + [
+def test_multirun_sweep_with_auto_workers_keeps_the_global_batch(tmp_path, datasets_cache):
+    """`-m zero.stage=0,2` on CPU: job 0 trains in one process, job 1 on 2 auto-chosen workers, and both
+    train the recipe's global batch of 8 (micro 4 x accumulation 2 on one rank; 2 x 2 x 2 on two)."""
+    result = run_cli(["-m", "zero.stage=0,2"] + common(datasets_cache)[:-1] + [
         "trainer.max_steps=2", "trainer.train_micro_batch_size_per_gpu=4"], cwd=tmp_path, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     jobs = sorted(p for p in tmp_path.glob("outputs/multirun/*/*/*") if p.is_dir())
     assert [p.name for p in jobs] == ["0", "1"]
-    for job in jobs:
-        assert sorted(p.name for p in (job / "logs").iterdir()) == ["rank0.log", "rank1.log"]
+    assert [len(list((job / "logs").iterdir())) for job in jobs] == [1, 2]
+    logs = [(job / "logs" / "rank0.log").read_text() for job in jobs]
+    assert "batch: train_batch_size=8 = micro 4 x accumulation 2 x dp 1" in logs[0]
+    assert "batch: train_batch_size=8 = micro 2 x accumulation 2 x dp 2" in logs[1]
+    assert "the global batch stays the recipe's 8 (trainer.train_micro_batch_size_per_gpu 4 -> 2 per worker)" \
+        in " ".join(result.stderr.split())
+    assert "different global batches" not in result.stderr
     assert "multirun summary" in result.stdout
 
 

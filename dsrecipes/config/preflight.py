@@ -40,6 +40,7 @@ def check_train_job(cfg: DictConfig) -> tuple[Any, Any, int, bool]:
     """A training job's checks: launcher, process count, the whole recipe. Returns (root, batch sizes, nproc, joined)."""
     import torch
 
+    from dsrecipes.config.auto_workers import keep_recipe_batch
     from dsrecipes.config.validate import validate_recipe
     from dsrecipes.distributed.config import check_launcher_backend, resolve_nproc, validate_launcher_config
     from dsrecipes.distributed.environment import under_launcher
@@ -49,6 +50,9 @@ def check_train_job(cfg: DictConfig) -> tuple[Any, Any, int, bool]:
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     nproc = int(os.environ["WORLD_SIZE"]) if joined else resolve_nproc(cfg.launcher, cfg.zero, gpus)
     check_launcher_backend(cfg.launcher, nproc)
+    kept = None if joined else keep_recipe_batch(cfg, nproc, gpus)  # may set cfg.trainer's batch triple
+    if kept:
+        warnings.warn(kept, stacklevel=2)
     if cfg.launcher.max_restarts > 0 and (joined or nproc == 1):
         where = "under an outside launcher (use its own restart option, e.g. torchrun --max-restarts)" if joined else \
             "with one process, which trains in this process (restarts are for spawned workers)"
@@ -83,12 +87,12 @@ def check_portable(cfg: DictConfig) -> None:
     check_run_paths(root)
 
 
-def check_job(cfg: DictConfig) -> None:
-    """All checks of one job's task config (no `hydra` node), whatever its mode."""
+def check_job(cfg: DictConfig) -> int | None:
+    """All checks of one job's task config (no `hydra` node), whatever its mode; a training job's global batch."""
     if cfg.mode == "train":
-        check_train_job(cfg)
-    else:
-        check_inference_job(cfg)
+        return check_train_job(cfg)[1].train_batch_size
+    check_inference_job(cfg)
+    return None
 
 
 def task_config(config: DictConfig) -> DictConfig:
@@ -114,28 +118,30 @@ def sweep_jobs(config: DictConfig) -> list[list[str]] | None:
     return BasicSweeper.split_arguments(parser.parse_overrides(arguments), None)[0]
 
 
-def check_sweep(config: DictConfig) -> int:
-    """hydra.sweep.dir, then every job of the sweep; returns how many jobs were checked."""
+def check_sweep(config: DictConfig) -> list[tuple[str, int | None]]:
+    """hydra.sweep.dir, then every job of the sweep; returns (overrides, global batch) of each job checked
+    (the batch is None for inference jobs and where the jobs run elsewhere)."""
     from hydra.core.global_hydra import GlobalHydra
 
     jobs = sweep_jobs(config)
     if jobs is None:
         check_writable_dir("hydra.sweep.dir", resolved(config, "sweep"))
-        return 0
+        return []
     loader = GlobalHydra.instance().config_loader()
     local = OmegaConf.select(config, "hydra.launcher._target_") == _BASIC_LAUNCHER
+    checked = []
     for index, overrides in enumerate(jobs):
         job = loader.load_sweep_config(config, list(overrides))
         with open_dict(job):
             job.hydra.job.id = index
             job.hydra.job.num = index
+        shown = " ".join(overrides) or "(no overrides)"
         try:
-            (check_job if local else check_portable)(task_config(job))
+            checked.append((shown, (check_job if local else check_portable)(task_config(job))))
         except USER_ERRORS as err:
-            shown = " ".join(overrides) or "(no overrides)"
             raise type(err)(f"multirun job #{index} ({shown}), before any job started: {err}") from err
     check_writable_dir("hydra.sweep.dir", resolved(config, "sweep"))  # after the jobs: resolving claims it
-    return len(jobs)
+    return checked
 
 
 def resolved(config: DictConfig, which: str) -> str:
@@ -159,13 +165,18 @@ class Preflight(Callback):
         self._checked(lambda: (check_job(task_config(config)), check_writable_dir("hydra.run.dir", resolved(config, "run"))))
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        self._checked(lambda: check_sweep(config))
+        from dsrecipes.config.auto_workers import unequal_batches_warning
+
+        jobs = self._checked(lambda: check_sweep(config))
+        message = unequal_batches_warning([(shown, batch) for shown, batch in jobs if batch is not None])
+        if message:  # shown here, once for the sweep, before the first job starts
+            warnings.warn(message, stacklevel=2)
 
     @staticmethod
-    def _checked(check) -> None:
+    def _checked(check):
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # run() repeats the checks and shows their warnings
-                check()
+                return check()
         except USER_ERRORS as error:
             exit_on_user_error(error)

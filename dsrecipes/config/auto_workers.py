@@ -1,0 +1,78 @@
+"""Sweeps compare like with like: auto-chosen worker counts keep the recipe's global batch, and a
+multirun whose jobs would train different global batches says so before the first job starts.
+
+On a machine without GPUs, launcher.nproc_per_node=auto starts 2 workers for a recipe that shards
+(zero.stage > 0, there is nothing to shard on one rank) and 1 otherwise. With the batch keys
+resolved by DeepSpeed's rule, a recipe that gives only the micro-batch would then train twice the
+global batch at zero.stage=2 as at zero.stage=0, so `-m zero.stage=0,2` would compare different
+batches. `keep_recipe_batch` instead keeps the global batch the recipe has on one data-parallel
+rank and splits it over the workers: the micro-batch shrinks (or, when it does not divide, the
+accumulation steps), and the run warns saying which key changed. Where neither divides, the
+batch changes and the warning says so. An explicit launcher.nproc_per_node, GPUs (auto = one
+worker per GPU: the batch is the recipe's per-GPU batch, as in DeepSpeed) or a launcher (torchrun)
+leave the batch to DeepSpeed's rule.
+
+`unequal_batches_warning` is what the Preflight callback shows when the jobs of a sweep end up
+with different global batches.
+"""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig, read_write
+
+from dsrecipes.training.batch import resolve_batch_sizes
+
+_MICRO = "trainer.train_micro_batch_size_per_gpu"
+_ACCUMULATION = "trainer.gradient_accumulation_steps"
+
+
+def keep_recipe_batch(cfg: DictConfig, nproc: int, gpus: int) -> str | None:
+    """Set cfg.trainer's batch triple so that `nproc` auto-chosen CPU workers train the global batch the
+    recipe has on one data-parallel rank. Returns the warning to show (None when nothing changed)."""
+    if str(cfg.launcher.nproc_per_node) != "auto" or gpus > 0 or nproc <= 1:
+        return None
+    par = cfg.parallel
+    model_parallel = par.tp * par.sp * par.pp
+    if nproc % model_parallel or nproc // model_parallel <= 1:
+        return None  # a layout error (reported by validation), or one data-parallel rank: the batch is the recipe's
+    dp = nproc // model_parallel
+    t = cfg.trainer
+    given = (t.train_batch_size, t.train_micro_batch_size_per_gpu, t.gradient_accumulation_steps)
+    try:
+        one = resolve_batch_sizes(*given, dp_world_size=1)
+    except ValueError:
+        return None  # validation reports the keys
+    try:
+        if resolve_batch_sizes(*given, dp_world_size=dp).train_batch_size == one.train_batch_size:
+            return None  # DeepSpeed's rule already keeps it (train_batch_size given)
+    except ValueError:
+        pass
+    why = (f"launcher.nproc_per_node=auto starts {nproc} CPU workers for zero.stage={cfg.zero.stage} (sharding needs "
+           "more than one rank)")
+    if one.micro_batch_size % dp == 0:
+        micro, accumulation = one.micro_batch_size // dp, one.gradient_accumulation_steps
+        change = f"{_MICRO} {one.micro_batch_size} -> {micro} per worker"
+    elif one.gradient_accumulation_steps % dp == 0:
+        micro, accumulation = one.micro_batch_size, one.gradient_accumulation_steps // dp
+        change = f"{_ACCUMULATION} {one.gradient_accumulation_steps} -> {accumulation}"
+    else:
+        return (f"{why}: the global batch changes from {one.train_batch_size} (one rank) to "
+                f"{one.train_batch_size * dp}, since neither the micro-batch ({one.micro_batch_size}) nor the "
+                f"accumulation steps ({one.gradient_accumulation_steps}) divide by {dp}. Set trainer.train_batch_size "
+                "and launcher.nproc_per_node to choose")
+    with read_write(t):
+        t.train_batch_size = one.train_batch_size
+        t.train_micro_batch_size_per_gpu = micro
+        t.gradient_accumulation_steps = accumulation
+    return (f"{why}: the global batch stays the recipe's {one.train_batch_size} ({change}). Set "
+            "launcher.nproc_per_node=N to choose the worker count and keep the per-worker batch instead")
+
+
+def unequal_batches_warning(batches: list[tuple[str, int]]) -> str | None:
+    """batches: (a job's overrides, its global batch) for every job of a sweep; a warning when they differ."""
+    if len({size for _, size in batches}) <= 1:
+        return None
+    jobs = "; ".join(f"#{i} ({shown}): {size}" for i, (shown, size) in enumerate(batches))
+    return (f"the jobs of this multirun train different global batches (train_batch_size), so their losses and "
+            f"throughput are not comparable: {jobs}. Set trainer.train_batch_size (and launcher.nproc_per_node) to "
+            "compare like with like")
