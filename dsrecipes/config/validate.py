@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from dsrecipes.compression.config import validate_compression_config
 from dsrecipes.config.compatibility import check_compatibility
 from dsrecipes.config.inactive import warn_inactive_keys
+from dsrecipes.config.never_fires import warn_never_firing
 from dsrecipes.config.schema import RootConfig, validate_kernels_config
 from dsrecipes.data.config import validate_data_config
 from dsrecipes.data_efficiency.config import validate_data_efficiency_config
@@ -214,4 +215,5 @@ def validate_recipe(cfg: RootConfig | DictConfig, dp_world_size: int | None = No
     check_compatibility(root, dims)
     batch = validate_engine_config(root, world)
     warn_inactive_keys(root)
+    warn_never_firing(root)
     return root, batch
