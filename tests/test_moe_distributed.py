@@ -47,7 +47,8 @@ def test_expert_parallel_2_reproduces_single_process(tmp_path, datasets_cache, m
     assert params["blocks.0.mlp.experts.w_in"].shape[0] == 4  # the export holds every expert
     assert_matches_single_process(losses, params, ref_losses, ref_params)
     layout = run_layout(tmp_path / "ep2")
-    assert layout.startswith("world 2 = pp 1 x dp 2 (replicate 1 x shard 2) x sp 1 x tp 1; ep 2 | data parallel: ")
+    dp = "replicate 1 x shard 2" if zero == "zero.stage=3" else "replicate 2 x shard 1"
+    assert layout.startswith(f"world 2 = pp 1 x dp 2 ({dp}) x sp 1 x tp 1; ep 2 | data parallel: ")
     assert ("data parallel: fsdp2: FSDP2 (zero.stage=3)" if zero == "zero.stage=3" else "data parallel: ddp") in layout
 
 
