@@ -37,6 +37,7 @@ from dsrecipes.training.extensions import Extensions, RunContext, callback_state
 from dsrecipes.training.loggers import MetricLoggers
 from dsrecipes.training.progress import TrainingProgress
 from dsrecipes.training.recipe_extensions import build_extensions
+from dsrecipes.utils.console import make_console
 from dsrecipes.utils.device import peak_tflops, resolve_device
 from dsrecipes.utils.logging import get_logger, setup_logging
 from dsrecipes.utils.seed import seed_everything
@@ -63,7 +64,7 @@ class Trainer:
         self.batch = batch
         self.overrides = list(overrides or [])
         self.extensions = extensions if extensions is not None else build_extensions(cfg)
-        self.console = console or Console()
+        self.console = console or make_console()
         self.rank = rank
         self.sweep_name = sweep_name
         self.is_logging_rank = rank == 0
