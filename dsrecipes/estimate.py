@@ -13,12 +13,12 @@ import sys
 
 import torch
 from omegaconf import OmegaConf
-from rich.console import Console
 from rich.table import Table
 
 from dsrecipes.config.store import compose
 from dsrecipes.models import GPT
 from dsrecipes.profiling.memory_estimator import estimate_model_states
+from dsrecipes.utils.console import make_console, print_table
 
 GIB = 2**30
 
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> list:
             f"{row.stage}{mark}", f"{row.parameters / GIB:.2f}", f"{row.gradients / GIB:.2f}",
             f"{row.optimizer_states / GIB:.2f}", f"{row.total / GIB:.2f}", f"{row.deepspeed_total / GIB:.2f}",
         )
-    Console().print(table)
+    print_table(make_console(), table)
     return rows
 
 

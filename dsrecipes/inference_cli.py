@@ -7,8 +7,16 @@
 
 Options are the `generate` group (dsrecipes.inference.config). Model overrides on the command line
 (model=..., model.n_head=...) are checked against the checkpoint's own config: a mismatch is an error.
-Output goes to the console (rank 0) and, with generate.output_file, to JSON lines; serve-bench writes
-serve_bench.csv/json into the run directory.
+
+Where output goes (rank 0 writes it):
+* generate prints to the console and, with generate.output_file, writes JSON lines to that path
+  (relative to the working directory). A single generate run has no run directory at all
+  (dsrecipes.config.run_directory); one that has a directory all the same (hydra.run.dir=PATH, or
+  each job of a multirun, `-m generate.temperature=0.5,1.0`) also writes its generations to
+  <dir>/generations.jsonl, beside Hydra's .hydra/ record of the job.
+* serve-bench writes serve_bench.csv, .json and .md (the printed table) into its run directory.
+A job that fails before writing anything removes the run directory Hydra made for it, so no
+directory holding only .hydra/ is left behind.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 from dsrecipes.inference.config import INFERENCE_MODES, GenerateConfig, validate_generate_config
 
 ALIASES = {"checkpoint": "generate.checkpoint", "prompt": "generate.prompt"}
+GENERATIONS_FILE = "generations.jsonl"
 
 
 def rewrite_aliases(argv: list[str]) -> list[str]:
@@ -84,6 +93,19 @@ def _load(cfg: DictConfig, overrides: list[str], device):
 
 
 def run_inference_mode(cfg: DictConfig, run_dir: str, overrides: list[str]) -> dict:
+    """Run mode=generate or mode=serve-bench; `run_dir` is the job's output directory (the working directory: none)."""
+    from dsrecipes.config.run_directory import is_working_dir, remove_unused_run_dir
+
+    own_dir = None if is_working_dir(run_dir) else Path(run_dir)
+    try:
+        return _run(cfg, run_dir, own_dir, overrides)
+    except BaseException:
+        if own_dir is not None and int(os.environ.get("RANK", "0")) == 0:
+            remove_unused_run_dir(own_dir)
+        raise
+
+
+def _run(cfg: DictConfig, run_dir: str, own_dir: Path | None, overrides: list[str]) -> dict:
     g: GenerateConfig = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(GenerateConfig), cfg.generate))
     validate_generate_config(g, cfg.mode)
     world = dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", "1"))
@@ -102,7 +124,7 @@ def run_inference_mode(cfg: DictConfig, run_dir: str, overrides: list[str]) -> d
     if cfg.mode == "serve-bench":
         from dsrecipes.benchmarks.inference import serve_bench
 
-        return serve_bench(model, g, device, run_dir, say, source)
+        return serve_bench(model, g, device, run_dir, say, source, rank)
 
     from dsrecipes.inference.engine import init_inference
 
@@ -131,9 +153,12 @@ def run_inference_mode(cfg: DictConfig, run_dir: str, overrides: list[str]) -> d
         decode_rate = (n_new - len(batch)) / out.decode_s if out.decode_s else float("nan")
         say(f"[{len(batch)} prompt(s): {n_new} new tokens, time to first token {out.prefill_s * 1e3:.1f} ms, "
             f"decode {decode_rate:.1f} tokens/s]")
-    if g.output_file and rank == 0:
-        with open(g.output_file, "w") as f:
-            for record in records:
-                f.write(json.dumps(record) + "\n")
-        say(f"wrote {g.output_file}")
+    if rank == 0:
+        if own_dir is not None:
+            own_dir.mkdir(parents=True, exist_ok=True)
+        for path in ([g.output_file] if g.output_file else []) + ([own_dir / GENERATIONS_FILE] if own_dir else []):
+            with open(path, "w") as f:
+                for record in records:
+                    f.write(json.dumps(record) + "\n")
+            say(f"wrote {path}")
     return {"generations": records}

@@ -29,3 +29,4 @@ def test_distributed_throughput_smoke(tmp_path, datasets_cache):
     # Same model, data order and optimizer: both train to (nearly) the same loss.
     assert float(row["dsrecipes_final_loss"]) == pytest.approx(float(row["handwritten_final_loss"]), rel=1e-2)
     assert (tmp_path / "distributed_throughput.json").exists()
+    assert "| 1 | " in (tmp_path / "distributed_throughput.md").read_text()  # the printed table, stage 1's row

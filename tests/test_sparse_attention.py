@@ -361,6 +361,7 @@ def test_benchmark_memory_grows_linearly_for_sparse_and_quadratically_for_masked
     rows = main(["--seq-lens", "128", "256", "--repeats", "1", "--heads", "2", "--dim", "16", "--with-masked",
                  "--out", str(tmp_path)])
     assert (tmp_path / "sparse_attention.csv").exists() and len(rows) == 2
+    assert (tmp_path / "sparse_attention.md").read_text().count("\n| ") == len(rows) + 1  # the table: header + rows
     sparse = rows[1]["sparse_mem_mib"] / rows[0]["sparse_mem_mib"]
     masked = rows[1]["masked_mem_mib"] / rows[0]["masked_mem_mib"]
     assert 1.8 <= sparse <= 2.2 and masked >= 3.5, (sparse, masked)

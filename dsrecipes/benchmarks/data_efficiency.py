@@ -12,7 +12,7 @@ Every variant is the same recipe (model, data, optimizer, LR schedule, seed, ste
 * same validation-loss target (default: the baseline's final validation loss): the first evaluation at or
   below it, and the tokens / layer-tokens / train seconds spent to get there.
 
-The schedules reach full length at half the step budget (--ramp). Writes data_efficiency.csv/.json to --out.
+The schedules reach full length at half the step budget (--ramp). Writes data_efficiency.csv/.json/.md to --out.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ from rich.console import Console
 from rich.table import Table
 
 from dsrecipes.benchmarks.results import write_rows
+from dsrecipes.utils.console import make_console
+from dsrecipes.utils.console import print_table as print_uncut
 
 VARIANTS = {
     "baseline": ["data_efficiency=none"],
@@ -57,7 +59,7 @@ def run_variant(overrides: list[str], run_dir: Path) -> dict:
     from dsrecipes.training.trainer import Trainer
 
     root, batch = validate_recipe(compose(overrides), dp_world_size=1)
-    summary = Trainer(root, run_dir, batch, overrides=overrides, console=Console(quiet=True)).fit()
+    summary = Trainer(root, run_dir, batch, overrides=overrides, console=make_console(quiet=True)).fit()
     by_step: dict[int, dict] = {}
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
         record = json.loads(line)
@@ -107,7 +109,8 @@ def compare(results: dict[str, dict], target: float | None) -> tuple[list[dict],
     return rows, target
 
 
-def print_table(rows: list[dict], console: Console, title: str) -> None:
+def print_table(rows: list[dict], console: Console, title: str) -> Table:
+    """The comparison as a rich Table, printed uncut on `console`; returns the table."""
     table = Table(title=title)
     columns = ["variant", "final_val_loss", "layer_tokens_vs_baseline", "train_s", "steps_to_target",
                "tokens_to_target", "layer_tokens_to_target_vs_baseline", "train_s_to_target"]
@@ -116,7 +119,8 @@ def print_table(rows: list[dict], console: Console, title: str) -> None:
     for row in rows:
         table.add_row(*["-" if row[c] is None else (f"{row[c]:,}" if isinstance(row[c], int) else str(row[c]))
                         for c in columns])
-    console.print(table)
+    print_uncut(console, table)
+    return table
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -138,7 +142,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = parser.parse_args(argv)
     if "baseline" not in args.variants:
         args.variants = ["baseline", *args.variants]
-    console = Console()
+    console = make_console()
     base = base_overrides(args)
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -148,8 +152,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rows, target = compare(results, args.target)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    write_rows(out, "data_efficiency", rows)
-    print_table(rows, Console(width=200), f"data efficiency: {args.model}, {args.steps} steps, target val loss {target:.4f}")
+    table = print_table(rows, console, f"data efficiency: {args.model}, {args.steps} steps, target val loss {target:.4f}")
+    write_rows(out, "data_efficiency", rows, table)
     return rows
 
 

@@ -33,7 +33,7 @@ rounds are kept in the CSV), peak memory the maximum. On small shared machines s
 more than the differences measured; use --rounds 3 or more there.
 
 Prints one table with the ratios dsrecipes/hand-written and dsrecipes/DeepSpeed and writes
-distributed_throughput.csv and distributed_throughput.json to --out.
+distributed_throughput.csv, .json and .md (the table) to --out.
 """
 
 from __future__ import annotations
@@ -394,7 +394,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                         help="run every framework this many times, interleaved (the order rotates each round); "
                              "tokens/s is the median over rounds, peak memory the maximum")
     parser.add_argument("--extra", nargs="*", default=[], help="extra overrides for the dsrecipes runs only")
-    parser.add_argument("--out", default=None, help="folder for the CSV/JSON (default: a temporary folder)")
+    parser.add_argument("--out", default=None, help="folder for the CSV/JSON/Markdown (default: a temporary folder)")
     args = parser.parse_args(argv)
 
     out = Path(args.out or tempfile.mkdtemp(prefix="dsrecipes_dist_bench_")).resolve()
@@ -428,14 +428,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
             row[key] = ours / theirs if ours and theirs else None
         rows.append(row)
 
-    print_table(rows, args)
-    print(f"wrote {write_rows(out, 'distributed_throughput', rows)}")
+    table = print_table(rows, args)
+    print(f"wrote {write_rows(out, 'distributed_throughput', rows, table)}")
     return rows
 
 
-def print_table(rows: list[dict], args) -> None:
-    from rich.console import Console
+def print_table(rows: list[dict], args):
+    """The comparison as a rich Table, printed uncut (dsrecipes.utils.console); returns the table."""
     from rich.table import Table
+
+    from dsrecipes.utils.console import make_console
+    from dsrecipes.utils.console import print_table as print_uncut
 
     unit = "peak MB/rank (" + ("CUDA alloc" if rows and _on_cuda() else "RSS") + ")"
     table = Table(title=f"{args.model}, world {args.world_size}, {args.micro_batch}x{args.grad_accum}x"
@@ -454,7 +457,8 @@ def print_table(rows: list[dict], args) -> None:
             ds_tps, num(r["dsrecipes_peak_mb"], ",.0f"), num(r["handwritten_peak_mb"], ",.0f"),
             num(r["deepspeed_peak_mb"], ",.0f"), num(r["vs_handwritten"], ".3f"), num(r["vs_deepspeed"], ".3f"),
         )
-    Console(width=200).print(table)
+    print_uncut(make_console(), table)
+    return table
 
 
 def _on_cuda() -> bool:

@@ -25,7 +25,7 @@ max_memory_allocated; CPU: weights + KV cache bytes), weight MiB, and ratios aga
 At batch 1 on CUDA it also reports the fraction of the memory-bandwidth limit reached,
 (weight bytes / --hbm-gbps) / per-token latency; the issue's targets are >= 70% for a 1.3B model in
 bf16 and int8 decode >= 1.6x bf16. Every row is the median of --repeats runs after a warm-up.
-Writes inference.csv and inference.json to --out.
+Writes inference.csv, inference.json and inference.md (the table) to --out.
 """
 
 from __future__ import annotations
@@ -225,9 +225,12 @@ def run_benchmark(model: GPT, batches: list[int], prompt_len: int, new_tokens: i
     return rows
 
 
-def print_table(rows: list[dict], title: str) -> None:
-    from rich.console import Console
+def print_table(rows: list[dict], title: str):
+    """The results as a rich Table, printed uncut (dsrecipes.utils.console); returns the table."""
     from rich.table import Table
+
+    from dsrecipes.utils.console import make_console
+    from dsrecipes.utils.console import print_table as print_uncut
 
     table = Table(title=title)
     columns = ("impl", "batch", "TTFT ms", "prefill tok/s", "decode tok/s", "ms/token", "peak MiB", "weights MiB",
@@ -240,7 +243,8 @@ def print_table(rows: list[dict], title: str) -> None:
                       fmt(r["decode_tok_s"], ",.1f"), fmt(r["per_token_ms"], ".3f"), fmt(r["peak_mem_mib"], ".1f"),
                       fmt(r["weight_mib"], ".1f"), fmt(r["decode_x_plain"], ".2f"), fmt(r["ttft_x_plain"], ".2f"),
                       fmt(r["decode_x_engine"], ".2f"), fmt(r["bandwidth_frac"] and 100 * r["bandwidth_frac"], ".0f"))
-    Console(width=200).print(table)
+    print_uncut(make_console(), table)
+    return table
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -255,7 +259,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--impls", nargs="+", default=list(IMPLS))
     parser.add_argument("--hbm-gbps", type=float, default=None, help="device memory bandwidth (H100 SXM 3350, H200 4800)")
-    parser.add_argument("--out", default=None, help="folder for inference.csv/json (default: a temporary folder)")
+    parser.add_argument("--out", default=None, help="folder for inference.csv/json/md (default: a temporary folder)")
     args = parser.parse_args(argv)
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
@@ -270,26 +274,28 @@ def main(argv: list[str] | None = None) -> list[dict]:
         torch.set_num_threads(max(1, torch.get_num_threads()))
     rows = run_benchmark(model, args.batch, args.prompt_len, args.new_tokens, dtype, device, args.repeats,
                          args.impls, args.hbm_gbps)
-    print_table(rows, f"inference: {name} ({model.num_params() / 1e6:.1f}M params), {device}, "
-                      f"{str(dtype).replace('torch.', '')}, prompt {args.prompt_len}, {args.new_tokens} new tokens")
+    table = print_table(rows, f"inference: {name} ({model.num_params() / 1e6:.1f}M params), {device}, "
+                              f"{str(dtype).replace('torch.', '')}, prompt {args.prompt_len}, {args.new_tokens} new tokens")
     out = Path(args.out or tempfile.mkdtemp(prefix="dsrecipes_bench_"))
     out.mkdir(parents=True, exist_ok=True)
-    print(f"wrote {write_rows(out, 'inference', rows)}")
+    print(f"wrote {write_rows(out, 'inference', rows, table)}")
     return rows
 
 
-def serve_bench(model, g, device, run_dir: str, say, source: str) -> dict:
+def serve_bench(model, g, device, run_dir: str, say, source: str, rank: int = 0) -> dict:
     """`python -m dsrecipes mode=serve-bench`: this benchmark on the recipe's model (g: the generate
-    group), its table printed and written to <run_dir>/serve_bench.csv/json."""
+    group); rank 0 prints its table and writes it to <run_dir>/serve_bench.csv, .json and .md."""
 
     dtype = DTYPES.get(g.dtype, torch.float32)
     prompt_len = min(g.bench_prompt_len, model.cfg.max_seq_len - g.bench_new_tokens)
     rows = run_benchmark(model, list(g.bench_batch_sizes), prompt_len, g.bench_new_tokens, dtype, str(device),
                          g.bench_repeats, list(g.bench_impls))
-    print_table(rows, f"serve-bench: {source}, {device}, {g.dtype}, prompt {prompt_len}, {g.bench_new_tokens} new tokens")
-    out = Path(run_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    say(f"wrote {write_rows(out, 'serve_bench', rows)}")
+    if rank == 0:
+        table = print_table(rows, f"serve-bench: {source}, {device}, {g.dtype}, prompt {prompt_len}, "
+                                  f"{g.bench_new_tokens} new tokens")
+        out = Path(run_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        say(f"wrote {write_rows(out, 'serve_bench', rows, table)} (and .json, .md)")
     return {"serve_bench": rows}
 
 

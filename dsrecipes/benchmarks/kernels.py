@@ -43,7 +43,10 @@ import torch
 import torch.nn.functional as F
 
 from dsrecipes.benchmarks.results import write_csv
+from dsrecipes.utils.console import make_console
+from dsrecipes.utils.console import print_table as print_uncut
 from dsrecipes.utils.dtypes import DTYPES
+from dsrecipes.utils.tables import write_table
 
 GPU_NEEDED = ("dsrecipes.benchmarks.kernels: no CUDA device: the kernel benchmarks need a GPU "
               "(Triton kernels, do_bench, torch.compile).")
@@ -463,15 +466,11 @@ def write_outputs(rows: list[dict], meta: dict, out: Path) -> None:
     fields = list(rows[0]) if rows else ["op"]
     write_csv(out / "kernels.csv", rows, fields)
     (out / "kernels.json").write_text(json.dumps({**meta, "rows": rows}, indent=2))
-    head, body = _summary(rows)
-    lines = [f"# Kernel benchmarks ({meta['device_name']}, {meta['dtype']})", "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(cell.replace("|", "/") for cell in line) + " |" for line in body]
-    (out / "kernels.md").write_text("\n".join(lines) + "\n")
+    write_table(results_table(rows, meta), out / "kernels.md")
 
 
-def print_table(rows: list[dict], meta: dict) -> None:
-    from rich.console import Console
+def results_table(rows: list[dict], meta: dict):
+    """The printed / markdown table as a rich Table (the CSV and JSON carry every field)."""
     from rich.table import Table
 
     head, body = _summary(rows)
@@ -481,10 +480,11 @@ def print_table(rows: list[dict], meta: dict) -> None:
         table.add_column(column, justify="left" if i < 3 or column == "other" else "right")
     for line in body:
         table.add_row(*line)
-    console = Console()
-    if not console.is_terminal:  # logs and pipes: don't squeeze the table into 80 columns
-        console = Console(width=220)
-    console.print(table)
+    return table
+
+
+def print_table(rows: list[dict], meta: dict) -> None:
+    print_uncut(make_console(), results_table(rows, meta))
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

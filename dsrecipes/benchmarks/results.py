@@ -1,4 +1,4 @@
-"""Writing benchmark rows: one CSV and one JSON file per benchmark, shared by every script here."""
+"""Writing benchmark rows, shared by every script here: one CSV and one JSON file per benchmark, and its table as Markdown."""
 
 from __future__ import annotations
 
@@ -15,9 +15,13 @@ def write_csv(path: Path, rows: list[dict], fields: list[str] | None = None) -> 
         writer.writerows(rows)
 
 
-def write_rows(out: Path, stem: str, rows: list[dict]) -> Path:
-    """<out>/<stem>.csv and <out>/<stem>.json; returns the CSV path."""
+def write_rows(out: Path, stem: str, rows: list[dict], table=None) -> Path:
+    """<out>/<stem>.csv and <out>/<stem>.json, and <out>/<stem>.md when given the printed rich `table`; returns the CSV path."""
     csv_path = out / f"{stem}.csv"
     write_csv(csv_path, rows)
     (out / f"{stem}.json").write_text(json.dumps(rows, indent=2))
+    if table is not None:
+        from dsrecipes.utils.tables import write_table
+
+        write_table(table, out / f"{stem}.md")
     return csv_path

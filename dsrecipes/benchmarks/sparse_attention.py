@@ -17,7 +17,7 @@ T, while dense attention's time grows ~quadratically. For each T it times forwar
 Memory: on CUDA the peak allocated during one forward+backward (torch.cuda.max_memory_allocated,
 inputs included); on CPU the bytes autograd saves for the backward during the forward (a
 deterministic measure of activation memory). "growth" is time(T) / time(previous T): ~2 per doubling
-is linear, ~4 quadratic. Writes sparse_attention.csv/.json to --out.
+is linear, ~4 quadratic. Writes sparse_attention.csv/.json/.md to --out.
 """
 
 from __future__ import annotations
@@ -115,9 +115,12 @@ def run(args) -> list[dict]:
     return rows
 
 
-def print_table(rows: list[dict]) -> None:
-    from rich.console import Console
+def print_table(rows: list[dict]):
+    """The timings as a rich Table, printed uncut (dsrecipes.utils.console); returns the table."""
     from rich.table import Table
+
+    from dsrecipes.utils.console import make_console
+    from dsrecipes.utils.console import print_table as print_uncut
 
     table = Table(title=f"causal attention fwd+bwd, {rows[0]['layout']} block {rows[0]['block']} on {rows[0]['device']}")
     short = {"nnz_blocks_per_head": "blocks", "dense_blocks_per_head": "of", "dense_over_sparse": "dense/sparse"}
@@ -127,7 +130,8 @@ def print_table(rows: list[dict]) -> None:
                          justify="right")
     for r in rows:
         table.add_row(*("-" if r[c] is None else str(r[c]) for c in cols))
-    Console().print(table)
+    print_uncut(make_console(), table)
+    return table
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -149,10 +153,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if args.threads:
         torch.set_num_threads(args.threads)
     rows = run(args)
-    print_table(rows)
+    table = print_table(rows)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-        print("wrote", write_rows(args.out, "sparse_attention", rows))
+        print("wrote", write_rows(args.out, "sparse_attention", rows, table))
     return rows
 
 

@@ -6,7 +6,7 @@
 
 Each variant is the default recipe plus its overrides, trained in-process by the real Trainer for
 --steps optimizer steps on the built-in corpus; throughput is the median of the logged windows after
-the first (which includes start-up). Writes throughput.csv and throughput.json to --out.
+the first (which includes start-up). Writes throughput.csv, .json and .md (the table) to --out.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
 
 from dsrecipes.benchmarks.results import write_rows
+from dsrecipes.utils.console import make_console, print_table
 
 
 def run_variant(base: list[str], variant: str, run_dir: Path) -> dict:
@@ -31,7 +31,7 @@ def run_variant(base: list[str], variant: str, run_dir: Path) -> dict:
 
     overrides = base + variant.split()
     root, batch = validate_recipe(compose(overrides))
-    Trainer(root, run_dir, batch, overrides=overrides, extensions=Extensions(), console=Console(quiet=True)).fit()
+    Trainer(root, run_dir, batch, overrides=overrides, extensions=Extensions(), console=make_console(quiet=True)).fit()
     windows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     windows = [w for w in windows if "perf/tokens_per_s" in w][1:]
     if not windows:
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--variants", nargs="+", default=["precision=fp32", "precision=bf16"],
                         help="each a space-separated list of overrides, e.g. 'precision=bf16 optimizer.impl=foreach'")
     parser.add_argument("--extra", nargs="*", default=[], help="overrides applied to every variant")
-    parser.add_argument("--out", default=None, help="folder for throughput.csv/json (default: a temporary folder)")
+    parser.add_argument("--out", default=None, help="folder for throughput.csv/json/md (default: a temporary folder)")
     args = parser.parse_args(argv)
 
     base = [
@@ -86,8 +86,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
             f"{r['mfu']:.1%}" if r["mfu"] else "-", f"{r['peak_mem_gib']:.2f}" if r["peak_mem_gib"] else "-",
             f"{r['final_loss']:.3f}", f"{r['speedup']:.2f}",
         )
-    Console().print(table)
-    print(f"wrote {write_rows(out, 'throughput', rows)}")
+    print_table(make_console(), table)
+    print(f"wrote {write_rows(out, 'throughput', rows, table)}")
     return rows
 
 

@@ -2,10 +2,14 @@
 
 Jobs write <job dir>/summary.json when they finish; reading those files (rather than in-process
 return values) keeps the table right under launchers that run jobs elsewhere (e.g. submitit).
+The table is also written to <sweep dir>/summary.md and its rows, with every override, to
+<sweep dir>/summary.csv. A sweep in which no job wrote a summary (every job failed, or mode=generate
+jobs, which have no metrics) prints and writes nothing.
 """
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
@@ -13,6 +17,8 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 SUMMARY_FILE = "summary.json"
+TABLE_FILE = "summary.md"
+ROWS_FILE = "summary.csv"
 _COLUMNS = ("val/loss", "val/ppl", "train/loss", "perf/tokens_per_s", "time/total_s")
 
 
@@ -20,27 +26,46 @@ def _format(value) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
+def summary_rows(sweep_dir: Path) -> list[dict]:
+    """One row per job that wrote summary.json, in job order: job, overrides (those that differ), every override, metrics."""
+    jobs = sorted(sweep_dir.glob(f"*/{SUMMARY_FILE}"), key=lambda p: (len(p.parent.name), p.parent.name))
+    summaries = [json.loads(path.read_text()) for path in jobs]
+    shared = set.intersection(*(set(s.get("overrides", [])) for s in summaries)) if summaries else set()
+    rows = []
+    for path, summary in zip(jobs, summaries):
+        overrides = summary.get("overrides", [])
+        metrics = summary.get("metrics", {})
+        rows.append({"job": path.parent.name, "overrides": " ".join(o for o in overrides if o not in shared),
+                     "all_overrides": " ".join(overrides), **{c: metrics.get(c) for c in _COLUMNS}})
+    return rows
+
+
+def summary_table(sweep_dir: Path, rows: list[dict]):
+    from rich.table import Table
+
+    table = Table(title=f"multirun summary: {sweep_dir}")
+    table.add_column("job")
+    table.add_column("overrides (those that differ)", overflow="fold")  # folded, never cut, on a narrow terminal
+    for column in _COLUMNS:
+        table.add_column(column, justify="right", no_wrap=True)
+    for row in rows:
+        table.add_row(row["job"], row["overrides"], *("-" if row[c] is None else _format(row[c]) for c in _COLUMNS))
+    return table
+
+
 class MultirunSummary(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
-        from rich.console import Console
-        from rich.table import Table
+        from dsrecipes.utils.console import make_console, print_table
+        from dsrecipes.utils.tables import write_table
 
         sweep_dir = Path(config.hydra.sweep.dir)
-        jobs = sorted(
-            (p for p in sweep_dir.glob(f"*/{SUMMARY_FILE}")), key=lambda p: (len(p.parent.name), p.parent.name)
-        )
-        table = Table(title=f"multirun summary: {sweep_dir}")
-        table.add_column("job")
-        table.add_column("overrides (those that differ)")
-        for column in _COLUMNS:
-            table.add_column(column, justify="right")
-        summaries = [json.loads(path.read_text()) for path in jobs]
-        shared = set.intersection(*(set(s.get("overrides", [])) for s in summaries)) if summaries else set()
-        for path, summary in zip(jobs, summaries):
-            metrics = summary.get("metrics", {})
-            table.add_row(
-                path.parent.name,
-                " ".join(o for o in summary.get("overrides", []) if o not in shared),
-                *(_format(metrics.get(c, "-")) for c in _COLUMNS),
-            )
-        Console().print(table)
+        rows = summary_rows(sweep_dir)
+        if not rows:
+            return
+        table = summary_table(sweep_dir, rows)
+        print_table(make_console(), table)
+        write_table(table, sweep_dir / TABLE_FILE)
+        with open(sweep_dir / ROWS_FILE, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from dsrecipes.config.run_directory import run_dir, run_stamp
+from dsrecipes.config.run_directory import config_subdir, run_dir, run_stamp
 from dsrecipes.config.schema import RootConfig
 from dsrecipes.training.config import OPTION_SCHEMAS, ExtraArguments
 
@@ -54,6 +54,8 @@ def register_configs() -> None:
     for name, resolver in (("run_stamp", run_stamp), ("run_dir", run_dir)):
         if not OmegaConf.has_resolver(name):  # cached: Hydra hands a sweep's cache to each of its jobs
             OmegaConf.register_new_resolver(name, resolver, use_cache=True)
+    if not OmegaConf.has_resolver("config_subdir"):  # not cached: it asks where the job's directory is now
+        OmegaConf.register_new_resolver("config_subdir", config_subdir)
 
 
 def compose(overrides: list[str] | None = None, return_hydra_config: bool = False):

@@ -68,7 +68,8 @@ class GenerateConfig:
     stop_tokens: list[int] | None = None  # None = the tokenizer's end-of-sequence id
     seed: int = 0
     stream: bool = True  # print a single prompt's tokens as they are generated
-    output_file: str | None = None  # also write {"prompt", "completion", "finish_reason"} JSON lines
+    # also write {"prompt", "completion", "finish_reason"} JSON lines here (relative: to the directory the command runs in)
+    output_file: str | None = None
     dtype: GenerateDtype = GenerateDtype.fp32  # fp32 | bf16 | fp16 | int8 (fp16/bf16 activations + int8 weights)
     kernel_inject: bool = False  # fused kernels (needs CUDA; on CPU they fall back to torch references)
     quant: QuantMode = QuantMode.none  # none | int8 | int4 weight-only

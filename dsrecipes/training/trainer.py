@@ -38,6 +38,7 @@ from dsrecipes.training.loggers import MetricLoggers
 from dsrecipes.training.progress import TrainingProgress
 from dsrecipes.training.recipe_extensions import build_extensions
 from dsrecipes.training.throughput import ThroughputMeter
+from dsrecipes.utils.console import make_console, print_table
 from dsrecipes.utils.device import peak_tflops, resolve_device
 from dsrecipes.utils.logging import get_logger, setup_logging
 from dsrecipes.utils.seed import seed_everything
@@ -64,7 +65,7 @@ class Trainer:
         self.batch = batch
         self.overrides = list(overrides or [])
         self.extensions = extensions if extensions is not None else build_extensions(cfg)
-        self.console = console or Console()
+        self.console = console or make_console()
         self.rank = rank
         self.sweep_name = sweep_name
         self.is_logging_rank = rank == 0
@@ -368,7 +369,7 @@ class Trainer:
         table.add_row("run directory", summary["run_dir"])
         table.add_row("checkpoint", summary["checkpoint"] or "-")
         table.add_row("export", summary.get("export") or "-")
-        self.console.print(table)
+        print_table(self.console, table)
         if "sample" in summary:
             self.console.print(Panel(summary["sample"], title="sample from the trained model", expand=False))
 

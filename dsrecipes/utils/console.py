@@ -1,0 +1,60 @@
+"""The rich Console everything in dsrecipes prints through, and printing tables on it uncut.
+
+Off a terminal (stdout piped or redirected: SLURM, nohup, CI, `| tee`) rich falls back to 80
+columns: log lines wrap at 80 and a table wider than that has its cells cut mid-word ("optimiz…").
+`make_console` keeps the terminal's own width on a terminal and, off one, takes COLUMNS when it is
+set, else OFF_TERMINAL_WIDTH. `print_table` goes further for tables, whose width is their content's:
+off a terminal a table is always printed at its full natural width, however wide, so a log file
+holds every override and path whole; on a terminal it is laid out to the terminal's width as rich does.
+
+    console = make_console()
+    print_table(console, table)
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from rich.cells import cell_len
+from rich.console import Console
+from rich.segment import Segments
+from rich.table import Table
+
+OFF_TERMINAL_WIDTH = 200  # wide enough for a log line or a summary table, narrow enough to read in a pager
+_UNBOUNDED = 1_000_000  # the width a table is measured in, to find the width it wants
+
+
+def _columns_from_env() -> bool:
+    return os.environ.get("COLUMNS", "").isdigit()
+
+
+def make_console(**kwargs: Any) -> Console:
+    """A rich Console (kwargs as rich's): the terminal's width on a terminal; off one COLUMNS, else OFF_TERMINAL_WIDTH.
+
+    A `width` given explicitly is kept as is.
+    """
+    console = Console(**kwargs)
+    if "width" not in kwargs and not console.is_terminal and not _columns_from_env():
+        console.width = OFF_TERMINAL_WIDTH
+    return console
+
+
+def table_width(console: Console, table: Table) -> int:
+    """The columns `table` takes when nothing limits it: its widest cells, and its title on one line."""
+    width = console.measure(table, options=console.options.update_width(_UNBOUNDED)).maximum
+    title = table.title if isinstance(table.title, str) else ""
+    return max(width, cell_len(title))
+
+
+def print_table(console: Console, table: Table) -> None:
+    """Print `table` on `console`; off a terminal at its full width even past the console's, so no cell is cut."""
+    if console.is_terminal:
+        console.print(table)
+        return
+    width = table_width(console, table)
+    if width <= console.width:
+        console.print(table)
+        return
+    lines = console.render(table, console.options.update_width(width))
+    console.print(Segments(lines), crop=False)  # crop=False: the console would cut the lines at its own width
