@@ -30,11 +30,23 @@ def setup_logging(run_dir: Path, rank: int, console: Console, level: str = "INFO
     file_handler.addFilter(_RankFilter(rank))
     handlers: list[logging.Handler] = [file_handler]
     if rank == 0:
-        handlers.append(RichHandler(console=console, show_path=False, markup=False, rich_tracebacks=False))
+        handlers.append(_console_handler(console))
     for handler in handlers:
         setattr(handler, _HANDLER_TAG, True)
         logger.addHandler(handler)
     return log_path
+
+
+def _console_handler(console: Console) -> logging.Handler:
+    """rich's handler on a terminal; off one (SLURM, nohup, a pipe) plain lines, neither wrapped nor padded to
+    the console's width as rich's layout would (a quiet console: nothing)."""
+    if console.is_terminal:
+        return RichHandler(console=console, show_path=False, markup=False, rich_tracebacks=False)
+    if console.quiet:
+        return logging.NullHandler()
+    handler = logging.StreamHandler(console.file)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S"))
+    return handler
 
 
 class _RankFilter(logging.Filter):
