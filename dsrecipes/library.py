@@ -26,10 +26,14 @@ checkpointing, sparse attention, ZeRO and the model-parallel groups apply to it 
 group that cannot apply to a user's module is named in a warning (or, where running without it
 would compute something else, a ValueError). The recipe-only groups (compression, data_efficiency,
 and moe, which shapes the GPT the recipe builds) are the Trainer's: initialize warns when they are set.
+
+Under torchrun or srun, initialize joins the launcher's process group itself (no init_process_group
+needed first, as with deepspeed.initialize): `torchrun --nproc-per-node 2 train.py`.
 """
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import torch
@@ -58,6 +62,18 @@ def _warn_recipe_only_groups(cfg) -> None:
                       f"(python -m dsrecipes {group}=...), not to a user's own module and loop", stacklevel=3)
 
 
+def _join_launcher_group(launcher) -> None:
+    """Under torchrun / srun, join the process group the launcher describes, as deepspeed.initialize does
+    (launcher.backend and launcher.collective_timeout_s apply); a group the caller made is kept."""
+    from dsrecipes.distributed.environment import under_launcher
+
+    if is_distributed() or not under_launcher() or int(os.environ["WORLD_SIZE"]) <= 1:
+        return
+    from dsrecipes.launch import init_distributed
+
+    init_distributed(launcher.backend, launcher.collective_timeout_s)
+
+
 def initialize(
     model: nn.Module,
     config=None,
@@ -80,6 +96,7 @@ def initialize(
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     composed = load_config(config)
     cfg = to_root(composed)
+    _join_launcher_group(cfg.launcher)
     world = data_parallel_world_size()
     batch = validate_engine_config(cfg, world)
     _warn_recipe_only_groups(cfg)
