@@ -7,13 +7,19 @@ lands in datasets' Arrow cache (and every later step can be cached on top of it)
   document per file, read with the packaged ``"text"`` builder. It exists
   wherever Python is installed, so recipes run offline with no download.
 * ``files``: local text (``.txt/.md/.py``), JSON lines/JSON or Parquet files.
-* ``hub``: ``datasets.load_dataset(name, config, split=...)`` (needs network).
+* ``hub``: ``datasets.load_dataset(name, config, split=...)`` (needs network, or a cached copy).
 
-Nothing is downloaded for ``builtin`` or ``files``: only packaged builders are used.
+Nothing is downloaded for ``builtin`` or ``files``: only packaged builders are used, with datasets
+in offline mode for the call (`hub_offline`), since even a packaged builder otherwise pings the
+Hub's download counter (a 3-second timeout on a machine without network). For ``hub``, the Hub is
+probed first (a TCP connection, 3 s at most): unreachable, or with HF_HUB_OFFLINE=1, the dataset is
+read from datasets' cache, and when it is not there the run stops with one line naming the
+dataset, the cache and HF_HUB_OFFLINE, instead of datasets' ~40 s of retries and a traceback.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 import datasets
@@ -61,16 +67,57 @@ def _root_cause(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}".splitlines()[0]
 
 
+@contextlib.contextmanager
+def hub_offline():
+    """datasets (and huggingface_hub) in offline mode for the duration: no request leaves the machine."""
+    import huggingface_hub.constants as hub_constants
+
+    config = datasets.config
+    saved = (config.HF_HUB_OFFLINE, config.HF_DATASETS_OFFLINE, config.HF_UPDATE_DOWNLOAD_COUNTS,
+             hub_constants.HF_HUB_OFFLINE)
+    config.HF_HUB_OFFLINE = config.HF_DATASETS_OFFLINE = True
+    config.HF_UPDATE_DOWNLOAD_COUNTS = False
+    hub_constants.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        (config.HF_HUB_OFFLINE, config.HF_DATASETS_OFFLINE, config.HF_UPDATE_DOWNLOAD_COUNTS,
+         hub_constants.HF_HUB_OFFLINE) = saved
+
+
 def _load_text_files(files: Sequence[str], cache_dir) -> datasets.Dataset:
     """Read each text file as one document with the packaged "text" builder (no network)."""
-    return datasets.load_dataset(
-        "text",
-        data_files=list(files),
-        sample_by="document",
-        encoding_errors="replace",
-        split="train",
-        cache_dir=cache_dir,
-    )
+    with hub_offline():
+        return datasets.load_dataset(
+            "text",
+            data_files=list(files),
+            sample_by="document",
+            encoding_errors="replace",
+            split="train",
+            cache_dir=cache_dir,
+        )
+
+
+def _load_hub(cfg) -> datasets.Dataset:
+    """data=hub: online when the Hub answers, else (or with HF_HUB_OFFLINE=1) datasets' cached copy, else one line."""
+    from huggingface_hub.constants import ENDPOINT
+
+    from dsrecipes.utils.network import unreachable
+
+    load = lambda: datasets.load_dataset(cfg.hub_name, cfg.hub_config, split=cfg.hub_split,  # noqa: E731
+                                         cache_dir=cfg.cache_dir)
+    why = "HF_HUB_OFFLINE is set" if datasets.config.HF_HUB_OFFLINE else unreachable(ENDPOINT)
+    if why is None:
+        return load()
+    try:
+        with hub_offline():
+            return load()
+    except Exception as err:  # ConnectionError / FileNotFoundError / DatasetNotFoundError: not in the cache
+        cache = cfg.cache_dir or datasets.config.HF_DATASETS_CACHE
+        name = cfg.hub_name + (f" ({cfg.hub_config})" if cfg.hub_config else "")
+        raise ValueError(f"data.hub_name={name}: offline ({why}) and not in the datasets cache {cache} "
+                         f"({type(err).__name__}); connect once to cache it (HF_HUB_OFFLINE=1 then reads the "
+                         "cached copy), or use data=files") from None
 
 
 def load_documents(cfg) -> datasets.Dataset:
@@ -87,13 +134,14 @@ def load_documents(cfg) -> datasets.Dataset:
         if kind == "text":
             return _load_text_files(cap_files_by_size(files, cfg.max_bytes), cfg.cache_dir)
         try:
-            ds = datasets.load_dataset(kind, data_files=list(files), split="train", cache_dir=cfg.cache_dir)
+            with hub_offline():
+                ds = datasets.load_dataset(kind, data_files=list(files), split="train", cache_dir=cfg.cache_dir)
         except Exception as err:  # DatasetGenerationError / ArrowInvalid: a file that is not what its suffix says
             raise ValueError(f"data.paths: the {kind} file(s) {', '.join(files)} could not be read: "
                              f"{_root_cause(err)}") from err
         return cap_rows_by_bytes(select_text_column(ds, cfg.text_field), cfg.max_bytes)
     if cfg.source == "hub":
-        ds = datasets.load_dataset(cfg.hub_name, cfg.hub_config, split=cfg.hub_split, cache_dir=cfg.cache_dir)
+        ds = _load_hub(cfg)
         if not isinstance(ds, datasets.Dataset):
             raise ValueError(
                 f"data.hub_split={cfg.hub_split!r} did not select a single split of {cfg.hub_name!r} "
