@@ -2,6 +2,10 @@
 
 W&B runs offline (files under <run dir>/wandb, sync later with `wandb sync`) unless an API key is
 configured or logger.wandb_mode=online; it is imported only when enabled, since it is slow to start.
+Online, a server that does not answer (no network, a wrong WANDB_BASE_URL) or a failing wandb.init
+falls back to offline with a warning, within ~15 s, instead of blocking and crashing. A run that
+resumes from a checkpoint continues the W&B run of the run directory that wrote it (its id is kept
+in <run dir>/wandb/dsrecipes_run_id).
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ import json
 import math
 import os
 import time
+import warnings
 from pathlib import Path
 
 from dsrecipes.training.config import LoggerConfig
@@ -80,8 +85,28 @@ def wandb_mode(configured: str) -> str:
     return "online" if os.environ.get("WANDB_API_KEY") else "offline"
 
 
+RUN_ID_FILE = "dsrecipes_run_id"  # in <run dir>/wandb/: the W&B run a resumed run continues
+ONLINE_INIT_TIMEOUT_S = 10  # wandb.init's own bound on reaching the server once it is known to answer
+
+
+def wandb_run_id(run_dir: Path) -> str | None:
+    """The W&B run id a run directory's run logged to (None: it had no W&B run)."""
+    path = Path(run_dir) / "wandb" / RUN_ID_FILE
+    return path.read_text().strip() if path.is_file() else None
+
+
+def wandb_server(base_url: str | None = None) -> str:
+    """The W&B server a run talks to (WANDB_BASE_URL, else the public one)."""
+    return base_url or os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai"
+
+
 class WandbLogger:
-    def __init__(self, cfg: LoggerConfig, run_dir: Path, run_name: str, config: dict, group: str | None):
+    """A W&B run. Online mode first checks, in 3 s, that the server answers, and falls back to offline (a
+    warning, files under <run dir>/wandb for `wandb sync`) when it does not or when wandb.init fails, so a
+    machine with a key but no network loses neither time nor the run. `resume_id`: continue that run."""
+
+    def __init__(self, cfg: LoggerConfig, run_dir: Path, run_name: str, config: dict, group: str | None,
+                 resume_id: str | None = None):
         try:
             import wandb
         except ImportError as error:
@@ -90,17 +115,30 @@ class WandbLogger:
                 "pip install wandb, or use logger=default (jsonl + TensorBoard)"
             ) from error
 
-        self.run = wandb.init(
-            project=cfg.wandb_project,
-            entity=cfg.wandb_entity,
-            name=run_name,
-            group=cfg.wandb_group or group,
-            tags=list(cfg.wandb_tags),
-            dir=str(run_dir),
-            mode=wandb_mode(cfg.wandb_mode),
-            config=config,
-            reinit="finish_previous",
-        )
+        from dsrecipes.utils.network import unreachable
+
+        options = dict(project=cfg.wandb_project, entity=cfg.wandb_entity, name=run_name,
+                       group=cfg.wandb_group or group, tags=list(cfg.wandb_tags), dir=str(run_dir), config=config,
+                       reinit="finish_previous")
+        if resume_id:
+            options.update(id=resume_id, resume="allow")
+        mode = wandb_mode(cfg.wandb_mode)
+        if mode == "online":
+            why = unreachable(wandb_server())
+            if why is None:
+                try:
+                    self.run = wandb.init(mode="online", settings=wandb.Settings(init_timeout=ONLINE_INIT_TIMEOUT_S),
+                                          **options)
+                except Exception as error:  # CommError, UsageError (a bad key), timeouts
+                    why = f"wandb.init failed: {type(error).__name__}: {str(error).splitlines()[0]}"
+            if why is not None:
+                warnings.warn(f"W&B online logging is unavailable ({why}); logging offline to {run_dir}/wandb "
+                              "instead (upload later with `wandb sync`)", stacklevel=3)
+                mode = "offline"
+        if mode != "online":
+            self.run = wandb.init(mode=mode, **options)
+        (Path(run_dir) / "wandb").mkdir(parents=True, exist_ok=True)
+        (Path(run_dir) / "wandb" / RUN_ID_FILE).write_text(self.run.id)
 
     def log(self, metrics: dict, step: int) -> None:
         self.run.log(metrics, step=step)
@@ -130,7 +168,9 @@ class MetricLoggers:
         config: dict,
         enabled: bool = True,
         group: str | None = None,
+        wandb_resume_id: str | None = None,
     ):
+        """wandb_resume_id: the W&B run to continue (a resumed run's, see wandb_run_id)."""
         self.sinks = []
         if not enabled:
             return
@@ -139,7 +179,7 @@ class MetricLoggers:
         if cfg.tensorboard:
             self.sinks.append(TensorBoardLogger(run_dir / "tb", config))
         if cfg.wandb and wandb_mode(cfg.wandb_mode) != "disabled":
-            self.sinks.append(WandbLogger(cfg, run_dir, run_name, config, group))
+            self.sinks.append(WandbLogger(cfg, run_dir, run_name, config, group, resume_id=wandb_resume_id))
 
     def log(self, metrics: dict, step: int) -> None:
         for sink in self.sinks:

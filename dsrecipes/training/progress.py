@@ -1,4 +1,10 @@
-"""The rich progress bar of a training run: step, loss, lr, tokens/s and ETA."""
+"""The progress of a training run: a rich bar on a terminal, a plain line per log interval off one.
+
+On a terminal (rank 0, trainer.progress_bar=true) a live bar shows step, loss, lr, tokens/s and
+ETA. Off a terminal (SLURM, nohup, a pipe) a live bar draws nothing until the end, so the Trainer
+logs `progress_line(...)` every log_interval instead: to the console and rank0.log there, to
+rank0.log only while the bar is live (its `console=False` record attribute keeps it off the console).
+"""
 
 from __future__ import annotations
 
@@ -10,8 +16,8 @@ class TrainingProgress:
     """A no-op unless enabled (rank 0 with trainer.progress_bar=true)."""
 
     def __init__(self, console: Console, total_steps: int, start_step: int = 0, enabled: bool = True):
-        self.enabled = enabled
-        if not enabled:
+        self.enabled = enabled and console.is_terminal  # off a terminal the Trainer logs progress lines instead
+        if not self.enabled:
             return
         self.progress = Progress(
             TextColumn("[bold blue]train"),
@@ -49,3 +55,10 @@ class TrainingProgress:
         if tokens_per_s is not None:
             fields["tps"] = f"{tokens_per_s:,.0f}"
         self.progress.update(self.task, completed=step, **fields)
+
+
+def progress_line(step: int, total_steps: int, loss: float, lr: float, tokens_per_s: float, eta_s: float) -> str:
+    """`step 10/600 | loss 4.1234 | lr 3.00e-04 | 9,171 tokens/s | ETA 0:01:23` (ETA from training-step time)."""
+    eta = int(round(eta_s))
+    return (f"step {step}/{total_steps} | loss {loss:.4f} | lr {lr:.2e} | {tokens_per_s:,.0f} tokens/s | "
+            f"ETA {eta // 3600}:{eta // 60 % 60:02d}:{eta % 60:02d}")

@@ -107,6 +107,11 @@ class ThroughputMeter:
             elapsed += time.perf_counter() - self._segment_start
         return self.tokens / max(elapsed, 1e-9)
 
+    def eta_s(self, steps_left: int) -> float:
+        """Seconds of training the remaining steps take at this run's pace so far (evaluation not included)."""
+        elapsed = self.train_s + (time.perf_counter() - self._segment_start if self._segment_start is not None else 0)
+        return steps_left * elapsed / max(self.steps, 1)
+
     def totals(self) -> dict:
         """The run's throughput and where its time went."""
         self._close_segment()

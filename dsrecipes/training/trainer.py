@@ -34,8 +34,8 @@ from dsrecipes.training.checkpoint import find_resume_checkpoint, newest_checkpo
 from dsrecipes.training.config import to_dictconfig
 from dsrecipes.training.extensions import Extensions, RunContext, callback_states, load_callback_states
 from dsrecipes.training.layout import LAYOUT_KEY
-from dsrecipes.training.loggers import MetricLoggers
-from dsrecipes.training.progress import TrainingProgress
+from dsrecipes.training.loggers import MetricLoggers, wandb_run_id
+from dsrecipes.training.progress import TrainingProgress, progress_line
 from dsrecipes.training.recipe_extensions import build_extensions
 from dsrecipes.training.throughput import ThroughputMeter
 from dsrecipes.utils.console import make_console, print_table
@@ -122,6 +122,7 @@ class Trainer:
             self.batch.dp_world_size,
         )
 
+        self.resume_path = self._find_resume_checkpoint()
         self.loggers = MetricLoggers(
             cfg.logger,
             self.run_dir,
@@ -129,6 +130,7 @@ class Trainer:
             OmegaConf.to_container(to_dictconfig(cfg), enum_to_str=True),
             self.is_logging_rank,
             group=self.sweep_name,
+            wandb_resume_id=wandb_run_id(self._run_dir_of(self.resume_path)) if self.resume_path else None,
         )
         self.loggers.log_text(LAYOUT_KEY, self.engine.layout)
         self.context.engine, self.context.loggers = self.engine, self.loggers
@@ -200,14 +202,24 @@ class Trainer:
         return path
 
     # ------------------------------------------------------------------ run
-    def maybe_resume(self) -> None:
-        """Apply trainer.resume: restore engine, schedule, scaler, RNG and data position."""
+    def _find_resume_checkpoint(self) -> Path | None:
+        """The checkpoint trainer.resume names (checkpoints/step_N of some run directory), or None."""
         spec = self.cfg.trainer.resume
         if not spec:
-            return
+            return None
         path = find_resume_checkpoint(spec, self.run_dir, self.cfg.checkpoint.dirname, self.cfg.name)
         if path is None:
             self.log.info("resume: no checkpoint found, starting fresh")
+        return path
+
+    def _run_dir_of(self, checkpoint: Path) -> Path:
+        """The run directory that holds `checkpoint` (<run dir>/<checkpoint.dirname>/step_N)."""
+        return checkpoint.parents[len(Path(self.cfg.checkpoint.dirname).parts)]
+
+    def maybe_resume(self) -> None:
+        """Apply trainer.resume: restore engine, schedule, scaler, RNG and data position."""
+        path = getattr(self, "resume_path", None)
+        if path is None:
             return
         _, client_state = self.engine.load_checkpoint(path.parent, tag=path.name)
         if "data" in client_state:
@@ -271,6 +283,9 @@ class Trainer:
                     self.loggers.log(metrics, step)
                     last_train = metrics
                     bar.update(step, metrics["train/loss"], metrics["train/lr"], self.meter.tokens_per_s)
+                    line = progress_line(step, t.max_steps, metrics["train/loss"], metrics["train/lr"],
+                                         self.meter.tokens_per_s, self.meter.eta_s(t.max_steps - step))
+                    self.log.info(line, extra={"console": not bar.enabled})  # the live bar shows it there
                     self.log.debug("step %d %s", step, _fmt(metrics))
                 else:
                     bar.update(step)

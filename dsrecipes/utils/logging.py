@@ -30,7 +30,9 @@ def setup_logging(run_dir: Path, rank: int, console: Console, level: str = "INFO
     file_handler.addFilter(_RankFilter(rank))
     handlers: list[logging.Handler] = [file_handler]
     if rank == 0:
-        handlers.append(_console_handler(console))
+        handler = _console_handler(console)
+        handler.addFilter(lambda record: getattr(record, "console", True))  # extra={"console": False}: file only
+        handlers.append(handler)
     for handler in handlers:
         setattr(handler, _HANDLER_TAG, True)
         logger.addHandler(handler)
