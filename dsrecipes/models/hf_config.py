@@ -198,6 +198,8 @@ def _model_config_of(path: str, directory: str, stamp) -> ModelConfig:
 
 def hf_model_field(path: str, key: str):
     """OmegaConf resolver `${hf_model:PATH,KEY}`: field KEY of model_config_from_dir(PATH) (conf/model/hf.yaml)."""
+    if path in (None, "", "???"):  # OmegaConf hands a missing model.path over as None
+        raise ValueError("model=hf needs model.path=DIR: a Hugging Face checkpoint directory (or a hub name owner/name)")
     value = getattr(model_config_from_dir(path), key)
     return value.value if hasattr(value, "value") else value
 

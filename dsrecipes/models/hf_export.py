@@ -12,8 +12,9 @@
     <dir>/tokenizer.json (+ tokenizer_config.json ...)   the tokenizer, copied in (dsrecipes.models.hf_tokenizer)
 
 Which HF architecture: gpt2-style -> GPT2LMHeadModel; llama-style -> LlamaForCausalLM (Qwen2ForCausalLM
-for biases on q/k/v only). An MoE model has no such layout here and is written in dsrecipes' own
-(dsrecipes.models.export.export_safetensors), its tokenizer copied in the same way.
+for biases on q/k/v only). An MoE model (or a state dict with tensors a dense GPT does not have) has
+no such layout here and is written in dsrecipes' own (dsrecipes.models.export.export_safetensors),
+its tokenizer copied in the same way.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from dsrecipes.models.config import ModelConfig
 from dsrecipes.models.export import CONFIG_FILE, WEIGHTS_FILE, export_safetensors
 from dsrecipes.models.hf_config import DSRECIPES_KEY, hf_config_for
 from dsrecipes.models.hf_tokenizer import write_tokenizer_files
-from dsrecipes.models.hf_weights import to_hf_state
+from dsrecipes.models.hf_weights import NoHFLayout, to_hf_state
 from dsrecipes.models.moe_config import MoEConfig
 
 GENERATION_CONFIG = "generation_config.json"
@@ -57,10 +58,15 @@ def export_hf(state: dict, model_cfg: ModelConfig, out_dir: str | Path, tokenize
 
 def export_model(state: dict, model_cfg: ModelConfig, out_dir: str | Path, tokenizer: str = "byte",
                  extra: dict | None = None, moe_cfg: MoEConfig | None = None) -> Path:
-    """The Trainer's and `python -m dsrecipes.export`'s export: the HF layout, dsrecipes' own for MoE models."""
+    """The Trainer's and `python -m dsrecipes.export`'s export: the HF layout; dsrecipes' own for MoE models and
+    any state dict that is not a dense GPT of `model_cfg` (said in the log)."""
     if moe_cfg is None or not moe_cfg.enabled:
-        return export_hf(state, model_cfg, out_dir, tokenizer, extra)
-    log.info("export: an MoE model has no Hugging Face layout here; writing dsrecipes' layout to %s", out_dir)
+        try:
+            return export_hf(state, model_cfg, out_dir, tokenizer, extra)
+        except NoHFLayout as why:
+            log.warning("export: no Hugging Face layout (%s); writing dsrecipes' layout to %s", why, out_dir)
+    else:
+        log.info("export: an MoE model has no Hugging Face layout here; writing dsrecipes' layout to %s", out_dir)
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     tok = write_tokenizer_files(tokenizer, out_dir, model_cfg.max_seq_len)
     return export_safetensors(state, model_cfg, out_dir, extra={**(extra or {}), "tokenizer": tok["tokenizer"]},

@@ -25,6 +25,12 @@ import torch
 from dsrecipes.models.config import ModelConfig
 from dsrecipes.models.hf_config import hf_model_type_for
 
+
+class NoHFLayout(ValueError):
+    """A state dict that is not a dense dsrecipes GPT of its config (MoE experts, a compression method's extra
+    tensors, a reshaped layer): it has no Hugging Face names."""
+
+
 # Buffers some checkpoints hold that carry no weights.
 _BUFFERS = re.compile(r"(\.attn\.(masked_)?bias|\.rotary_emb\.inv_freq)$")
 
@@ -96,13 +102,13 @@ def _reduce_heads(x: torch.Tensor, cfg: ModelConfig, source: str, name: str) -> 
 
 # ---------------------------------------------------------------------------------------------- to HF
 def to_hf_state(state: dict, cfg: ModelConfig) -> dict:
-    """A dsrecipes GPT state dict (dense blocks) in HF names and layouts; ValueError for a tensor with no HF name."""
+    """A dsrecipes GPT state dict (dense blocks) in HF names and layouts; NoHFLayout for a tensor with no HF name."""
     left = dict(state)
 
     def take(name: str, required: bool = True):
         tensor = left.pop(name, None)
         if tensor is None and required:
-            raise ValueError(f"the state dict has no {name!r}: not a dense dsrecipes GPT of this config")
+            raise NoHFLayout(f"the state dict has no {name!r}: not a dense dsrecipes GPT of this config")
         return None if tensor is None else tensor.detach().to("cpu", torch.float32)
 
     hf = (_gpt2_to_hf if cfg.style == "gpt2" else _llama_to_hf)(take, cfg)
@@ -111,7 +117,7 @@ def to_hf_state(state: dict, cfg: ModelConfig) -> dict:
     else:
         hf["lm_head.weight"] = take("lm_head.weight")
     if left:
-        raise ValueError(f"no Hugging Face name for {len(left)} tensors (e.g. {', '.join(sorted(left)[:3])}); "
+        raise NoHFLayout(f"no Hugging Face name for {len(left)} tensors (e.g. {', '.join(sorted(left)[:3])}); "
                          "the HF layout holds dense gpt2 / llama blocks only")
     return {name: tensor.contiguous() for name, tensor in hf.items()}
 

@@ -112,6 +112,7 @@ class Trainer:
             )
         if model_cfg.path:  # model=hf: start from a Hugging Face checkpoint's weights
             self.gpt = gpt_from_hf(model_cfg, self.device, moe=cfg.moe)
+            self.log.info("model: weights from %s, tokenizer %s", model_cfg.path, cfg.data.tokenizer)
         else:
             with torch.device(self.device):
                 self.gpt = GPT(model_cfg, moe=cfg.moe)
