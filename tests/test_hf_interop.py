@@ -223,3 +223,27 @@ def test_what_dsrecipes_blocks_cannot_compute_is_refused_naming_the_key(tmp_path
     (path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="rope_type='llama3'"):
         load_hf_checkpoint(path)
+
+
+def test_an_moe_model_keeps_dsrecipes_layout_with_its_tokenizer_copied_in(tmp_path):
+    from dsrecipes.models.moe_config import MoEConfig
+
+    cfg = ModelConfig(n_layer=2, n_head=2, d_model=16, vocab_size=VOCAB, max_seq_len=SEQ)
+    moe = MoEConfig(num_experts=4, k=2, drop_tokens=False)
+    torch.manual_seed(0)
+    model = GPT(cfg, moe).eval()
+    export_model(model.state_dict(), cfg, tmp_path, tokenizer=bpe_tokenizer(tmp_path / "tok"), moe_cfg=moe)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert "model_type" not in config and config["moe"]["num_experts"] == 4 and config["tokenizer"] == "tokenizer.json"
+    loaded, info = load_model(tmp_path)
+    assert info.tokenizer == str((tmp_path / "tokenizer.json").resolve())
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids()).logits, model(ids()).logits)
+
+
+def test_load_flavor_hf_reads_a_checkpoint_config(tmp_path):
+    from dsrecipes.models import load_flavor
+
+    path, _ = hf_checkpoint(tmp_path / "qwen2", "qwen2")
+    cfg = load_flavor("hf", path=str(path), dropout=0.1)
+    assert (cfg.style, cfg.n_kv_head, cfg.bias, cfg.qkv_bias, cfg.dropout) == ("llama", 2, False, True, 0.1)
