@@ -8,8 +8,9 @@ A checkpoint is a directory with config.json (with a model_type) and model.safet
 model-*.safetensors with their index, or pytorch_model.bin (what save_pretrained writes, and
 dsrecipes' own export). The shape comes from config.json (dsrecipes.models.hf_config), the tensors
 are renamed and re-laid out by dsrecipes.models.hf_weights, and the tokenizer is the directory's
-tokenizer.json. The model is dsrecipes' own GPT, so every recipe feature (ZeRO, TP, kernels, MoE
-upcycling aside) applies to it. Other architectures are refused naming their model_type.
+tokenizer.json. The model is dsrecipes' own GPT, so the recipe's features (ZeRO, TP / SP / PP, kernels,
+compression) apply to it; MoE does not (a dense checkpoint has no experts). Other architectures are
+refused naming their model_type.
 """
 
 from __future__ import annotations
