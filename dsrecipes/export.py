@@ -4,8 +4,10 @@
     python -m dsrecipes.export outputs/.../checkpoints exported/          # the `latest` checkpoint
 
 DeepSpeed's zero_to_fp32 use case: works offline (one process, no GPU) on a sharded dcp/ checkpoint
-written at any world size and ZeRO stage, or on a full-state one; writes model.safetensors +
-config.json readable by `dsrecipes.models.load_exported`.
+written at any world size and ZeRO stage, or on a full-state one; writes the Hugging Face layout
+(dsrecipes.models.hf_export: model.safetensors, config.json, generation_config.json, the tokenizer),
+readable by `dsrecipes.models.load_exported` and by transformers' AutoModelForCausalLM.from_pretrained
+(MoE models: dsrecipes' own layout).
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from dsrecipes.models import ModelConfig, export_safetensors
+from dsrecipes.models import ModelConfig
+from dsrecipes.models.hf_export import export_model
+from dsrecipes.models.moe_config import MoEConfig
 from dsrecipes.training.checkpoint import read_checkpoint, resolve_checkpoint_dir
 
 DCP_DIR = "dcp"
@@ -35,7 +39,7 @@ def consolidated_model_state(checkpoint: Path) -> dict:
 
 
 def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path) -> Path:
-    """Write <out_dir>/model.safetensors + config.json from a dsrecipes checkpoint (or a folder of them)."""
+    """Write the export of a dsrecipes checkpoint (or the newest of a folder of them) to out_dir; returns the weights file."""
     checkpoint = resolve_checkpoint_dir(checkpoint_dir)
     config_file = checkpoint / "config.yaml"
     if not config_file.exists():
@@ -44,7 +48,10 @@ def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path) -> Path:
     model_cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), recipe.model))
     state = consolidated_model_state(checkpoint)
     tokenizer = OmegaConf.select(recipe, "data.tokenizer", default="byte")
-    return export_safetensors(state, model_cfg, out_dir, extra={"tokenizer": tokenizer, "source": str(checkpoint)})
+    moe = OmegaConf.select(recipe, "moe", default=None)
+    moe_cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(MoEConfig), moe)) if moe else None
+    return export_model(state, model_cfg, out_dir, tokenizer=tokenizer, extra={"source": str(checkpoint)},
+                        moe_cfg=moe_cfg)
 
 
 def main(argv: list[str] | None = None) -> None:

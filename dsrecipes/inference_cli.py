@@ -89,6 +89,9 @@ def _load(cfg: DictConfig, overrides: list[str], device):
     if info.sparse_attention:  # the KV-cache decoder has no block-sparse path: say so rather than imply one
         source += (f" (trained with sparse_attention.mode={info.sparse_attention}; generation attends densely over "
                    "the KV cache, so contexts longer than the layout's local window see more than in training)")
+    if info.tokenizer is None:
+        raise ValueError(f"generate.checkpoint={g.checkpoint!r} has no tokenizer.json (the fast-tokenizer file dsrecipes "
+                         "reads); write one with transformers' AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR)")
     return model, build_tokenizer(info.tokenizer), source
 
 

@@ -2,6 +2,7 @@
 
 import json
 from importlib import resources
+from pathlib import Path
 
 import pytest
 import yaml
@@ -19,6 +20,7 @@ from dsrecipes.utils.ranges import check_ranges
 # options that need a key set before they build (their class is the user's choice)
 REQUIRED_OVERRIDES = {
     ("data", "hub"): ["data.hub_name=some/dataset"],
+    ("model", "hf"): [f"model.path={Path(__file__).parent / 'data' / 'hf_gpt2_config'}"],  # its config.json only
     ("optimizer", "custom"): ["optimizer._target_=torch.optim.NAdam"],
     ("lr_scheduler", "custom"): ["lr_scheduler._target_=torch.optim.lr_scheduler.ExponentialLR",
                                  "lr_scheduler.gamma=0.99"],

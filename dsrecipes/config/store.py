@@ -14,6 +14,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from dsrecipes.config.run_directory import config_subdir, run_dir, run_stamp
 from dsrecipes.config.schema import RootConfig
+from dsrecipes.models.hf_config import register_hf_resolver
 from dsrecipes.training.config import OPTION_SCHEMAS, ExtraArguments
 
 SCHEMA_NAME = "dsrecipes_schema"
@@ -56,6 +57,7 @@ def register_configs() -> None:
             OmegaConf.register_new_resolver(name, resolver, use_cache=True)
     if not OmegaConf.has_resolver("config_subdir"):  # not cached: it asks where the job's directory is now
         OmegaConf.register_new_resolver("config_subdir", config_subdir)
+    register_hf_resolver()  # ${hf_model:PATH,KEY}: conf/model/hf.yaml's fields from a checkpoint's config.json
 
 
 def compose(overrides: list[str] | None = None, return_hydra_config: bool = False):

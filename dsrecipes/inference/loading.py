@@ -4,12 +4,14 @@
     model, info = load_model("outputs/.../checkpoints")                     # newest checkpoint (`latest`)
     model, info = load_model("outputs/.../checkpoints/step_600")            # one checkpoint: dcp/ or model.pt
     model, info = load_model("exported/")                                   # safetensors export
+    model, info = load_model("hf_checkpoint/")      # a transformers GPT-2 / Llama / Mistral / Qwen2 directory
 
 Checkpoints written at any world size and ZeRO stage are consolidated with
 dsrecipes.export.consolidated_model_state (torch.distributed.checkpoint's dcp_to_torch_save for
 sharded dcp/ directories; model.pt for full-state ones). The model's shape comes from the checkpoint's
 config.yaml, else the run directory's .hydra/config.yaml (vocab_size null there is taken from the
-tokenizer as training does), or from config.json of an export. A caller may pass `model_cfg`
+tokenizer as training does), or from config.json of an export or a Hugging Face checkpoint
+(dsrecipes.models.hf_import: its tensors renamed, its tokenizer.json used). A caller may pass `model_cfg`
 instead: every tensor is then checked against it first, and a mismatch is a ValueError naming the
 tensor and both shapes (nothing is loaded).
 """
@@ -27,6 +29,8 @@ from omegaconf import OmegaConf
 from dsrecipes.models.config import ModelConfig
 from dsrecipes.models.export import CONFIG_FILE, WEIGHTS_FILE
 from dsrecipes.models.gpt import GPT
+from dsrecipes.models.hf_import import is_hf_checkpoint, read_hf_checkpoint
+from dsrecipes.models.hf_tokenizer import resolve_tokenizer
 from dsrecipes.models.moe_config import MoEConfig
 from dsrecipes.training.checkpoint import COMPLETE_MARKER, LATEST, check_state_dict_matches, resolve_checkpoint_dir
 
@@ -36,7 +40,7 @@ class LoadedFrom:
     kind: str  # "export" | "checkpoint"
     path: Path  # the export directory or the checkpoints/step_N directory
     model_cfg: ModelConfig
-    tokenizer: str  # "byte" or a tokenizer.json path
+    tokenizer: str | None  # "byte" or a tokenizer.json path (None: a Hugging Face checkpoint without tokenizer.json)
     moe_cfg: MoEConfig | None = None  # MoE models: the experts' layout (always loaded at ep_size=1)
     sparse_attention: str | None = None  # the sparse_attention.mode it was trained with (None: dense or unknown)
 
@@ -64,7 +68,7 @@ def resolve_source(path: str | Path) -> tuple[str, Path]:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"generate.checkpoint={str(path)!r} does not exist")
-    if (path / WEIGHTS_FILE).exists() and (path / CONFIG_FILE).exists():
+    if is_hf_checkpoint(path) or ((path / WEIGHTS_FILE).exists() and (path / CONFIG_FILE).exists()):
         return "export", path
     if (path / COMPLETE_MARKER).exists() or (path / LATEST).exists():
         return "checkpoint", resolve_checkpoint_dir(path)
@@ -77,7 +81,8 @@ def resolve_source(path: str | Path) -> tuple[str, Path]:
             return "export", path / "export"
     raise FileNotFoundError(
         f"generate.checkpoint={str(path)!r} is not a dsrecipes run directory, checkpoints folder, checkpoint "
-        f"(with {COMPLETE_MARKER}) or safetensors export (with {WEIGHTS_FILE} and {CONFIG_FILE})"
+        f"(with {COMPLETE_MARKER}), safetensors export (with {WEIGHTS_FILE} and {CONFIG_FILE}) or Hugging Face "
+        "checkpoint directory"
     )
 
 
@@ -92,12 +97,16 @@ def _checkpoint_recipe(step_dir: Path):
 def read_source(path: str | Path) -> tuple[LoadedFrom, dict]:
     """(where and what, the full-precision state dict) without building a model."""
     kind, where = resolve_source(path)
+    if kind == "export" and is_hf_checkpoint(where):  # the HF layout: dsrecipes' export or a transformers checkpoint
+        model_cfg, state, view = read_hf_checkpoint(where)
+        sparse = (view.get("sparse_attention") or {}).get("mode")
+        return LoadedFrom(kind, where, model_cfg, view["tokenizer"], None, sparse), state
     if kind == "export":
         from safetensors import safe_open
         from safetensors.torch import load_file
 
         config = json.loads((where / CONFIG_FILE).read_text())
-        tokenizer = config.get("tokenizer", "byte")
+        tokenizer = resolve_tokenizer(config.get("tokenizer", "byte"), where)
         state = load_file(str(where / WEIGHTS_FILE))
         with safe_open(str(where / WEIGHTS_FILE), framework="pt") as f:
             aliases = json.loads((f.metadata() or {}).get("aliases", "{}"))
@@ -118,14 +127,16 @@ def read_source(path: str | Path) -> tuple[LoadedFrom, dict]:
 
 
 # Fields that change what the weights mean (a head count changes no tensor shape, so shapes alone miss it).
-SHAPE_FIELDS = ("style", "n_layer", "n_head", "n_kv_head", "d_model", "d_ff", "vocab_size", "bias", "tie_embeddings")
+SHAPE_FIELDS = ("style", "n_layer", "n_head", "n_kv_head", "d_model", "d_ff", "vocab_size", "bias", "qkv_bias",
+                "tie_embeddings")
 
 
 def check_config_matches(stored: ModelConfig, given: ModelConfig, source: Path) -> None:
     """ValueError naming every model.<key> where `given` differs from the config the weights were trained with."""
     diffs = [f"model.{k}={getattr(given, k)!r} (checkpoint: {getattr(stored, k)!r})" for k in SHAPE_FIELDS
              if getattr(given, k) != getattr(stored, k) and not (k == "d_ff" and given.ffn_dim == stored.ffn_dim)
-             and not (k == "n_kv_head" and given.kv_heads == stored.kv_heads)]
+             and not (k == "n_kv_head" and given.kv_heads == stored.kv_heads)
+             and not (k == "qkv_bias" and given.attn_qkv_bias == stored.attn_qkv_bias)]
     if diffs:
         raise ValueError(f"the model config does not match checkpoint {source}: {'; '.join(diffs)}; "
                          "drop the model overrides to use the checkpoint's own config")

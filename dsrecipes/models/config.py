@@ -36,6 +36,10 @@ class ModelConfig:
 
     style: "gpt2" = LayerNorm, GELU MLP, learned positions, biases;
            "llama" = RMSNorm, SwiGLU MLP, rotary positions, optional grouped-query attention.
+    bias: biases of every linear layer (and LayerNorm); qkv_bias overrides it for the query/key/value
+          projections alone (Qwen2's layout: bias=false, qkv_bias=true).
+    path: a Hugging Face checkpoint directory (or hub name) whose weights the Trainer starts from;
+          conf/model/hf.yaml fills the other fields from its config.json (dsrecipes.models.hf_config).
     """
 
     name: str = "custom"
@@ -49,10 +53,17 @@ class ModelConfig:
     max_seq_len: int = 128
     dropout: float = 0.0
     bias: bool = True
+    qkv_bias: bool | None = None  # None = bias
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     tie_embeddings: bool = True
     init_std: float = 0.02
+    path: str | None = None  # model=hf: the Hugging Face checkpoint the weights come from
+
+    @property
+    def attn_qkv_bias(self) -> bool:
+        """Whether the query/key/value projections have biases."""
+        return self.bias if self.qkv_bias is None else bool(self.qkv_bias)
 
     @property
     def kv_heads(self) -> int:

@@ -1,8 +1,13 @@
-"""Export a trained GPT as safetensors plus its config, and load it back for inference.
+"""dsrecipes' own export layout (safetensors plus its config), and loading either export layout back.
 
-    <dir>/model.safetensors   full-precision weights (a tied weight stored once; aliases in metadata)
+    <dir>/model.safetensors   full-precision weights under dsrecipes' names (a tied weight stored once;
+                              aliases in metadata)
     <dir>/config.json         {"model": ModelConfig fields, "moe": MoEConfig fields (MoE models only),
                                "tokenizer": "byte" | path, ...}
+
+The Trainer and `python -m dsrecipes.export` write the Hugging Face layout instead
+(dsrecipes.models.hf_export), except for MoE models; compressed exports use this one.
+`load_exported` reads both.
 """
 
 from __future__ import annotations
@@ -66,6 +71,11 @@ def load_weights_into(model: GPT, path: str | Path, device: str | torch.device =
         state = {name: f.get_tensor(name) for name in f.keys()}
     for alias, owner in aliases.items():
         state[alias] = state[owner]
+    return assign_state(model, state, device, tie)
+
+
+def assign_state(model: GPT, state: dict, device: str | torch.device = "cpu", tie: bool = True) -> GPT:
+    """Assign `state` (all of the model's tensors) to a meta-built `model` on `device`; re-tie, rebuild rope."""
     model.load_state_dict(state, assign=True)
     if model.cfg.tie_embeddings and tie:
         model.lm_head.weight = model.tok_emb.weight
@@ -77,8 +87,21 @@ def load_weights_into(model: GPT, path: str | Path, device: str | torch.device =
 
 
 def load_exported(path: str | Path, device: str | torch.device = "cpu") -> tuple[GPT, dict]:
-    """(model, config dict) from an export directory; errors name the missing file."""
+    """(model, config dict) from an export directory; errors name the missing file.
+
+    Both layouts: dsrecipes' own (this module) and the Hugging Face one (dsrecipes.models.hf_export, what
+    the Trainer writes; any supported HF checkpoint directory too, dsrecipes.models.hf_import). The dict
+    is dsrecipes' view either way: {"model": ModelConfig fields, "tokenizer": "byte" or a path, ...}.
+    """
+    if (Path(path) / CONFIG_FILE).is_file() and "model_type" in json.loads((Path(path) / CONFIG_FILE).read_text()):
+        from dsrecipes.models.hf_import import load_hf_checkpoint
+
+        return load_hf_checkpoint(path, device)
     config = read_config(path)
+    if config.get("tokenizer"):
+        from dsrecipes.models.hf_tokenizer import resolve_tokenizer
+
+        config["tokenizer"] = resolve_tokenizer(config["tokenizer"], path)
     with torch.device("meta"):
         moe = MoEConfig(**config["moe"]) if config.get("moe") else None
         model = GPT(ModelConfig(**config["model"]), moe=moe)

@@ -25,8 +25,10 @@ from rich.table import Table
 from dsrecipes.data import BatchIterator, eval_batches, prepare_data
 from dsrecipes.distributed.parallel_dims import ParallelDims, device_type_of
 from dsrecipes.distributed.utils import is_distributed, maybe_inject_failure, mean_over_ranks, rank_zero_first
-from dsrecipes.models import GPT, export_safetensors
+from dsrecipes.models import GPT
 from dsrecipes.models.config import padded_vocab_size
+from dsrecipes.models.hf_export import export_model
+from dsrecipes.models.hf_import import gpt_from_hf, tokenizer_for_training
 from dsrecipes.models.sampling import sample_tokens
 from dsrecipes.training.assembly import build_engine
 from dsrecipes.training.batch import BatchSizes
@@ -82,6 +84,8 @@ class Trainer:
             torch.cuda.reset_peak_memory_stats(self.device)  # mem/peak_gib is this run's, not the process's
         self.log.info("device: %s", self.device)
 
+        if cfg.model.path:  # model=hf: the checkpoint's own tokenizer unless data.tokenizer names one
+            cfg.data.tokenizer = tokenizer_for_training(cfg.model.path, cfg.data.tokenizer)
         with rank_zero_first():  # rank 0 fills datasets' cache; the others then read it
             self.data = prepare_data(cfg.data, status=lambda msg: self.log.info("data: %s", msg))
         world = torch.distributed.get_world_size() if is_distributed() else 1
@@ -106,8 +110,12 @@ class Trainer:
                 f"model.vocab_size={model_cfg.vocab_size} is smaller than the tokenizer's "
                 f"{self.data.tokenizer.vocab_size} tokens; set it to null to take it from the tokenizer"
             )
-        with torch.device(self.device):
-            self.gpt = GPT(model_cfg, moe=cfg.moe)
+        if model_cfg.path:  # model=hf: start from a Hugging Face checkpoint's weights
+            self.gpt = gpt_from_hf(model_cfg, self.device, moe=cfg.moe)
+            self.log.info("model: weights from %s, tokenizer %s", model_cfg.path, cfg.data.tokenizer)
+        else:
+            with torch.device(self.device):
+                self.gpt = GPT(model_cfg, moe=cfg.moe)
         config_yaml = OmegaConf.to_yaml(to_dictconfig(cfg))
         self.engine = build_engine(self.gpt, cfg, self.batch, self.dims, config_yaml=config_yaml,
                                    transforms=self.extensions.model_transforms)
@@ -314,15 +322,16 @@ class Trainer:
         return summary
 
     def export(self) -> Path:
-        """The final model as safetensors + config in <run dir>/export/ (full-precision weights)."""
+        """The final model in <run dir>/export/: the Hugging Face layout (full-precision weights, tokenizer copied in)."""
         out = self.run_dir / "export"
         state = self.engine.module_state_dict()  # a collective under FSDP2: every rank takes part
         if self.is_logging_rank:
-            extra = {"tokenizer": self.cfg.data.tokenizer}
+            extra = {}
             if str(self.cfg.sparse_attention.mode) != "none":  # recorded for inference (which attends densely)
                 extra["sparse_attention"] = OmegaConf.to_container(OmegaConf.structured(self.cfg.sparse_attention),
                                                                    enum_to_str=True)
-            export_safetensors(state, self.cfg.model, out, extra=extra, moe_cfg=self.cfg.moe)
+            export_model(state, self.cfg.model, out, tokenizer=self.cfg.data.tokenizer, extra=extra,
+                         moe_cfg=self.cfg.moe)
             self.log.info("export: %s", out)
         return out
 

@@ -21,9 +21,15 @@ def debugging() -> bool:
 
 
 def user_error_message(error: BaseException) -> str:
-    """The error's message; for an OS error its reason and the path it concerns."""
+    """The error's message; for an OS error its reason and the path it concerns; for a config resolver's
+    error (e.g. conf/model/hf.yaml's hf_model) the resolver's own line, without OmegaConf's wrapper."""
     if isinstance(error, OSError) and error.strerror:
         return f"{error.strerror}: {error.filename}" if error.filename else error.strerror
+    from omegaconf.errors import InterpolationResolutionError
+
+    if isinstance(error, InterpolationResolutionError):
+        first = str(error).splitlines()[0] if str(error) else type(error).__name__
+        return first.split(" raised while resolving interpolation: ", 1)[-1]
     return str(error)
 
 
