@@ -59,7 +59,32 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("checkpoint", help="a checkpoints/step_N directory, or the checkpoints folder (uses latest)")
     parser.add_argument("out_dir")
     args = parser.parse_args(argv)
-    print(f"wrote {export_checkpoint(args.checkpoint, args.out_dir)}")
+    weights = export_checkpoint(args.checkpoint, args.out_dir)
+    print("\n".join(describe_export(weights.parent)))
+
+
+def describe_export(out_dir: Path) -> list[str]:
+    """What an export directory holds, for the command's output: the layout, parameters, every file and its size."""
+    import json
+
+    from safetensors import safe_open
+
+    config = json.loads((out_dir / "config.json").read_text())
+    layout = (f"Hugging Face layout (model_type {config['model_type']}: AutoModelForCausalLM.from_pretrained loads it)"
+              if "model_type" in config else "dsrecipes layout (dsrecipes.models.load_exported loads it)")
+    with safe_open(str(out_dir / "model.safetensors"), framework="pt") as f:
+        parameters = sum(_count(f.get_slice(name).get_shape()) for name in f.keys())
+    lines = [f"exported to {out_dir}: {layout}, {parameters:,} stored parameters"]
+    for path in sorted(p for p in out_dir.rglob("*") if p.is_file()):
+        lines.append(f"  {path.relative_to(out_dir)}  {path.stat().st_size:,} bytes")
+    return lines
+
+
+def _count(shape) -> int:
+    total = 1
+    for size in shape:
+        total *= size
+    return total
 
 
 if __name__ == "__main__":

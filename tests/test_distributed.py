@@ -107,13 +107,17 @@ def test_a_failing_rank_ends_the_job_with_its_traceback(tmp_path, datasets_cache
 
 
 @pytest.mark.slow
-def test_offline_export_of_a_zero3_checkpoint_loads_into_a_plain_model(tmp_path, zero3_world2):
-    """The zero_to_fp32 use case: a world-size-2 ZeRO-3 checkpoint -> one safetensors file, same outputs."""
-    from dsrecipes.export import export_checkpoint
+def test_offline_export_of_a_zero3_checkpoint_loads_into_a_plain_model(tmp_path, zero3_world2, capsys):
+    """The zero_to_fp32 use case: a world-size-2 ZeRO-3 checkpoint -> one safetensors file, same outputs;
+    `python -m dsrecipes.export` says what it wrote."""
+    from dsrecipes.export import main
 
     _, live, run_folder = zero3_world2  # live: the engine's own export while running
     (checkpoints,) = list(run_folder.glob("outputs/*/*/checkpoints"))
-    export_checkpoint(checkpoints, tmp_path / "offline")
+    main([str(checkpoints), str(tmp_path / "offline")])
+    said = capsys.readouterr().out
+    assert said.startswith(f"exported to {tmp_path / 'offline'}: Hugging Face layout (model_type gpt2")
+    assert "  model.safetensors  " in said and "  config.json  " in said and " bytes" in said
     model, config = load_exported(tmp_path / "offline")
     assert config["model"]["name"] == "gpt_debug"
     for name, tensor in live.items():
