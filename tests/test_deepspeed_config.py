@@ -401,6 +401,7 @@ def test_the_command_line_picks_an_option_over_the_deepspeed_block(tmp_path):
         compose([f"deepspeed_config={path},{path}"])
 
 
+@pytest.mark.slow  # a CLI subprocess that trains: ~30 s on 2 cores
 def test_cli_trains_a_deepspeed_config_with_an_override_on_top(tmp_path, fast_overrides):
     ds = {"train_batch_size": 16, "gradient_accumulation_steps": 2, "gradient_clipping": 0.5,
           "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "betas": [0.9, 0.99]}},
