@@ -41,7 +41,6 @@ trainer:
   train_micro_batch_size_per_gpu: 4
   gradient_accumulation_steps: 2
   gradient_clipping: 0.7
-  log_interval: 7
 logger:
   level: WARNING
   tensorboard: false

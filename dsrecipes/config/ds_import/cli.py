@@ -10,10 +10,12 @@ lamb`, then its values, exactly what convert_ds_config writes as a file), and ad
 the user's overrides precedence by its own rules: an option typed on the command line
 (`optimizer=sgd`) beats the experiment's `override /optimizer`, and every `key=value` is applied
 after the composition. The DeepSpeed block of a group the command line picks otherwise is dropped
-whole (its keys would not fit the other option). `deepspeed_config` itself stays in the recipe, as
-the file's absolute path: the record of where the recipe came from, which spawned workers re-read
-(dsrecipes.config.loading translates it again, under the recipe's own values, which all win). One file per run: a multirun sweep over several DeepSpeed configs converts
-each with convert_ds_config and sweeps +experiment=a,b instead.
+whole (its keys would not fit the other option).
+
+`deepspeed_config` itself stays in the recipe, as the file's absolute path: the record of where the
+recipe came from, which spawned workers re-read (dsrecipes.config.loading translates it again, under
+the recipe's own values, which all win). One file per run: a multirun sweep over several DeepSpeed
+configs converts each with convert_ds_config and sweeps +experiment=a,b instead.
 """
 
 from __future__ import annotations

@@ -40,13 +40,6 @@ def _float(value: Any) -> float:
     return float(value)
 
 
-def _log_interval(t: Translation, key: str, value: Any) -> None:
-    if value is None:
-        t.ignored(key, value, "null: DeepSpeed prints no progress; dsrecipes keeps trainer.log_interval")
-    else:
-        To("trainer.log_interval", positive_int).apply(t, key, value)
-
-
 def _pipeline_checkpointing(t: Translation, key: str, value: Any) -> None:
     """DeepSpeed checkpoints the pipeline's layers in chunks of k (k > 0): every layer is recomputed."""
     if value in (0, None):
@@ -166,7 +159,8 @@ _GONE = {
 TOP_LEVEL: dict[str, Rule] = {
     **{key: Handled() for key in (*BATCH_KEYS, *PRECISION_BLOCKS)},
     "gradient_clipping": To("trainer.gradient_clipping", _float, auto_why="TrainingArguments.max_grad_norm"),
-    "steps_per_print": Custom(_log_interval),
+    "steps_per_print": NoEffect("DeepSpeed's console progress line only (its monitors write every step); dsrecipes "
+                                "logs to the console and the metric sinks every trainer.log_interval steps"),
     "optimizer": OPTIMIZER_RULE,
     "scheduler": SCHEDULER_RULE,
     "zero_optimization": Custom(read_zero),
