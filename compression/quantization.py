@@ -183,8 +183,9 @@ def deepspeed_group_kwargs(config_cls, block: dict[str, Any], group: str | None)
     """Keyword arguments for `config_cls` from a DeepSpeed compression_training technique block.
 
     `shared_parameters` merged with `different_groups[group]["params"]` (the group wins; the only
-    group when `group` is None), keeping the keys `config_cls` has (module selectors excepted),
-    plus the group's `modules`. Shared by every technique's `from_deepspeed`.
+    group when `group` is None), keeping the keys `config_cls` has (`modules` excepted), plus the
+    group's `modules`. `excluded_modules` is a shared parameter in DeepSpeed (sparse_pruning's), so
+    it is kept like the others. Shared by every technique's `from_deepspeed`.
     """
     shared = dict(block.get("shared_parameters", {}))
     groups = dict(block.get("different_groups", {}))
@@ -193,7 +194,7 @@ def deepspeed_group_kwargs(config_cls, block: dict[str, Any], group: str | None)
             raise ValueError(f"from_deepspeed: several groups {sorted(groups)}; pass group=")
         group = next(iter(groups), None)
     g = groups.get(group, {}) if group is not None else {}
-    names = {f for f in config_cls.__dataclass_fields__ if f not in ("modules", "excluded_modules")}
+    names = {f for f in config_cls.__dataclass_fields__ if f != "modules"}
     kwargs = {k: v for k, v in {**shared, **dict(g.get("params", {}))}.items() if k in names}
     if "modules" in g:
         kwargs["modules"] = g["modules"]

@@ -5,6 +5,7 @@
     python -m dsrecipes model=llama_debug precision=bf16 optimizer.lr=3e-4 trainer.max_steps=200
     python -m dsrecipes -m optimizer.lr=1e-3,3e-3 trainer.max_steps=20   # Hydra multirun sweep
     python -m dsrecipes --help                              # config groups and their options
+    python -m dsrecipes deepspeed_config=ds_config.json trainer.max_steps=200   # a DeepSpeed config, overrides on top
     python -m dsrecipes mode=generate checkpoint=outputs/<date>/<time>_gpt prompt="Once upon"   # inference
 """
 
@@ -74,8 +75,10 @@ def run(cfg: DictConfig) -> dict:
 
 def main() -> None:
     """Console entry. Under a launcher (torchrun, srun), ranks agree on one run directory first."""
+    from dsrecipes.config.ds_import.cli import apply_deepspeed_argument
     from dsrecipes.config.run_directory import RUN_STAMP_ENV
     from dsrecipes.launch import init_distributed, under_launcher
+    from dsrecipes.utils.errors import USER_ERRORS, exit_on_user_error
 
     if under_launcher() and int(os.environ["WORLD_SIZE"]) > 1:
         init_distributed()
@@ -87,6 +90,10 @@ def main() -> None:
     from dsrecipes.inference_cli import rewrite_aliases
 
     sys.argv[1:] = rewrite_aliases(sys.argv[1:])  # mode=generate checkpoint=PATH prompt=TEXT
+    try:  # deepspeed_config=PATH: translated and registered as an experiment the overrides apply on top of
+        sys.argv[1:] = apply_deepspeed_argument(sys.argv[1:])
+    except USER_ERRORS as error:
+        exit_on_user_error(error)
     run()
 
 

@@ -13,7 +13,9 @@
         engine.step()
 
 `config` may be a dict, a DictConfig, a YAML path or a list of Hydra overrides (see
-dsrecipes.config.loading), e.g. `["zero.stage=2", "kernels=triton", "activation_checkpointing=full"]`.
+dsrecipes.config.loading), e.g. `["zero.stage=2", "kernels=triton", "activation_checkpointing=full"]`,
+or a DeepSpeed config, as deepspeed.initialize takes one (a .json path or a DeepSpeed dict; its
+translation's report is printed once, on rank 0): `dsrecipes.initialize(model=net, config="ds_config.json")`.
 `model_parameters`, as in DeepSpeed, is what the configured optimizer steps: an iterable of the
 module's parameters, or of param-group dicts with per-group options, at every zero.stage:
 
@@ -94,7 +96,7 @@ def initialize(
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    composed = load_config(config)
+    composed = load_config(config, report=True)
     cfg = to_root(composed)
     _join_launcher_group(cfg.launcher)
     world = data_parallel_world_size()

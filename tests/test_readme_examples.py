@@ -16,8 +16,8 @@ What runs, and how it is shortened (the commands themselves are run as written):
   * Identical commands run once; later copies pass or fail with the first.
   * Examples that need an earlier one's output are chained in README order in one tmp dir: PLACEHOLDERS
     maps the README's `outputs/<date>/<time>_gpt`-style names to the run that produces them, and FILES
-    writes the inputs a command names (`corpus/`, `tok/tokenizer.json`, `prompts.txt`). RERUN runs a
-    command a second time where the README says to re-run it.
+    writes the inputs a command names (`corpus/`, `tok/tokenizer.json`, `prompts.txt`; it copies
+    `examples/ds_config.json`). RERUN runs a command a second time where the README says to re-run it.
   * PRELUDES defines the names a Python block leaves to the reader (`my_module`, `my_dataset`, `loss_fn`);
     INLINE runs the few Python calls written inline in the prose.
   * Passing means exit status 0, and for a training run a summary.json with the end-of-run text sample
@@ -167,11 +167,17 @@ def _write_tokenizer(cwd: Path) -> None:
     tok.save(str(cwd / "tok" / "tokenizer.json"))
 
 
+def _copy_example(cwd: Path) -> None:
+    (cwd / "examples").mkdir(exist_ok=True)
+    shutil.copy(ROOT / "examples" / "ds_config.json", cwd / "examples" / "ds_config.json")
+
+
 # Inputs the commands name: written into the shared working directory before anything runs.
 FILES = {
     "data.paths=[corpus/]": _write_corpus,
     "data.tokenizer=tok/tokenizer.json": _write_tokenizer,
     "generate.prompts_file=prompts.txt": lambda cwd: (cwd / "prompts.txt").write_text("def \nclass \nimport os\n"),
+    "examples/ds_config.json": _copy_example,
 }
 
 # ------------------------------------------------------------------------------------------------

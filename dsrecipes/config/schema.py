@@ -3,7 +3,8 @@
 The primary config (conf/config.yaml) starts from this schema, so every group option, experiment
 and command-line override is type-checked at composition: a misspelled key or a wrong type fails
 naming the full key (e.g. `model.n_layr`). `dsrecipes.initialize(config=dict)` merges user dicts into
-the same schema. Each group's dataclass lives beside the code that consumes it.
+the same schema. Each group's dataclass lives beside the code that consumes it. `deepspeed_config`
+names a DeepSpeed JSON config read onto these groups (dsrecipes.config.ds_import).
 """
 
 from __future__ import annotations
@@ -61,6 +62,9 @@ class RootConfig:
     compression: CompressionConfig = field(default_factory=CompressionConfig)
     sparse_attention: SparseAttentionConfig = field(default_factory=SparseAttentionConfig)
     generate: GenerateConfig = field(default_factory=GenerateConfig)
+    # a DeepSpeed config (JSON) translated onto the groups above, under the command line's overrides
+    # (dsrecipes.config.ds_import); kept as the record of which file the recipe came from
+    deepspeed_config: str | None = None
 
 
 __all__ = ["CONFIG_GROUPS", "RootConfig", "KernelsConfig", "validate_kernels_config"]

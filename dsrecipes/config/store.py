@@ -66,8 +66,11 @@ def compose(overrides: list[str] | None = None, return_hydra_config: bool = Fals
     from hydra import initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
 
+    from dsrecipes.config.ds_import.cli import apply_deepspeed_argument
+
     register_configs()
+    overrides = apply_deepspeed_argument(list(overrides or []), report=False)  # deepspeed_config=PATH, as the CLI
     if GlobalHydra.instance().is_initialized():
         GlobalHydra.instance().clear()
     with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
-        return hydra_compose(config_name="config", overrides=list(overrides or []), return_hydra_config=return_hydra_config)
+        return hydra_compose(config_name="config", overrides=overrides, return_hydra_config=return_hydra_config)

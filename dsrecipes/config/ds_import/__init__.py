@@ -1,0 +1,87 @@
+"""DeepSpeed configs in: a DeepSpeed JSON file or dict translated onto dsrecipes' config groups.
+
+    engine, *_ = dsrecipes.initialize(model=net, config="ds_config.json")
+    python -m dsrecipes deepspeed_config=ds_config.json trainer.max_steps=200   # overrides still win
+    python -m dsrecipes.convert_ds_config ds_config.json > conf/experiment/mine.yaml
+
+`translate(ds)` reads every key, top-level and nested, with the tables of this package (top_level,
+zero, precision, optimizer, data_efficiency, model_blocks) and returns a `Translation`: the
+dsrecipes values, the optimizer / lr_scheduler options, and each key's fate (mapped, auto,
+default, no effect, refused; see translation.py). Keys whose ignoring would change the training
+are refused, all of them named in one ValueError before any work starts; keys that only change
+speed, memory or logs are accepted and reported with no effect.
+
+Which values count (the rules every block follows):
+* a key the config gives maps onto its dsrecipes key, converted to dsrecipes' spelling;
+* a block the config gives means what it means in DeepSpeed: the keys it leaves out take
+  DeepSpeed's defaults (Adam's betas 0.999, fp16's hysteresis 2, WarmupLR's 1000 warmup steps ...);
+* a block or key the config leaves out leaves the recipe's value, as Hugging Face's Trainer fills
+  an absent optimizer / scheduler from its own arguments;
+* "auto" is resolved as Hugging Face's integration resolves it, dsrecipes' recipe standing in for
+  HF's TrainingArguments (each rule says how: lr -> the recipe's optimizer.lr, warmup_min_lr -> 0,
+  total_num_steps -> trainer.max_steps, train_batch_size -> derived from the other two ...);
+* the batch triple follows DeepSpeed's rule: any of the three given makes the others not given
+  (null) unless given too, so a default never counts as given (see precision.read_batch).
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from dataclasses import fields
+from typing import Any
+
+from dsrecipes.config.ds_import.files import read_deepspeed_file
+from dsrecipes.config.ds_import.precision import read_batch, read_precision
+from dsrecipes.config.ds_import.top_level import TOP_LEVEL
+from dsrecipes.config.ds_import.translation import Fate, Translation
+from dsrecipes.config.schema import RootConfig
+
+# dsrecipes' own top-level keys (RootConfig's fields), named when one turns up in a DeepSpeed config
+_ROOT_KEYS = frozenset(f.name for f in fields(RootConfig))
+# read first: the legacy curriculum_learning refuses itself when data_efficiency's curriculum is on
+_FIRST = ("data_efficiency",)
+
+
+def translate(ds: Mapping[str, Any]) -> Translation:
+    """Read a DeepSpeed config dict; refused keys are recorded (see Translation.raise_if_refused), not raised."""
+    if not isinstance(ds, Mapping):
+        raise TypeError(f"a DeepSpeed config is a dict (a JSON object), got {type(ds).__name__}")
+    t = Translation()
+    read_batch(t, ds)
+    read_precision(t, ds)
+    for key in sorted(ds, key=lambda k: k not in _FIRST):
+        rule = TOP_LEVEL.get(key)
+        if rule is None:
+            t.refused(str(key), ds[key], _unknown(str(key)))
+        else:
+            rule.apply(t, str(key), ds[key])
+    return t
+
+
+def _unknown(key: str) -> str:
+    if key in _ROOT_KEYS and key not in TOP_LEVEL:
+        return ("a dsrecipes key, not a DeepSpeed one: give dsrecipes keys beside the DeepSpeed config, e.g. "
+                f"{{'deepspeed_config': 'ds_config.json', '{key}': ...}}")
+    close = difflib.get_close_matches(key, TOP_LEVEL, n=1)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return f"not a DeepSpeed key{hint}; DeepSpeed would silently ignore it, dsrecipes refuses it as a likely typo"
+
+
+def looks_like_deepspeed(config: Mapping[str, Any]) -> bool:
+    """A dict is a DeepSpeed config if it has a key only DeepSpeed has, or DeepSpeed's optimizer block (type, params)."""
+    if any(key in TOP_LEVEL and key not in _ROOT_KEYS for key in config):
+        return True
+    optimizer = config.get("optimizer")
+    return isinstance(optimizer, Mapping) and ("type" in optimizer or "params" in optimizer)
+
+
+def load_translation(source: Any, name: str | None = None) -> Translation:
+    """Read (a path or a dict) and translate a DeepSpeed config; ValueError naming every refused key."""
+    ds = read_deepspeed_file(source) if not isinstance(source, Mapping) else source
+    t = translate(ds)
+    t.raise_if_refused(f"DeepSpeed config {name or (source if not isinstance(source, Mapping) else '(dict)')}")
+    return t
+
+
+__all__ = ["Fate", "Translation", "load_translation", "looks_like_deepspeed", "read_deepspeed_file", "translate"]

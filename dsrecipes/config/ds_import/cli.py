@@ -1,0 +1,78 @@
+"""`python -m dsrecipes deepspeed_config=PATH ...`: the DeepSpeed config becomes an experiment, under the overrides.
+
+    python -m dsrecipes deepspeed_config=ds_config.json trainer.max_steps=200 optimizer.lr=3e-4
+
+Before Hydra composes, `apply_deepspeed_argument` reads and translates the file (refusing it, one
+line, if a key cannot be honoured), registers the translation in Hydra's ConfigStore as
+`deepspeed_import/<file stem>` (package _global_: the options it picks as `override /optimizer:
+lamb`, then its values, exactly what convert_ds_config writes as a file), and adds
+`+deepspeed_import=<stem>` to the overrides right after `deepspeed_config=PATH`. Hydra then gives
+the user's overrides precedence by its own rules: an option typed on the command line
+(`optimizer=sgd`) beats the experiment's `override /optimizer`, and every `key=value` is applied
+after the composition. The DeepSpeed block of a group the command line picks otherwise is dropped
+whole (its keys would not fit the other option).
+
+`deepspeed_config` itself stays in the recipe, as the file's absolute path: the record of where the
+recipe came from, which spawned workers re-read (dsrecipes.config.loading translates it again, under
+the recipe's own values, which all win). One file per run: a multirun sweep over several DeepSpeed
+configs converts each with convert_ds_config and sweeps +experiment=a,b instead.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from dsrecipes.config.ds_import import load_translation
+from dsrecipes.config.ds_import.report import print_report
+
+GROUP = "deepspeed_import"
+KEY = "deepspeed_config"
+_ARGUMENT = re.compile(rf"^\+{{0,2}}{KEY}=(.*)$")
+_OPTION_GROUPS = ("optimizer", "lr_scheduler")
+
+
+def _option_picks(argv: list[str]) -> dict[str, str]:
+    """group -> option for `optimizer=X` / `lr_scheduler=X` on the command line (the last one wins)."""
+    picks = {}
+    for arg in argv:
+        key, sep, value = arg.lstrip("+").partition("=")
+        if sep and key in _OPTION_GROUPS:
+            picks[key] = value
+    return picks
+
+
+def config_name(path: str) -> str:
+    """The ConfigStore name of a DeepSpeed file: its stem, with characters Hydra's override grammar dislikes replaced."""
+    return re.sub(r"[^A-Za-z0-9_-]", "_", Path(path).stem) or "deepspeed"
+
+
+def apply_deepspeed_argument(argv: list[str], report: bool = True) -> list[str]:
+    """argv with `+deepspeed_import=<stem>` after `deepspeed_config=PATH` (registered in the ConfigStore); argv unchanged
+    without one. ValueError / FileNotFoundError for a file that cannot be read or honoured."""
+    found = [(i, m.group(1)) for i, arg in enumerate(argv) if (m := _ARGUMENT.match(arg))]
+    if not found:
+        return argv
+    if len(found) > 1:
+        raise ValueError(f"{KEY} is given {len(found)} times; give one DeepSpeed config")
+    index, path = found[0]
+    path = path.strip("'\"")
+    if path in ("null", "None", ""):
+        return argv
+    if "," in path:
+        raise ValueError(f"{KEY}={path}: one DeepSpeed config per run; to sweep several, convert each "
+                         "(python -m dsrecipes.convert_ds_config FILE > conf/experiment/NAME.yaml) and sweep "
+                         "+experiment=A,B")
+    translation = load_translation(path, name=path)
+    translation.give_way(_option_picks(argv), "the command line")
+    name = config_name(path)
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(group=GROUP, name=name, node=translation.experiment_node(), package="_global_")
+    if report:
+        print_report(translation, path)
+    # recorded as an absolute path: workers re-read it (load_config), whatever their working directory
+    argv = [*argv[:index], argv[index].split("=", 1)[0] + "=" + str(Path(path).resolve()), *argv[index + 1:]]
+    if any(arg.lstrip("+").startswith(f"{GROUP}=") for arg in argv):  # a re-run of a recorded overrides list
+        return argv
+    return [*argv[:index + 1], f"+{GROUP}={name}", *argv[index + 1:]]

@@ -1,0 +1,200 @@
+"""The batch triple and the precision blocks (fp16, bf16 / bfloat16, torch_autocast, amp) of a DeepSpeed config.
+
+Both need several keys at once, so they are read here rather than key by key.
+
+Batch: DeepSpeed's rule counts only the keys given, so when the config gives any of
+train_batch_size / train_micro_batch_size_per_gpu / gradient_accumulation_steps, the ones it leaves
+out are set to null (not given) rather than keeping a recipe's value: a default never counts as
+given. "auto" (Hugging Face): train_batch_size is derived from the other two (null), the micro-batch
+and accumulation keep the recipe's values (HF fills them from its TrainingArguments). A config with
+no batch key leaves the recipe's batch alone.
+
+Precision: the one of fp16 / bf16 / torch_autocast that is enabled picks precision.dtype:
+fp16 -> fp16 model with fp32 master weights and DeepSpeed's dynamic loss scaler (its FP16
+optimizer; every scaler key, DeepSpeed's defaults for the ones left out), bf16 -> bf16 model with
+fp32 master weights (check_grad_overflow -> nonfinite_grads=skip), torch_autocast -> autocast
+over fp32 weights. If the config has one of these blocks and none is enabled, it trains in fp32, as
+DeepSpeed does. enabled: "auto" keeps the recipe's precision (HF fills it from --fp16 / --bf16).
+Apex `amp` is refused when enabled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from dsrecipes.config.ds_import.rules import ABSENT, Handled, NoEffect, RefuseUnless, Rule, To, apply_table, one_of
+from dsrecipes.config.ds_import.translation import DEFAULT, MAPPED, Translation
+
+BATCH_KEYS = {
+    "train_batch_size": "trainer.train_batch_size",
+    "train_micro_batch_size_per_gpu": "trainer.train_micro_batch_size_per_gpu",
+    "gradient_accumulation_steps": "trainer.gradient_accumulation_steps",
+}
+_HF_BATCH = {"train_micro_batch_size_per_gpu": "per_device_train_batch_size",
+             "gradient_accumulation_steps": "gradient_accumulation_steps"}
+
+
+def read_batch(t: Translation, ds: Mapping[str, Any]) -> None:
+    """The batch triple, with DeepSpeed's rule: any two of the three determine the third."""
+    if not any(key in ds for key in BATCH_KEYS):
+        return
+    for key, target in BATCH_KEYS.items():
+        if key not in ds:
+            t.default(key, target, None, "not given, so derived from the keys given")
+            continue
+        value = ds[key]
+        if value == "auto" and key == "train_batch_size":
+            t.auto(key, f"{target}=null: derived from the other two (Hugging Face computes world x micro x "
+                        "accumulation)", target, None)
+        elif value == "auto":
+            t.auto(key, f"{target}: the recipe's value (Hugging Face: TrainingArguments.{_HF_BATCH[key]})")
+        elif value is None:
+            t.mapped(key, value, target, note="not given")
+        elif isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            t.refused(key, value, "must be a positive integer (DeepSpeed asserts > 0)")
+        else:
+            t.mapped(key, value, target)
+
+
+# ---------------------------------------------------------------------------------------------- precision
+
+_SCALER_DEFAULTS = {"loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000, "hysteresis": 2,
+                    "consecutive_hysteresis": False, "min_loss_scale": 1}
+_AUTO_CAST = NoEffect("dsrecipes autocasts the forward in every mixed precision, so fp32 inputs are cast either way")
+_FP16_REFUSE = RefuseUnless("fp16 master weights and gradients change the numerics; dsrecipes keeps fp32 master "
+                            "weights (precision=fp16)")
+_BF16_MASTER = RefuseUnless("bf16 master weights / optimizer states change the numerics; dsrecipes keeps fp32 "
+                            "master weights and states (precision=bf16_master)")
+_GRAD_OVERFLOW = To("precision.nonfinite_grads", one_of("check_grad_overflow", {True: "skip", False: "error"}),
+                    default=True, note="true: skip the step, as DeepSpeed; false: dsrecipes stops the run where "
+                                          "DeepSpeed would step on inf/nan gradients")
+
+# dsrecipes' names of DeepSpeed's dtype strings (DeepSpeed's DtypeEnum spellings)
+AUTOCAST_DTYPES = {name: "bf16" for name in ("bfloat16", "bf16", "torch.bfloat16")} | \
+                  {name: "fp16" for name in ("float16", "fp16", "half", "torch.float16")}
+
+
+def _fp16_table(with_defaults: bool) -> dict[str, Rule]:
+    scaler = {key: To(f"precision.{key}", default=default if with_defaults else ABSENT)
+              for key, default in _SCALER_DEFAULTS.items()}
+    return {"enabled": Handled(), "auto_cast": _AUTO_CAST, **scaler, "fp16_master_weights_and_grads": _FP16_REFUSE}
+
+
+def _bf16_table(with_defaults: bool) -> dict[str, Rule]:
+    overflow = _GRAD_OVERFLOW if with_defaults else To(_GRAD_OVERFLOW.target, _GRAD_OVERFLOW.convert,
+                                                       note=_GRAD_OVERFLOW.note)
+    return {"enabled": Handled(), "immediate_grad_update": NoEffect("a speed option of DeepSpeed's bf16 optimizer"),
+            "check_grad_overflow": overflow, "bf16_master_weights_and_grads": _BF16_MASTER,
+            "bf16_optimizer_states": _BF16_MASTER}
+
+
+AUTOCAST_TABLE: dict[str, Rule] = {
+    "enabled": Handled(), "dtype": Handled(),
+    "lower_precision_safe_modules": NoEffect("DeepSpeed reduces these modules' gradients in the low precision; "
+                                             "dsrecipes reduces gradients in fp32"),
+}
+FP16_TABLE = _fp16_table(True)
+BF16_TABLE = _bf16_table(True)
+PRECISION_BLOCKS = ("fp16", "bf16", "bfloat16", "torch_autocast", "amp")
+
+
+def read_precision(t: Translation, ds: Mapping[str, Any]) -> None:
+    """fp16 / bf16 / bfloat16 / torch_autocast / amp, read together (at most one may be enabled)."""
+    blocks = {}
+    for name in PRECISION_BLOCKS:
+        if name not in ds:
+            continue
+        if isinstance(ds[name], Mapping):
+            blocks[name] = ds[name]
+        else:
+            t.refused(name, ds[name], f"DeepSpeed's {name} is a block (a JSON object), not {type(ds[name]).__name__}")
+    if not blocks:
+        return
+    if "bf16" in blocks and "bfloat16" in blocks:
+        t.refused("bfloat16", blocks.pop("bfloat16"), "bf16 is given too (bfloat16 is its legacy name)")
+    bf16 = "bf16" if "bf16" in blocks else "bfloat16"
+    enabled = {name: block.get("enabled", False) for name, block in blocks.items()}
+    kinds = ("fp16", bf16, "torch_autocast")
+    on = [name for name in kinds if enabled.get(name) is True]
+    autos = [name for name in kinds if enabled.get(name) == "auto"]
+    chosen = on[0] if on else None
+    recorded = set()
+    if enabled.get("amp") is True:
+        t.refused("amp.enabled", True, "Apex AMP is not supported (DeepSpeed 0.19.7 removed it too); use fp16, bf16 "
+                                       "or torch_autocast")
+        recorded.add("amp")
+    for extra in on[1:]:
+        t.refused(f"{extra}.enabled", True, f"{chosen}.enabled is true too; DeepSpeed allows one of fp16 / bf16 / "
+                                            "torch_autocast ('bfloat16 and fp16 modes cannot be simultaneously enabled')")
+        recorded.add(extra)
+    if chosen == "fp16":
+        t.set("precision.master_weights", True)
+        t.set("precision.raise_error_at_min_scale", True)
+        t.mapped("fp16.enabled", True, "precision.dtype", "fp16",
+                 "and precision.master_weights=true, raise_error_at_min_scale=true: DeepSpeed's FP16 optimizer")
+    elif chosen == bf16:
+        t.set("precision.master_weights", True)
+        t.mapped(f"{bf16}.enabled", True, "precision.dtype", "bf16",
+                 "and precision.master_weights=true: DeepSpeed's bf16 optimizer keeps fp32 master weights")
+    elif chosen == "torch_autocast":
+        _read_autocast_dtype(t, blocks["torch_autocast"])
+    for name in autos:
+        t.auto(f"{name}.enabled", "precision.dtype: the recipe's precision (Hugging Face: --fp16 / --bf16)")
+    recorded.update(on[:1], autos)
+    fp32 = chosen is None and not autos
+    for name, block in blocks.items():
+        if name in recorded:
+            continue
+        if fp32 and name != "amp":  # the first disabled block says what it means: fp32
+            fp32 = False
+            t.set("precision.master_weights", False)
+            note = "no fp16 / bf16 / torch_autocast is enabled: DeepSpeed trains in fp32"
+            if "enabled" in block:
+                t.mapped(f"{name}.enabled", block["enabled"], "precision.dtype", "fp32", note)
+            else:
+                t.default(f"{name}.enabled", "precision.dtype", "fp32", note)
+        elif "enabled" in block:
+            t.ignored(f"{name}.enabled", block["enabled"], "disabled")
+    for name, block in blocks.items():
+        _read_block_keys(t, name, block, chosen, autos, bf16)
+
+
+def _read_block_keys(t: Translation, name: str, block: Mapping[str, Any], chosen: str | None, autos: list[str],
+                     bf16: str) -> None:
+    """The block's keys other than `enabled`: read by its table if it is the enabled (or "auto") one, else no effect."""
+    if name == "amp":
+        why = "an option of Apex AMP" if block.get("enabled") is True else "amp is disabled"
+        for key, value in block.items():
+            if key != "enabled":
+                t.ignored(f"amp.{key}", value, why)
+        return
+    table = {"fp16": FP16_TABLE, bf16: BF16_TABLE, "torch_autocast": AUTOCAST_TABLE}[name]
+    if name in autos:  # the recipe decides whether it is on: map the keys given, fill in no defaults
+        table = _fp16_table(False) if name == "fp16" else _bf16_table(False) if name == bf16 else \
+            {**table, "dtype": NoEffect("torch_autocast.enabled is auto: the recipe's precision decides")}
+    elif name != chosen:
+        table = {key: Handled() if key == "enabled" else NoEffect(f"{name} is not enabled") for key in table}
+    apply_table(t, name, block, table, f"{name} block")
+
+
+def _read_autocast_dtype(t: Translation, block: Mapping[str, Any]) -> None:
+    value = block.get("dtype", "bfloat16")
+    dtype = AUTOCAST_DTYPES.get(value)
+    if dtype is None:
+        t.refused("torch_autocast.dtype", value, f"must be one of {', '.join(AUTOCAST_DTYPES)} (autocast to bf16 or "
+                                                 "fp16)")
+        return
+    t.set("precision.master_weights", False)
+    note = "autocast over fp32 weights, as DeepSpeed's torch_autocast"
+    if dtype == "fp16":
+        t.set("precision.loss_scale", 0)
+        note += ", with dsrecipes' dynamic loss scaler"
+    t.mapped("torch_autocast.enabled", True, "precision.dtype", dtype, note)
+    if "dtype" in block:
+        t.record("torch_autocast.dtype", value, MAPPED, f"precision.dtype={dtype}")
+    else:
+        t.record("torch_autocast.dtype", value, DEFAULT, f"precision.dtype={dtype} (DeepSpeed's default)")
+
+
+__all__ = ["BATCH_KEYS", "PRECISION_BLOCKS", "read_batch", "read_precision"]

@@ -1,0 +1,132 @@
+"""DeepSpeed's `zero_optimization` block -> the `zero` group.
+
+Mapped: stage, offload_optimizer / offload_param (device cpu; also the deprecated cpu_offload and
+cpu_offload_param flags), zero_hpz_partition_size (> 1 -> zero.hybrid_shard_size: HSDP shards
+within groups of that many ranks and replicates across them, the idea of hpZ; the numerics are the
+same). Refused: NVMe offload, ZeRO++'s quantized weights / gradients (they change the numerics and
+dsrecipes has no ZeRO++ yet), ZenFlow's asynchronous updates, and the keys DeepSpeed 0.19.7 removed
+(MiCS, LoCo). Every other key is a speed or memory knob of DeepSpeed's own partitioner (buckets,
+overlap, prefetching, persistence thresholds): accepted, no effect, since FSDP2 and
+ZeroRedundancyOptimizer do their own bucketing. "auto" bucket sizes (Hugging Face fills
+reduce_bucket_size with hidden_size^2, stage3_prefetch_bucket_size with 0.9 hidden_size^2,
+stage3_param_persistence_threshold with 10 hidden_size) have no effect either.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dsrecipes.config.ds_import.rules import Custom, NoEffect, RefuseUnless, Rule, Sub, To, apply_table, one_of
+from dsrecipes.config.ds_import.translation import Translation
+
+_BUCKETS = NoEffect("a bucket size of DeepSpeed's partitioner; FSDP2 / ZeroRedundancyOptimizer bucket on their own")
+_SPEED = NoEffect("a speed / memory option of DeepSpeed's ZeRO implementation; no counterpart in FSDP2")
+_STAGE3 = NoEffect("a ZeRO-3 prefetch / persistence knob of DeepSpeed's partitioner; FSDP2 gathers each block's "
+                   "parameters as a unit and prefetches the next one")
+_SAVE16 = NoEffect("dsrecipes always exports a consolidated model at the end (checkpoint.export_safetensors) and its "
+                   "sharded checkpoints load at any world size")
+_OFFLOAD_SPEED = NoEffect("a speed option of DeepSpeed's offload engine")
+_NVME = NoEffect("used by NVMe offload only")
+
+
+def _offload_device(kind: str) -> Rule:
+    def convert(value: Any) -> str:
+        if value == "nvme":
+            raise ValueError(f"NVMe offload of the {kind} is not supported (ZeRO-Infinity); use device cpu")
+        return one_of("device", {"none": "none", "cpu": "cpu", None: "none"})(value)
+
+    return To(f"zero.offload_{kind}", convert)
+
+
+OFFLOAD_OPTIMIZER_TABLE: dict[str, Rule] = {
+    "device": _offload_device("optimizer"), "nvme_path": _NVME, "buffer_count": _NVME,
+    "pin_memory": _OFFLOAD_SPEED, "pipeline_read": _NVME, "pipeline_write": _NVME, "fast_init": _NVME,
+    "ratio": NoEffect("partial offload (Twin-Flow) splits where the optimizer step runs, not what it computes; "
+                      "dsrecipes offloads the whole step"),
+    "super_offload": _OFFLOAD_SPEED, "cpuadam_cores_perc": _OFFLOAD_SPEED,
+}
+OFFLOAD_PARAM_TABLE: dict[str, Rule] = {
+    "device": _offload_device("param"), "nvme_path": _NVME, "buffer_count": _NVME, "buffer_size": _NVME,
+    "max_in_cpu": _NVME, "pin_memory": _OFFLOAD_SPEED,
+}
+
+
+def _stage(value: Any) -> int:
+    if isinstance(value, bool) or value not in (0, 1, 2, 3):
+        raise ValueError("DeepSpeed's ZeRO stages are 0, 1, 2 and 3")
+    return value
+
+
+def _hpz(t: Translation, key: str, value: Any) -> None:
+    if value in (0, 1) and not isinstance(value, bool):
+        t.ignored(key, value, "DeepSpeed's default: no secondary partition")
+    elif isinstance(value, int) and not isinstance(value, bool) and value > 1:
+        t.mapped(key, value, "zero.hybrid_shard_size", value,
+                 "HSDP: shard within groups of this many ranks, replicate across; same numerics as hpZ")
+    else:
+        t.refused(key, value, "must be a positive integer")
+
+
+def _legacy_offload(kind: str) -> Rule:
+    def read(t: Translation, key: str, value: Any) -> None:
+        if value is True:
+            t.mapped(key, value, f"zero.offload_{kind}", "cpu", "deprecated flag")
+        elif value in (False, None):
+            t.ignored(key, value, "off")
+        else:
+            t.refused(key, value, "must be true or false")
+
+    return Custom(read)
+
+
+_REMOVED = "removed in DeepSpeed 0.19.7"
+ZERO_TABLE: dict[str, Rule] = {
+    "stage": To("zero.stage", _stage, default=0),
+    "offload_optimizer": Sub(OFFLOAD_OPTIMIZER_TABLE, "zero_optimization.offload_optimizer"),
+    "offload_param": Sub(OFFLOAD_PARAM_TABLE, "zero_optimization.offload_param"),
+    "cpu_offload": _legacy_offload("optimizer"),
+    "cpu_offload_param": _legacy_offload("param"),
+    "cpu_offload_use_pin_memory": _OFFLOAD_SPEED,
+    "zero_hpz_partition_size": Custom(_hpz),
+    "zero_quantized_weights": RefuseUnless("ZeRO++ quantized weights (qwZ) change the numerics; dsrecipes has no "
+                                           "ZeRO++ yet"),
+    "zero_quantized_nontrainable_weights": RefuseUnless("quantized frozen weights change the numerics; dsrecipes has "
+                                                        "no ZeRO++ yet"),
+    "zero_quantized_gradients": RefuseUnless("ZeRO++ quantized gradients (qgZ) change the numerics; dsrecipes has no "
+                                             "ZeRO++ yet"),
+    "zenflow": RefuseUnless("ZenFlow applies low-priority gradient updates asynchronously (stale), which changes the "
+                            "training; dsrecipes steps every parameter at every step"),
+    "mics_shard_size": RefuseUnless(f"MiCS was {_REMOVED}; use zero_hpz_partition_size (dsrecipes: "
+                                    "zero.hybrid_shard_size)", ok=(-1, None)),
+    "mics_hierarchical_params_gather": RefuseUnless(f"MiCS was {_REMOVED}"),
+    "zeropp_loco_param": RefuseUnless(f"LoCo error feedback changes the numerics and was {_REMOVED}", ok=(None,)),
+    "compute_grad_norm": NoEffect("dsrecipes always computes the gradient norm (train/grad_norm); DeepSpeed needs "
+                                  "gradient_clipping=0 to turn it off, so clipping is unaffected"),
+    "contiguous_gradients": _SPEED, "reduce_scatter": _SPEED, "reduce_bucket_size": _BUCKETS,
+    "use_multi_rank_bucket_allreduce": _SPEED, "allgather_partitions": _SPEED, "allgather_bucket_size": _BUCKETS,
+    "overlap_comm": _SPEED, "load_from_fp32_weights": NoEffect("dsrecipes' checkpoints always hold the fp32 master "
+                                                                "weights and load them"),
+    "elastic_checkpoint": NoEffect("dsrecipes' sharded checkpoints load at any world size"),
+    "sub_group_size": _SPEED, "round_robin_gradients": _SPEED, "legacy_stage1": _SPEED,
+    "ignore_unused_parameters": NoEffect("FSDP2 / DDP in dsrecipes handle parameters without gradients"),
+    "parameter_alignment": _SPEED, "memory_efficient_linear": _SPEED, "pipeline_loading_checkpoint": _SPEED,
+    "override_module_apply": _SPEED, "log_trace_cache_warnings": NoEffect("a debugging log option"),
+    "enable_sanity_checks": NoEffect("a debugging option"), "save_muon_momentum_buffer_in_memory": _SPEED,
+    "leaf_module": _STAGE3,
+    **{key: _STAGE3 for name in ("prefetch_bucket_size", "param_persistence_threshold", "model_persistence_threshold",
+                                 "max_live_parameters", "max_reuse_distance", "module_granularity_threshold",
+                                 "use_all_reduce_for_fetch_params", "allgather_sequential")
+       for key in (name, f"stage3_{name}")},
+    "gather_16bit_weights_on_model_save": _SAVE16, "stage3_gather_16bit_weights_on_model_save": _SAVE16,
+    "stage3_gather_fp16_weights_on_model_save": _SAVE16,
+}
+
+
+def read_zero(t: Translation, key: str, value: Any) -> None:
+    """zero_optimization: a block, or the legacy boolean (true = stage 1)."""
+    if isinstance(value, bool):
+        t.mapped(key, value, "zero.stage", 1 if value else 0, "legacy boolean form")
+    elif isinstance(value, dict):
+        apply_table(t, key, value, ZERO_TABLE, "zero_optimization")
+    else:
+        t.refused(key, value, "must be a block (a JSON object) or a boolean")
