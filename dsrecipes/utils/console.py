@@ -25,17 +25,17 @@ OFF_TERMINAL_WIDTH = 200  # wide enough for a log line or a summary table, narro
 _UNBOUNDED = 1_000_000  # the width a table is measured in, to find the width it wants
 
 
-def _columns_from_env() -> bool:
-    return os.environ.get("COLUMNS", "").isdigit()
-
-
 def make_console(**kwargs: Any) -> Console:
     """A rich Console (kwargs as rich's): the terminal's width on a terminal; off one COLUMNS, else OFF_TERMINAL_WIDTH.
 
-    A `width` given explicitly is kept as is.
+    A `width` given explicitly is kept as is; COLUMNS is passed to rich as the width rather than left to its
+    own reading of the environment.
     """
+    columns = os.environ.get("COLUMNS", "")
+    if "width" not in kwargs and columns.isdigit():
+        kwargs["width"] = int(columns)
     console = Console(**kwargs)
-    if "width" not in kwargs and not console.is_terminal and not _columns_from_env():
+    if "width" not in kwargs and not console.is_terminal:
         console.width = OFF_TERMINAL_WIDTH
     return console
 
