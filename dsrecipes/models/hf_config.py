@@ -47,7 +47,9 @@ def model_type_of(config: dict, source: str) -> str:
     model_type = config.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(f"{source}: model_type {model_type!r} is not supported; dsrecipes imports Hugging Face "
-                         f"checkpoints of model_type {', '.join(SUPPORTED_MODEL_TYPES)}")
+                         f"checkpoints of model_type {', '.join(SUPPORTED_MODEL_TYPES)} into its GPT (a causal LM "
+                         "of another type trains as it is through dsrecipes.initialize(model=AutoModelForCausalLM"
+                         ".from_pretrained(DIR)), zero.stage 0-3)")
     return model_type
 
 
