@@ -23,6 +23,7 @@ from safetensors.torch import save_file
 from dsrecipes.models.config import ModelConfig
 from dsrecipes.models.gpt import GPT
 from dsrecipes.models.moe_config import MoEConfig
+from dsrecipes.models.weights import assign_state
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
@@ -72,18 +73,6 @@ def load_weights_into(model: GPT, path: str | Path, device: str | torch.device =
     for alias, owner in aliases.items():
         state[alias] = state[owner]
     return assign_state(model, state, device, tie)
-
-
-def assign_state(model: GPT, state: dict, device: str | torch.device = "cpu", tie: bool = True) -> GPT:
-    """Assign `state` (all of the model's tensors) to a meta-built `model` on `device`; re-tie, rebuild rope."""
-    model.load_state_dict(state, assign=True)
-    if model.cfg.tie_embeddings and tie:
-        model.lm_head.weight = model.tok_emb.weight
-    if model.cfg.style == "llama":
-        model.rope_cos = torch.empty_like(model.rope_cos, device=device)
-        model.rope_sin = torch.empty_like(model.rope_sin, device=device)
-        model.init_rope()
-    return model.to(device)
 
 
 def load_exported(path: str | Path, device: str | torch.device = "cpu") -> tuple[GPT, dict]:

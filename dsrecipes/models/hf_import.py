@@ -23,7 +23,6 @@ from pathlib import Path
 import torch
 
 from dsrecipes.models.config import ModelConfig
-from dsrecipes.models.export import assign_state
 from dsrecipes.models.gpt import GPT
 from dsrecipes.models.hf_config import (
     CONFIG_FILE,
@@ -35,6 +34,7 @@ from dsrecipes.models.hf_config import (
 )
 from dsrecipes.models.hf_tokenizer import TOKENIZER_FILE, resolve_tokenizer
 from dsrecipes.models.hf_weights import from_hf_state
+from dsrecipes.models.weights import assign_state
 
 SAFETENSORS, SAFETENSORS_INDEX = "model.safetensors", "model.safetensors.index.json"
 TORCH_BIN, TORCH_BIN_INDEX = "pytorch_model.bin", "pytorch_model.bin.index.json"
