@@ -20,7 +20,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from dsrecipes.config.ds_import.rules import Custom, Handled, NoEffect, RefuseUnless, Rule, Sub, To, apply_table, one_of
+from dsrecipes.config.ds_import.rules import (
+    Custom,
+    Handled,
+    NoEffect,
+    RefuseUnless,
+    Rule,
+    Sub,
+    To,
+    apply_table,
+    one_of,
+    refused_when_on,
+)
 from dsrecipes.config.ds_import.translation import MAPPED, Translation
 
 CL = "data_efficiency.curriculum_learning"
@@ -111,17 +122,9 @@ def sampling_table(on: bool) -> dict[str, Rule]:
         "num_epochs": NoEffect("DeepSpeed's sampler's epoch budget; dsrecipes draws for as long as training runs"),
         "num_workers": NoEffect("a data loading speed option"), "pin_memory": NoEffect("a data loading speed option"),
         "curriculum_learning": Sub(curriculum, "curriculum_learning"),
-        "dynamic_batching": Custom(_read_dynamic_batching, kind="refused"),
+        "dynamic_batching": refused_when_on("dynamic batching (variable batch sizes with lr scaling) is not supported "
+                                            "yet", "dynamic batching is not enabled"),
     }
-
-
-def _read_dynamic_batching(t: Translation, key: str, block: Any) -> None:
-    block = block or {}
-    if block.get("enabled") is True:
-        t.refused(f"{key}.enabled", True, "dynamic batching (variable batch sizes with lr scaling) is not supported yet")
-    for name, value in block.items():
-        if not (name == "enabled" and value is True):
-            t.ignored(f"{key}.{name}", value, "dynamic batching is not enabled")
 
 
 def routing_table(on: bool) -> dict[str, Rule]:

@@ -5,6 +5,7 @@ A table maps each key DeepSpeed reads in a block to what dsrecipes does with it:
     To(target, ...)        mapped onto a dsrecipes key (converted, with DeepSpeed's default when absent)
     NoEffect(why)          accepted; nothing here depends on it (a speed or memory knob, a log option)
     RefuseUnless(why, ok)  refused (ignoring it would change the training) unless the value is harmless
+    refused_when_on(...)   a block refused when its switch key is true; its other keys have no effect
     Sub(table, what)       a nested block read with its own table
     Custom(fn)             anything else: fn(translation, key, value)
     Handled()              read together with other keys by a block reader (precision, batch triple)
@@ -123,6 +124,23 @@ class Custom(Rule):
 
     def apply(self, t: Translation, key: str, value: Any) -> None:
         self.fn(t, key, value)
+
+
+def refused_when_on(why: str, rest_why: str, switch: str = "enabled") -> Custom:
+    """A block whose `switch: true` is refused with `why`; every other key of it (the switch when off
+    included) has no effect, for `rest_why`. A value that is not a block has no effect either."""
+
+    def read(t: Translation, key: str, value: Any) -> None:
+        if not isinstance(value, Mapping):
+            t.ignored(key, value, "not a block")
+            return
+        for name, v in value.items():
+            if name == switch and v is True:
+                t.refused(f"{key}.{name}", v, why)
+            else:
+                t.ignored(f"{key}.{name}", v, rest_why)
+
+    return Custom(read, kind="refused")
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,18 @@ from dsrecipes.config.ds_import.data_efficiency import DATA_EFFICIENCY_RULE, LEG
 from dsrecipes.config.ds_import.model_blocks import COMPRESSION_RULE, SPARSE_ATTENTION_TABLE
 from dsrecipes.config.ds_import.optimizer import OPTIMIZER_RULE, SCHEDULER_RULE
 from dsrecipes.config.ds_import.precision import BATCH_KEYS, PRECISION_BLOCKS
-from dsrecipes.config.ds_import.rules import Custom, Handled, NoEffect, RefuseUnless, Rule, Sub, To, one_of, positive_int
+from dsrecipes.config.ds_import.rules import (
+    Custom,
+    Handled,
+    NoEffect,
+    RefuseUnless,
+    Rule,
+    Sub,
+    To,
+    one_of,
+    positive_int,
+    refused_when_on,
+)
 from dsrecipes.config.ds_import.translation import Translation
 from dsrecipes.config.ds_import.zero import read_zero
 
@@ -130,17 +141,7 @@ EXPERT_PARALLEL_TABLE: dict[str, Rule] = {
 _REMOVED = "removed in DeepSpeed 0.19.7"
 def _off_unless_enabled(why: str) -> Rule:
     """A block refused when `enabled` is true, accepted (no effect) when it is off."""
-
-    def read(t: Translation, key: str, value: Any) -> None:
-        if isinstance(value, dict) and value.get("enabled") is True:
-            t.refused(f"{key}.enabled", True, why)
-            rest = {k: v for k, v in value.items() if k != "enabled"}
-        else:
-            rest = value if isinstance(value, dict) else {"": value}
-        for name, v in rest.items():
-            t.ignored(f"{key}.{name}" if name else key, v, "the block is not enabled" if name != "" else "not a block")
-
-    return Custom(read, kind="refused")
+    return refused_when_on(why, "the block is not enabled")
 
 
 _GONE = {
@@ -197,7 +198,8 @@ TOP_LEVEL: dict[str, Rule] = {
                                                   ok_why="DeepSpeed's default, what dsrecipes does"),
     "use_data_before_expert_parallelism": NoEffect("the order of ranks in the mesh, not what they compute"),
     "hybrid_engine": _off_unless_enabled("the RLHF hybrid engine is not supported"),
-    "compile": Custom(lambda t, key, value: _read_compile(t, key, value), kind="refused"),
+    "compile": refused_when_on("DeepCompile is not supported", "an option of DeepSpeed's compiler passes",
+                               switch="deepcompile"),
     "weight_quantization": RefuseUnless("quantized weights at zero.Init change the model; use "
                                         "compression.weight_quantization", ok=(None,)),
     "sequence_parallel_size": To("parallel.sp", positive_int),
@@ -210,15 +212,6 @@ TOP_LEVEL: dict[str, Rule] = {
     "compression_training": COMPRESSION_RULE,
     **_GONE,
 }
-
-
-def _read_compile(t: Translation, key: str, value: Any) -> None:
-    value = value or {}
-    if value.get("deepcompile") is True:
-        t.refused(f"{key}.deepcompile", True, "DeepCompile is not supported")
-    for name, v in value.items():
-        if not (name == "deepcompile" and v is True):
-            t.ignored(f"{key}.{name}", v, "an option of DeepSpeed's compiler passes")
 
 
 def deepspeed_top_level_keys() -> frozenset[str]:
