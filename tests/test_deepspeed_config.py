@@ -31,6 +31,7 @@ from dsrecipes.config.loading import load_config
 from dsrecipes.config.store import compose
 from dsrecipes.config.validate import to_root, validate_engine_config, validate_recipe
 from tests.helpers.cli import run_cli
+from tests.helpers.deepspeed_batch import deepspeed_batch
 from tests.helpers.ds_round_trip import CASES
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")  # if DeepSpeed is imported below: its CPU accelerator
@@ -131,22 +132,6 @@ def test_convert_ds_config_refuses_with_the_report_and_no_yaml(tmp_path, capsys)
 # ------------------------------------------------------------------------------------------- batch triple
 
 
-def _deepspeed_triple(ds: dict, world: int, monkeypatch):
-    """DeepSpeed's own (train, micro, accumulation) for the batch keys of `ds` at data-parallel size `world`."""
-    deepspeed = pytest.importorskip("deepspeed")  # noqa: F841
-    from types import SimpleNamespace
-
-    import deepspeed.runtime.config as ds_config
-
-    monkeypatch.setattr(ds_config, "dist", SimpleNamespace(get_rank=lambda *a, **k: 0,
-                                                           get_world_size=lambda *a, **k: world))
-    try:
-        c = ds_config.DeepSpeedConfig(dict(ds))
-    except AssertionError:
-        return None
-    return c.train_batch_size, c.train_micro_batch_size_per_gpu, c.gradient_accumulation_steps
-
-
 RECIPE_BATCH = {"trainer": {"train_batch_size": 48, "train_micro_batch_size_per_gpu": 6, "gradient_accumulation_steps": 8}}
 _TRIPLE = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 
@@ -186,7 +171,7 @@ def test_batch_grid_matches_deepspeed_config(monkeypatch):
                                             ("gradient_accumulation_steps", gas)) if v is not None}
                     if not ds:
                         continue
-                    theirs = _deepspeed_triple(ds, world, monkeypatch)
+                    theirs = deepspeed_batch(ds, world, monkeypatch)
                     assert _triple(ds, world) == theirs, f"{ds} at dp {world}"
                     # over a recipe that sets all three itself: only the DeepSpeed config's keys count
                     assert _triple(ds, world, RECIPE_BATCH["trainer"]) == theirs, f"{ds} over a recipe"
@@ -196,7 +181,7 @@ def test_batch_grid_matches_deepspeed_config(monkeypatch):
     for ds, world in (({"train_batch_size": 32, "gradient_accumulation_steps": 2}, 4),
                       ({"train_micro_batch_size_per_gpu": 4}, 2),
                       ({"train_batch_size": 33, "train_micro_batch_size_per_gpu": 16}, 2)):
-        assert _ours(ds, world) == _ours(_over(RECIPE_BATCH, ds), world) == _deepspeed_triple(ds, world, monkeypatch)
+        assert _ours(ds, world) == _ours(_over(RECIPE_BATCH, ds), world) == deepspeed_batch(ds, world, monkeypatch)
 
 
 @pytest.mark.parametrize("world", [1, 2, 4])
@@ -207,7 +192,7 @@ def test_batch_keys_of_a_composed_recipe_do_not_count_as_given(world, tmp_path, 
         path = _write(tmp_path, "ds", ds)
         _, batch = validate_recipe(compose(["+experiment=gpt_zero3", f"deepspeed_config={path}"]), dp_world_size=world)
         assert (batch.train_batch_size, batch.micro_batch_size, batch.gradient_accumulation_steps) == \
-            _deepspeed_triple(ds, world, monkeypatch), ds
+            deepspeed_batch(ds, world, monkeypatch), ds
 
 
 def test_auto_batch_keys_resolve_as_hugging_face():

@@ -56,6 +56,7 @@ from packaging.version import Version  # noqa: E402  (a DeepSpeed dependency)
 
 from dsrecipes.models.moe_dispatch import combine_weights  # noqa: E402
 from dsrecipes.models.moe_gating import top1_gating  # noqa: E402
+from tests.helpers.deepspeed_batch import deepspeed_batch  # noqa: E402
 
 DS_VERSION = Version(deepspeed.__version__)
 
@@ -406,22 +407,6 @@ def test_lr_schedule_validation_accepts_what_deepspeed_accepts(option, params, a
 # ------------------------------------------------------------------------------------- batch triple
 
 
-def _deepspeed_batch(config: dict, world: int, monkeypatch):
-    """DeepSpeedConfig's (train, micro, accumulation) for `config` at data-parallel size `world`, or None if it asserts."""
-    from types import SimpleNamespace
-
-    import deepspeed.runtime.config as ds_config
-
-    # DeepSpeedConfig reads the world size from deepspeed.comm, which needs a process group: stand one in
-    monkeypatch.setattr(ds_config, "dist", SimpleNamespace(get_rank=lambda *a, **k: 0,
-                                                           get_world_size=lambda *a, **k: world))
-    try:
-        c = ds_config.DeepSpeedConfig(dict(config))
-    except AssertionError:
-        return None
-    return c.train_batch_size, c.train_micro_batch_size_per_gpu, c.gradient_accumulation_steps
-
-
 def test_batch_triple_table_matches_deepspeed_config(monkeypatch):
     from dsrecipes.training.batch import DEFAULT_MICRO_BATCH_SIZE, resolve_batch_sizes
 
@@ -432,7 +417,7 @@ def test_batch_triple_table_matches_deepspeed_config(monkeypatch):
                 for gas in (None, 1, 2, 3):
                     given = {k: v for k, v in (("train_batch_size", tb), ("train_micro_batch_size_per_gpu", mb),
                                                ("gradient_accumulation_steps", gas)) if v is not None}
-                    theirs = _deepspeed_batch(given, world, monkeypatch)
+                    theirs = deepspeed_batch(given, world, monkeypatch)
                     try:
                         b = resolve_batch_sizes(tb, mb, gas, dp_world_size=world)
                         ours = (b.train_batch_size, b.micro_batch_size, b.gradient_accumulation_steps)
