@@ -176,7 +176,7 @@ def _train(engine, world, rank, steps):
 def _save_and_continue(rank, world, folder, results):
     engine = _engine(2, world, rank)
     assert engine.strategy.name == "zero2"  # plain data parallelism at stage 2 runs on the replicated layout
-    assert engine.sharding_summary().startswith("ZeRO-2: parameters replicated")
+    assert engine.strategy.describe().startswith("ZeRO-2: parameters replicated")
     _train(engine, world, rank, range(2))
     engine.save_checkpoint(folder)
     continued = _train(engine, world, rank, range(2, 4))

@@ -195,10 +195,6 @@ class Engine:
         self.global_steps += 1
         self.global_samples += self.train_batch_size
 
-    def sharding_summary(self) -> str:
-        """One line for the run log: what replicates or shards the model state over the ranks."""
-        return self.strategy.describe()
-
     def get_lr(self) -> list[float]:
         return [group["lr"] for group in self.optimizer.param_groups]
 

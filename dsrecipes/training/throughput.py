@@ -39,7 +39,7 @@ class ThroughputMeter:
         self.tokens = 0.0
         self.dense_tokens = 0.0
         self._segment_start: float | None = None
-        self._window = {"s": 0.0, "steps": 0, "tokens": 0.0, "dense": 0.0}
+        self._window = _new_window()
 
     # ------------------------------------------------------------------ the clock
     def start_training(self) -> None:
@@ -92,25 +92,26 @@ class ThroughputMeter:
         """perf/tokens_per_s and perf/step_time_s of the steps since the previous call (then a new window)."""
         self.synchronize()
         self._close_segment()
-        window, self._window = self._window, {"s": 0.0, "steps": 0, "tokens": 0.0, "dense": 0.0}
+        window, self._window = self._window, _new_window()
         seconds = max(window["s"], 1e-9)
         out = {"perf/tokens_per_s": window["tokens"] / seconds, "perf/step_time_s": window["s"] / max(window["steps"], 1)}
         if self.differs_from_dense:
             out["perf/dense_tokens_per_s"] = window["dense"] / seconds
         return out
 
+    def _trained_s(self) -> float:
+        """Training time so far, the open segment included (read without closing it)."""
+        open_segment = time.perf_counter() - self._segment_start if self._segment_start is not None else 0.0
+        return self.train_s + open_segment
+
     @property
     def tokens_per_s(self) -> float:
         """Processed tokens per second of training so far (what the progress bar shows)."""
-        elapsed = self.train_s
-        if self._segment_start is not None:
-            elapsed += time.perf_counter() - self._segment_start
-        return self.tokens / max(elapsed, 1e-9)
+        return self.tokens / max(self._trained_s(), 1e-9)
 
     def eta_s(self, steps_left: int) -> float:
         """Seconds of training the remaining steps take at this run's pace so far (evaluation not included)."""
-        elapsed = self.train_s + (time.perf_counter() - self._segment_start if self._segment_start is not None else 0)
-        return steps_left * elapsed / max(self.steps, 1)
+        return steps_left * self._trained_s() / max(self.steps, 1)
 
     def totals(self) -> dict:
         """The run's throughput and where its time went."""
@@ -129,3 +130,8 @@ class ThroughputMeter:
             out["perf/dense_tokens_per_s"] = self.dense_tokens / seconds
             out["train/dense_tokens"] = round(self.dense_tokens)
         return out
+
+
+def _new_window() -> dict:
+    """The counts of one log interval: training seconds, steps, processed and dense-equivalent tokens."""
+    return {"s": 0.0, "steps": 0, "tokens": 0.0, "dense": 0.0}
