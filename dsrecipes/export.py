@@ -13,13 +13,18 @@ readable by `dsrecipes.models.load_exported` and by transformers' AutoModelForCa
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import tempfile
 from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
+from safetensors import safe_open
 
 from dsrecipes.models import ModelConfig
+from dsrecipes.models.export import CONFIG_FILE, WEIGHTS_FILE
+from dsrecipes.models.hf_config import is_hf_config
 from dsrecipes.models.hf_export import export_model
 from dsrecipes.models.moe_config import MoEConfig
 from dsrecipes.training.checkpoint import read_checkpoint, resolve_checkpoint_dir
@@ -65,27 +70,12 @@ def main(argv: list[str] | None = None) -> None:
 
 def describe_export(out_dir: Path) -> list[str]:
     """What an export directory holds, for the command's output: the layout, parameters, every file and its size."""
-    import json
-
-    from safetensors import safe_open
-
-    config = json.loads((out_dir / "config.json").read_text())
+    config = json.loads((out_dir / CONFIG_FILE).read_text())
     layout = (f"Hugging Face layout (model_type {config['model_type']}: AutoModelForCausalLM.from_pretrained loads it)"
-              if "model_type" in config else "dsrecipes layout (dsrecipes.models.load_exported loads it)")
-    with safe_open(str(out_dir / "model.safetensors"), framework="pt") as f:
-        parameters = sum(_count(f.get_slice(name).get_shape()) for name in f.keys())
+              if is_hf_config(config) else "dsrecipes layout (dsrecipes.models.load_exported loads it)")
+    with safe_open(str(out_dir / WEIGHTS_FILE), framework="pt") as f:
+        parameters = sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys())
     lines = [f"exported to {out_dir}: {layout}, {parameters:,} stored parameters"]
     for path in sorted(p for p in out_dir.rglob("*") if p.is_file()):
         lines.append(f"  {path.relative_to(out_dir)}  {path.stat().st_size:,} bytes")
     return lines
-
-
-def _count(shape) -> int:
-    total = 1
-    for size in shape:
-        total *= size
-    return total
-
-
-if __name__ == "__main__":
-    main()

@@ -22,6 +22,7 @@ from safetensors.torch import save_file
 
 from dsrecipes.models.config import ModelConfig
 from dsrecipes.models.gpt import GPT
+from dsrecipes.models.hf_config import is_hf_config
 from dsrecipes.models.moe_config import MoEConfig
 from dsrecipes.models.weights import assign_state
 
@@ -82,7 +83,7 @@ def load_exported(path: str | Path, device: str | torch.device = "cpu") -> tuple
     the Trainer writes; any supported HF checkpoint directory too, dsrecipes.models.hf_import). The dict
     is dsrecipes' view either way: {"model": ModelConfig fields, "tokenizer": "byte" or a path, ...}.
     """
-    if (Path(path) / CONFIG_FILE).is_file() and "model_type" in json.loads((Path(path) / CONFIG_FILE).read_text()):
+    if (Path(path) / CONFIG_FILE).is_file() and is_hf_config(json.loads((Path(path) / CONFIG_FILE).read_text())):
         from dsrecipes.models.hf_import import load_hf_checkpoint
 
         return load_hf_checkpoint(path, device)
