@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig, read_write
 
+from dsrecipes.distributed.parallel_dims import ParallelDims
 from dsrecipes.training.batch import resolve_batch_sizes
 
 _MICRO = "trainer.train_micro_batch_size_per_gpu"
@@ -31,11 +32,13 @@ def keep_recipe_batch(cfg: DictConfig, nproc: int, gpus: int) -> str | None:
     recipe has on one data-parallel rank. Returns the warning to show (None when nothing changed)."""
     if str(cfg.launcher.nproc_per_node) != "auto" or gpus > 0 or nproc <= 1:
         return None
-    par = cfg.parallel
-    model_parallel = par.tp * par.sp * par.pp
-    if nproc % model_parallel or nproc // model_parallel <= 1:
-        return None  # a layout error (reported by validation), or one data-parallel rank: the batch is the recipe's
-    dp = nproc // model_parallel
+    try:
+        par = cfg.parallel  # cfg is the composed DictConfig: from_config wants the typed RootConfig
+        dp = ParallelDims.from_degrees(nproc, zero_stage=cfg.zero.stage, tp=par.tp, sp=par.sp, pp=par.pp).dp
+    except ValueError:
+        return None  # a layout error: validation reports it
+    if dp <= 1:
+        return None  # one data-parallel rank: the batch is the recipe's
     t = cfg.trainer
     given = (t.train_batch_size, t.train_micro_batch_size_per_gpu, t.gradient_accumulation_steps)
     try:
