@@ -77,11 +77,10 @@ def main() -> None:
     """Console entry. Under a launcher (torchrun, srun), ranks agree on one run directory first."""
     from dsrecipes.config.ds_import.cli import apply_deepspeed_argument
     from dsrecipes.config.run_directory import RUN_STAMP_ENV
-    from dsrecipes.launch import init_distributed, under_launcher
+    from dsrecipes.launch import join_launcher_group
     from dsrecipes.utils.errors import USER_ERRORS, exit_on_user_error
 
-    if under_launcher() and int(os.environ["WORLD_SIZE"]) > 1:
-        init_distributed()
+    if join_launcher_group():
         stamp = [datetime.now().isoformat()]
         torch.distributed.broadcast_object_list(stamp, src=0)
         os.environ[RUN_STAMP_ENV] = stamp[0]

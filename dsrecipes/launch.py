@@ -69,6 +69,15 @@ def init_distributed(backend: str = "auto", timeout_s: int = 600) -> None:
                                 rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
 
 
+def join_launcher_group(backend: str = "auto", timeout_s: int = 600) -> bool:
+    """Under a launcher (torchrun, srun) that started more than one process: join its group (a group that
+    exists already is kept). Returns whether this process is in a multi-process group."""
+    if not under_launcher() or int(os.environ["WORLD_SIZE"]) <= 1:
+        return False
+    init_distributed(backend, timeout_s)
+    return True
+
+
 @record
 def worker_main(config: dict, run_dir: str, overrides: list[str], sweep_name: str | None) -> dict | None:
     """Body of one worker: join the group, train, leave. Returns the summary on rank 0.

@@ -35,7 +35,6 @@ needed first, as with deepspeed.initialize): `torchrun --nproc-per-node 2 train.
 
 from __future__ import annotations
 
-import os
 import warnings
 
 import torch
@@ -47,6 +46,7 @@ from dsrecipes.config.loading import load_config
 from dsrecipes.config.validate import data_parallel_world_size, to_root, validate_engine_config
 from dsrecipes.distributed.parallel_dims import ParallelDims, device_type_of
 from dsrecipes.distributed.utils import is_distributed
+from dsrecipes.launch import join_launcher_group
 from dsrecipes.training.assembly import build_engine
 from dsrecipes.utils.device import resolve_device
 
@@ -62,18 +62,6 @@ def _warn_recipe_only_groups(cfg) -> None:
     for group in enabled:
         warnings.warn(f"{group} is ignored by dsrecipes.initialize: it is applied by the recipe Trainer "
                       f"(python -m dsrecipes {group}=...), not to a user's own module and loop", stacklevel=3)
-
-
-def _join_launcher_group(launcher) -> None:
-    """Under torchrun / srun, join the process group the launcher describes, as deepspeed.initialize does
-    (launcher.backend and launcher.collective_timeout_s apply); a group the caller made is kept."""
-    from dsrecipes.distributed.environment import under_launcher
-
-    if is_distributed() or not under_launcher() or int(os.environ["WORLD_SIZE"]) <= 1:
-        return
-    from dsrecipes.launch import init_distributed
-
-    init_distributed(launcher.backend, launcher.collective_timeout_s)
 
 
 def initialize(
@@ -98,7 +86,8 @@ def initialize(
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     composed = load_config(config, report=True)
     cfg = to_root(composed)
-    _join_launcher_group(cfg.launcher)
+    # under torchrun / srun, join the launcher's group as deepspeed.initialize does (a caller's group is kept)
+    join_launcher_group(cfg.launcher.backend, cfg.launcher.collective_timeout_s)
     world = data_parallel_world_size()
     batch = validate_engine_config(cfg, world)
     _warn_recipe_only_groups(cfg)

@@ -104,8 +104,9 @@ def _load_hub(cfg) -> datasets.Dataset:
 
     from dsrecipes.utils.network import unreachable
 
-    load = lambda: datasets.load_dataset(cfg.hub_name, cfg.hub_config, split=cfg.hub_split,  # noqa: E731
-                                         cache_dir=cfg.cache_dir)
+    def load() -> datasets.Dataset:
+        return datasets.load_dataset(cfg.hub_name, cfg.hub_config, split=cfg.hub_split, cache_dir=cfg.cache_dir)
+
     why = "HF_HUB_OFFLINE is set" if datasets.config.HF_HUB_OFFLINE else unreachable(ENDPOINT)
     if why is None:
         return load()
