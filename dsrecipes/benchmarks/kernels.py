@@ -42,11 +42,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from dsrecipes.benchmarks.results import write_csv
 from dsrecipes.utils.console import make_console
 from dsrecipes.utils.console import print_table as print_uncut
 from dsrecipes.utils.dtypes import DTYPES
-from dsrecipes.utils.tables import write_table
+from dsrecipes.utils.tables import write_csv, write_table
 
 GPU_NEEDED = ("dsrecipes.benchmarks.kernels: no CUDA device: the kernel benchmarks need a GPU "
               "(Triton kernels, do_bench, torch.compile).")

@@ -2,17 +2,10 @@
 
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
 
-
-def write_csv(path: Path, rows: list[dict], fields: list[str] | None = None) -> None:
-    """Rows as CSV with a header (columns: `fields`, default the first row's keys)."""
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=fields or list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+from dsrecipes.utils.tables import write_csv, write_table
 
 
 def write_rows(out: Path, stem: str, rows: list[dict], table=None) -> Path:
@@ -21,7 +14,5 @@ def write_rows(out: Path, stem: str, rows: list[dict], table=None) -> Path:
     write_csv(csv_path, rows)
     (out / f"{stem}.json").write_text(json.dumps(rows, indent=2))
     if table is not None:
-        from dsrecipes.utils.tables import write_table
-
         write_table(table, out / f"{stem}.md")
     return csv_path

@@ -9,7 +9,6 @@ jobs, which have no metrics) prints and writes nothing.
 
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
 
@@ -56,7 +55,7 @@ def summary_table(sweep_dir: Path, rows: list[dict]):
 class MultirunSummary(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         from dsrecipes.utils.console import make_console, print_table
-        from dsrecipes.utils.tables import write_table
+        from dsrecipes.utils.tables import write_csv, write_table
 
         sweep_dir = Path(config.hydra.sweep.dir)
         rows = summary_rows(sweep_dir)
@@ -65,7 +64,4 @@ class MultirunSummary(Callback):
         table = summary_table(sweep_dir, rows)
         print_table(make_console(), table)
         write_table(table, sweep_dir / TABLE_FILE)
-        with open(sweep_dir / ROWS_FILE, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
+        write_csv(sweep_dir / ROWS_FILE, rows)

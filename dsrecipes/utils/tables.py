@@ -1,4 +1,5 @@
-"""A rich Table as a Markdown file: the tables dsrecipes prints are also written beside a run's results.
+"""A rich Table as a Markdown file, and rows as CSV: the tables dsrecipes prints are also written beside a
+run's results.
 
 The console copy of a table can be cut or wrapped by the terminal and is lost with the scrollback;
 the Markdown copy (`<run dir>/serve_bench.md`, `<sweep dir>/summary.md`, `<out>/<benchmark>.md`)
@@ -7,6 +8,7 @@ holds every cell whole, reads as text, and renders as a table on GitHub and in m
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 
 from rich.console import Console
@@ -49,3 +51,11 @@ def write_table(table: Table, path: str | Path) -> Path:
     path = Path(path)
     path.write_text(table_markdown(table))
     return path
+
+
+def write_csv(path: str | Path, rows: list[dict], fields: list[str] | None = None) -> None:
+    """Rows as CSV with a header (columns: `fields`, default the first row's keys)."""
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields or list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
