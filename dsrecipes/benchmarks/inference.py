@@ -90,34 +90,19 @@ def plain_generate(model: GPT, ids: torch.Tensor, new_tokens: int) -> tuple[floa
 
 
 def _hf_model(model: GPT):
-    """A transformers GPT2LMHeadModel with the same weights (gpt2-style models only), or None."""
+    """A transformers GPT2LMHeadModel with the same weights (gpt2-style models only), or None: dsrecipes' own
+    Hugging Face layout (dsrecipes.models.hf_config / hf_weights, what the export writes), loaded in memory."""
     if model.cfg.style != "gpt2" or importlib.util.find_spec("transformers") is None:
         return None
-    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from dsrecipes.models.hf_config import hf_config_for
+    from dsrecipes.models.hf_weights import to_hf_state
 
     c = model.cfg
-    hf = GPT2LMHeadModel(GPT2Config(vocab_size=c.vocab_size, n_positions=c.max_seq_len, n_embd=c.d_model,
-                                    n_layer=c.n_layer, n_head=c.n_head, n_inner=c.ffn_dim, layer_norm_epsilon=c.norm_eps,
-                                    activation_function="gelu_new", resid_pdrop=0, embd_pdrop=0, attn_pdrop=0,
-                                    tie_word_embeddings=c.tie_embeddings, bos_token_id=None, eos_token_id=None))
-    sd = {"transformer.wte.weight": model.tok_emb.weight, "transformer.wpe.weight": model.pos_emb.weight,
-          "transformer.ln_f.weight": model.final_norm.weight, "transformer.ln_f.bias": model.final_norm.bias,
-          "lm_head.weight": model.lm_head.weight}
-    for i, b in enumerate(model.blocks):
-        p = f"transformer.h.{i}."
-        q, kv = b.attn.q_proj, b.attn.kv_proj
-        n_kv, hd = b.attn.n_kv_head, b.attn.head_dim  # kv rows [kv_head, k|v, head_dim] -> HF's [k; v]
-        kv_w = kv.weight.view(n_kv, 2, hd, -1).transpose(0, 1).reshape(2 * n_kv * hd, -1)
-        kv_b = kv.bias.view(n_kv, 2, hd).transpose(0, 1).reshape(-1)
-        sd.update({
-            p + "ln_1.weight": b.attn_norm.weight, p + "ln_1.bias": b.attn_norm.bias,
-            p + "ln_2.weight": b.mlp_norm.weight, p + "ln_2.bias": b.mlp_norm.bias,
-            p + "attn.c_attn.weight": torch.cat([q.weight, kv_w]).T, p + "attn.c_attn.bias": torch.cat([q.bias, kv_b]),
-            p + "attn.c_proj.weight": b.attn.out_proj.weight.T, p + "attn.c_proj.bias": b.attn.out_proj.bias,
-            p + "mlp.c_fc.weight": b.mlp.fc_in.weight.T, p + "mlp.c_fc.bias": b.mlp.fc_in.bias,
-            p + "mlp.c_proj.weight": b.mlp.fc_out.weight.T, p + "mlp.c_proj.bias": b.mlp.fc_out.bias,
-        })
-    missing, unexpected = hf.load_state_dict({k: v.detach().clone() for k, v in sd.items()}, strict=False)
+    fields = hf_config_for(c, bos_id=None, eos_id=None)
+    hf = AutoModelForCausalLM.from_config(AutoConfig.for_model(fields.pop("model_type"), **fields))
+    missing, unexpected = hf.load_state_dict(to_hf_state(model.state_dict(), c), strict=False)
     buffers = {name for name, _ in hf.named_buffers()}
     if unexpected or set(missing) - buffers - ({"lm_head.weight"} if c.tie_embeddings else set()):
         raise RuntimeError(f"weights do not map onto transformers' GPT-2: missing {missing}, unexpected {unexpected}")
