@@ -79,3 +79,7 @@ def describe_export(out_dir: Path) -> list[str]:
     for path in sorted(p for p in out_dir.rglob("*") if p.is_file()):
         lines.append(f"  {path.relative_to(out_dir)}  {path.stat().st_size:,} bytes")
     return lines
+
+
+if __name__ == "__main__":
+    main()
