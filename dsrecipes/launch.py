@@ -124,6 +124,16 @@ def worker_main(config: dict, run_dir: str, overrides: list[str], sweep_name: st
             dist.destroy_process_group()
 
 
+def _start_method(config: dict) -> str:
+    """launcher.start_method of the resolved config; fork is refused once this process has initialised CUDA
+    (a forked child cannot use it)."""
+    method = str(config.get("launcher", {}).get("start_method", "spawn"))
+    if method == "fork" and torch.cuda.is_initialized():
+        raise ValueError("launcher.start_method=fork but this process has initialised CUDA, which forked workers "
+                         "cannot use; choose launcher.start_method=spawn or forkserver")
+    return method
+
+
 def spawn_workers(nproc: int, max_restarts: int, config: dict, run_dir: str, overrides: list[str], sweep_name) -> dict:
     """Start `nproc` local workers with the elastic agent; returns rank 0's summary."""
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -137,7 +147,7 @@ def spawn_workers(nproc: int, max_restarts: int, config: dict, run_dir: str, ove
         rdzv_endpoint="localhost:0",
         max_restarts=max_restarts,
         monitor_interval=0.1,
-        start_method="spawn",
+        start_method=_start_method(config),
         shutdown_timeout=10,  # on SIGINT/SIGTERM, workers that have not stopped 10 s later are killed
     )
     # The agent logs each failed worker with a traceback of its own process-joining code; the worker's

@@ -6,6 +6,11 @@ import os
 
 import pytest
 
+# Workers that `python -m dsrecipes` spawns in tests are forked from the launching process
+# (launcher.start_method's default, see conf/launcher/default.yaml): they skip re-importing torch, Hydra
+# and dsrecipes, about a quarter of a short 2-worker run's CPU. The restart test in
+# tests/test_distributed.py keeps spawn, users' default.
+os.environ.setdefault("DSRECIPES_START_METHOD", "fork")
 if os.environ.get("PYTEST_XDIST_WORKER") and (os.environ.get("PYTEST_XDIST_WORKER_COUNT") or "1") != "1":
     # Several test processes share the cores: one intra-op thread each (and in the runs they start),
     # or OpenMP's spinning threads oversubscribe them and everything slows several times over.

@@ -131,12 +131,14 @@ def test_offline_export_of_a_zero3_checkpoint_loads_into_a_plain_model(tmp_path,
 @pytest.mark.timeout(400)
 def test_max_restarts_restarts_failed_workers_which_resume(tmp_path, datasets_cache, single_process):
     """Rank 1 dies at step 7 while rank 0 waits in a gloo collective; with one restart allowed the agent
-    restarts both workers, they resume from step 5 and end where an uninterrupted run ends."""
+    restarts both workers, they resume from step 5 and end where an uninterrupted run ends. Started with
+    spawn, the launcher's default for users (the rest of the suite forks its workers: tests/conftest.py)."""
     ref_losses, _ = single_process
     cwd = tmp_path / "restart"
     cwd.mkdir()
     result = run_cli(common(datasets_cache) + ["launcher.nproc_per_node=2", "trainer.train_micro_batch_size_per_gpu=4",
-                                               "launcher.max_restarts=1", "checkpoint.interval=5"],
+                                               "launcher.max_restarts=1", "checkpoint.interval=5",
+                                               "launcher.start_method=spawn"],
                      cwd=cwd, timeout=300, env_extra={"DSRECIPES_TEST_FAIL_RANK": "1", "DSRECIPES_TEST_FAIL_STEP": "7"})
     assert result.returncode == 0, result.stderr[-4000:]
     assert "connectFullMesh" not in result.stderr

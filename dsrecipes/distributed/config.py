@@ -42,6 +42,20 @@ class LauncherBackend(ConfigEnum):
     gloo = "gloo"
 
 
+class StartMethod(ConfigEnum):
+    """launcher.start_method: how the elastic agent starts local workers (torchrun's --start-method).
+
+    spawn (torchrun's default) starts fresh interpreters, safe everywhere; fork copies the launching
+    process, so workers skip re-importing torch, Hydra and dsrecipes (seconds of CPU each: worth it for
+    short CPU runs), but must not be used once the launcher has initialised CUDA; forkserver forks from a
+    clean server process.
+    """
+
+    spawn = "spawn"
+    fork = "fork"
+    forkserver = "forkserver"
+
+
 OFFLOAD_DEVICES = enum_values(OffloadDevice)
 PP_SCHEDULES = enum_values(PPSchedule)
 PP_PARTITIONS = enum_values(PPPartition)
@@ -98,6 +112,9 @@ class LauncherConfig:
     max_restarts: int = 0  # > 0: restart failed workers, which resume from the newest checkpoint
     collective_timeout_s: int = 600
     backend: LauncherBackend = LauncherBackend.auto  # auto (nccl on CUDA, gloo on CPU) | nccl | gloo
+    # spawn | fork | forkserver (StartMethod). conf/launcher/default.yaml reads the default from the
+    # DSRECIPES_START_METHOD environment variable (spawn when unset); the test suite sets fork.
+    start_method: StartMethod = StartMethod.spawn
 
 
 def validate_zero_config(cfg: ZeroConfig, prefix: str = "zero") -> None:

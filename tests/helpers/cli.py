@@ -1,16 +1,126 @@
-"""Run the dsrecipes CLI in a subprocess, offline (W&B offline, no Hugging Face network)."""
+"""Run the dsrecipes CLI for a test, offline (W&B offline, no Hugging Face network).
+
+`run_cli(args, cwd)` is `python -m dsrecipes ARGS` run in `cwd`, with the result of subprocess.run. By
+default the command runs in a child forked from the test process: the same entry (`dsrecipes.__main__
+.main` with sys.argv, as `-m` runs it), in a fresh working directory and environment, its stdout and
+stderr in files of its own; torch, Hydra and dsrecipes are then imported once per test process rather
+than once per command, and the workers a multi-worker recipe starts are forked from that child
+(tests/conftest.py sets launcher.start_method's default to fork), which saves them their imports too:
+about 10 s of CPU per process, most of what a short CLI test costs.
+
+fresh_interpreter=True (or DSRECIPES_TEST_FRESH_CLI=1 for the whole suite) runs a real `python -m
+dsrecipes` subprocess instead. The fork is not used, and the subprocess taken, where the test process
+could not hand a clean state to a child: a process group or CUDA already initialised here, or an
+`env_extra` naming a variable read when a library is imported (HF_*, a cached constant there).
+"""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import tempfile
+import time
+
+_OFFLINE = {"WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
 
-def run_cli(args: list[str], cwd, timeout: int = 240, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+def run_cli(args: list[str], cwd, timeout: int = 240, env_extra: dict | None = None,
+            fresh_interpreter: bool = False) -> subprocess.CompletedProcess:
     """Run `python -m dsrecipes ARGS` in `cwd`; W&B forced offline, no network."""
-    env = dict(os.environ, WANDB_MODE="offline", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", **(env_extra or {}))
+    env = dict(os.environ, **_OFFLINE, **(env_extra or {}))
     env.pop("WANDB_API_KEY", None)
-    return subprocess.run(
-        [sys.executable, "-m", "dsrecipes", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
-    )
+    if fresh_interpreter or not _can_fork(env_extra or {}):
+        return subprocess.run([sys.executable, "-m", "dsrecipes", *args], cwd=cwd, env=env, capture_output=True,
+                              text=True, timeout=timeout)
+    return _forked_cli(list(args), str(cwd), env, timeout)
+
+
+def _can_fork(env_extra: dict) -> bool:
+    if os.environ.get("DSRECIPES_TEST_FRESH_CLI") == "1" or not hasattr(os, "fork"):
+        return False
+    if any(key.startswith("HF_") for key in env_extra):
+        return False
+    import torch
+
+    return not (torch.distributed.is_available() and torch.distributed.is_initialized()) \
+        and not torch.cuda.is_initialized()
+
+
+def _forked_cli(args: list[str], cwd: str, env: dict, timeout: int) -> subprocess.CompletedProcess:
+    import dsrecipes.__main__  # noqa: F401 - imported here once, before the fork, for every later command
+    import dsrecipes.training.trainer  # noqa: F401
+
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # the child: never returns into pytest
+            _child(args, cwd, env, out.fileno(), err.fileno())
+        returncode = _wait(pid, timeout, args)
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = (f.read().decode(errors="replace") for f in (out, err))
+    return subprocess.CompletedProcess(["python", "-m", "dsrecipes", *args], returncode, stdout, stderr)
+
+
+def _child(args: list[str], cwd: str, env: dict, out_fd: int, err_fd: int) -> None:
+    code = 1
+    try:
+        os.setpgid(0, 0)  # its own process group: a timeout kills it with every worker it started
+        os.dup2(out_fd, 1)
+        os.dup2(err_fd, 2)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        sys.stdin = open(0, closefd=False)
+        sys.stdout = open(1, "w", buffering=1, closefd=False)
+        sys.stderr = open(2, "w", buffering=1, closefd=False)
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGALRM):
+            signal.signal(sig, signal.SIG_DFL)
+        os.chdir(cwd)
+        os.environ.clear()
+        os.environ.update(env)
+        import logging
+
+        root = logging.getLogger()
+        for handler in list(root.handlers):  # pytest's capture handlers belong to the test process
+            root.removeHandler(handler)
+        from hydra.core.global_hydra import GlobalHydra
+
+        GlobalHydra.instance().clear()
+        import dsrecipes.__main__ as cli
+
+        sys.argv = ["dsrecipes", *args]
+        try:
+            cli.main()
+            code = 0
+        except SystemExit as error:
+            code = error.code if isinstance(error.code, int) else (0 if error.code is None else 1)
+        except BaseException:  # noqa: BLE001 - the traceback is what a subprocess would print
+            import traceback
+
+            traceback.print_exc()
+            code = 1
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _wait(pid: int, timeout: float, args: list[str]) -> int:
+    deadline = time.monotonic() + timeout
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() > deadline:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            os.waitpid(pid, 0)
+            raise subprocess.TimeoutExpired(["python", "-m", "dsrecipes", *args], timeout)
+        time.sleep(0.05)
