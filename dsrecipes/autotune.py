@@ -35,9 +35,8 @@ def sweeper_arguments(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from hydra_plugins.dsrecipes_autotune.autotune_sweeper import register
-
     from dsrecipes.__main__ import main as dsrecipes_main
+    from hydra_plugins.dsrecipes_autotune.autotune_sweeper import register
 
     register()  # an editable install hides hydra_plugins/ from Hydra's scan
     sys.argv[1:] = sweeper_arguments(list(sys.argv[1:] if argv is None else argv))

@@ -126,6 +126,9 @@ def measure_model_states(module: nn.Module, optimizer: torch.optim.Optimizer) ->
 # llama: the same plus the rotary products (~11d) and SwiGLU's gate, up, silu and down inputs (4f).
 # SDPA's flash / memory-efficient kernels (CUDA, and torch's CPU flash kernel) keep no attention scores.
 _BLOCK_ELEMENTS = {"gpt2": (8, 2), "llama": (11, 4)}
+# The final norm's saved elements per token, in units of d_model: LayerNorm keeps its input and output,
+# the RMSNorm (written in torch ops) also its normalised product.
+_FINAL_NORM_ELEMENTS = {"gpt2": 2, "llama": 3}
 
 
 @dataclass(frozen=True)
@@ -156,19 +159,19 @@ def estimate_activations(
 
     Per token (a = activation_bytes: 4 in fp32, 2 under bf16/fp16; logits are fp32 for the loss):
 
-        saved     = L * (c_d * d + c_f * f) * a  + 2 * d * a  + 4 * V      (no checkpointing)
-        saved     = L * d * a + (c_d * d + c_f * f) * a + 2 * d * a + 4 * V   (every block checkpointed:
+        saved     = L * (c_d * d + c_f * f) * a  + c_n * d * a  + 4 * V      (no checkpointing)
+        saved     = L * d * a + (c_d * d + c_f * f) * a + c_n * d * a + 4 * V   (every block checkpointed:
                     each block keeps its input; one block is recomputed at a time)
         transient = 8 * V   (the fp32 logits' gradient and the log-softmax's, alive together in the backward)
 
-    c_d, c_f = 8, 2 for GPT-2 blocks and 11, 4 for Llama blocks (see _BLOCK_ELEMENTS); the final norm's
-    input and output are the 2d; 4V is the log-softmax the cross-entropy keeps. Linear in the micro-batch,
+    c_d, c_f = 8, 2 for GPT-2 blocks and 11, 4 for Llama blocks (see _BLOCK_ELEMENTS); c_n = 2 (LayerNorm)
+    or 3 (RMSNorm) is the final norm's; 4V is the log-softmax the cross-entropy keeps. Linear in the micro-batch,
     so the largest micro-batch that fits a memory cap is one division. Not counted: attention scores of
     kernels that materialise them (sparse attention), MoE routing buffers, communication buckets.
     """
     c_d, c_f = _BLOCK_ELEMENTS.get(str(style), _BLOCK_ELEMENTS["llama"])
     block = (c_d * d_model + c_f * ffn_dim) * activation_bytes
-    head = 2 * d_model * activation_bytes + 4 * vocab_size
+    head = _FINAL_NORM_ELEMENTS.get(str(style), 3) * d_model * activation_bytes + 4 * vocab_size
     kept_blocks = n_layer * d_model * activation_bytes + block if checkpointing else n_layer * block
     tokens = micro_batch * seq_len
     return ActivationEstimate(micro_batch, tokens * (kept_blocks + head), tokens * 8 * vocab_size)
