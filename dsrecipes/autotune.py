@@ -36,7 +36,12 @@ def sweeper_arguments(argv: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     from dsrecipes.__main__ import main as dsrecipes_main
-    from hydra_plugins.dsrecipes_autotune.autotune_sweeper import register
+
+    try:  # installed with dsrecipes (pyproject's packages), beside the dsrecipes package
+        from hydra_plugins.dsrecipes_autotune.autotune_sweeper import register
+    except ImportError as missing:
+        raise SystemExit("dsrecipes.autotune: the hydra_plugins.dsrecipes_autotune package is missing; "
+                         "reinstall dsrecipes (pip install -e .)") from missing
 
     register()  # an editable install hides hydra_plugins/ from Hydra's scan
     sys.argv[1:] = sweeper_arguments(list(sys.argv[1:] if argv is None else argv))

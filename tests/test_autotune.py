@@ -47,6 +47,14 @@ def test_search_groups_fast_and_full():
     assert Candidate(0, micro_batch=2).overrides()[-1] == "trainer.train_batch_size=null"  # recipe's checkpointing kept
 
 
+def test_candidate_overrides_compose():
+    from dsrecipes.config.store import compose
+
+    cfg = compose(["trainer.train_batch_size=64", *Candidate(3, "full", "cpu", 4).overrides()])
+    assert (cfg.zero.stage, str(cfg.zero.offload_optimizer), str(cfg.activation_checkpointing.mode)) == (3, "cpu", "full")
+    assert (cfg.trainer.train_micro_batch_size_per_gpu, cfg.trainer.train_batch_size) == (4, None)
+
+
 # ------------------------------------------------------------------ memory estimate and pruning
 def _saved_activation_bytes(model, ids) -> int:
     """Bytes autograd keeps for the backward (parameters excluded), counted with saved-tensor hooks."""
