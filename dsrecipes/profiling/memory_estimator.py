@@ -114,3 +114,64 @@ def measure_model_states(module: nn.Module, optimizer: torch.optim.Optimizer) ->
         if isinstance(value, torch.Tensor) and value.numel() > 1
     )
     return {"parameters": params, "gradients": grads, "optimizer_states": states}
+
+
+# --------------------------------------------------------------------------------------------
+# activations: what a micro-batch adds on top of the model states (the autotuner prunes with it)
+# --------------------------------------------------------------------------------------------
+
+# Saved activation elements per token of one block, as c_d * d_model + c_f * ffn_dim: counted from the
+# blocks (dsrecipes.models.layers) and checked with saved_tensors_hooks in tests/test_autotune.py.
+# gpt2: the inputs of ln1, qkv, q/k/v, out_proj, ln2, fc_in (8d) and of GELU and fc_out (2f);
+# llama: the same plus the rotary products (~11d) and SwiGLU's gate, up, silu and down inputs (4f).
+# SDPA's flash / memory-efficient kernels (CUDA, and torch's CPU flash kernel) keep no attention scores.
+_BLOCK_ELEMENTS = {"gpt2": (8, 2), "llama": (11, 4)}
+# The final norm's saved elements per token, in units of d_model: LayerNorm keeps its input and output,
+# the RMSNorm (written in torch ops) also its normalised product.
+_FINAL_NORM_ELEMENTS = {"gpt2": 2, "llama": 3}
+
+
+@dataclass(frozen=True)
+class ActivationEstimate:
+    """Per-rank bytes of one micro-batch's activations: what autograd keeps and the backward's transient peak."""
+
+    micro_batch: int
+    saved: float
+    transient: float
+
+    @property
+    def total(self) -> float:
+        return self.saved + self.transient
+
+
+def estimate_activations(
+    micro_batch: int,
+    seq_len: int,
+    n_layer: int,
+    d_model: int,
+    ffn_dim: int,
+    vocab_size: int,
+    style: str = "gpt2",
+    activation_bytes: int = 4,
+    checkpointing: bool = False,
+) -> ActivationEstimate:
+    """Activation bytes of one micro-batch of `micro_batch` x `seq_len` tokens on one rank.
+
+    Per token (a = activation_bytes: 4 in fp32, 2 under bf16/fp16; logits are fp32 for the loss):
+
+        saved     = L * (c_d * d + c_f * f) * a  + c_n * d * a  + 4 * V      (no checkpointing)
+        saved     = L * d * a + (c_d * d + c_f * f) * a + c_n * d * a + 4 * V   (every block checkpointed:
+                    each block keeps its input; one block is recomputed at a time)
+        transient = 8 * V   (the fp32 logits' gradient and the log-softmax's, alive together in the backward)
+
+    c_d, c_f = 8, 2 for GPT-2 blocks and 11, 4 for Llama blocks (see _BLOCK_ELEMENTS); c_n = 2 (LayerNorm)
+    or 3 (RMSNorm) is the final norm's; 4V is the log-softmax the cross-entropy keeps. Linear in the micro-batch,
+    so the largest micro-batch that fits a memory cap is one division. Not counted: attention scores of
+    kernels that materialise them (sparse attention), MoE routing buffers, communication buckets.
+    """
+    c_d, c_f = _BLOCK_ELEMENTS.get(str(style), _BLOCK_ELEMENTS["llama"])
+    block = (c_d * d_model + c_f * ffn_dim) * activation_bytes
+    head = _FINAL_NORM_ELEMENTS.get(str(style), 3) * d_model * activation_bytes + 4 * vocab_size
+    kept_blocks = n_layer * d_model * activation_bytes + block if checkpointing else n_layer * block
+    tokens = micro_batch * seq_len
+    return ActivationEstimate(micro_batch, tokens * (kept_blocks + head), tokens * 8 * vocab_size)
