@@ -5,6 +5,7 @@
     python -m dsrecipes model=llama_debug precision=bf16 optimizer.lr=3e-4 trainer.max_steps=200
     python -m dsrecipes -m optimizer.lr=1e-3,3e-3 trainer.max_steps=20   # Hydra multirun sweep
     python -m dsrecipes --help                              # config groups and their options
+    python -m dsrecipes report                              # versions, devices, features that run here (ds_report)
     python -m dsrecipes deepspeed_config=ds_config.json trainer.max_steps=200   # a DeepSpeed config, overrides on top
     python -m dsrecipes mode=generate checkpoint=outputs/<date>/<time>_gpt prompt="Once upon"   # inference
 """
@@ -74,7 +75,14 @@ def run(cfg: DictConfig) -> dict:
 
 
 def main() -> None:
-    """Console entry. Under a launcher (torchrun, srun), ranks agree on one run directory first."""
+    """Console entry. Under a launcher (torchrun, srun), ranks agree on one run directory first.
+
+    `report` as the first argument prints the environment report (dsrecipes.report) instead of running Hydra.
+    """
+    if len(sys.argv) > 1 and sys.argv[1] == "report":
+        from dsrecipes.report import main as report_main
+
+        sys.exit(report_main(sys.argv[2:]))
     from dsrecipes.config.ds_import.cli import apply_deepspeed_argument
     from dsrecipes.config.run_directory import RUN_STAMP_ENV
     from dsrecipes.launch import join_launcher_group
