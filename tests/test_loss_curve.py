@@ -1,0 +1,52 @@
+"""loss_curve.png at the end of a run (train and validation loss), and a run without matplotlib: no PNG, one hint."""
+
+import json
+
+import pytest
+
+from dsrecipes.config import validate_recipe
+from dsrecipes.config.store import compose
+from dsrecipes.training import loss_curve
+from dsrecipes.training.loss_curve import LOSS_CURVE_FILE, read_loss_points, write_loss_curve
+from dsrecipes.training.trainer import Trainer
+from dsrecipes.utils import charts
+
+SHORT = ["trainer.max_steps=6", "trainer.log_interval=2", "trainer.eval_interval=3", "trainer.eval_batches=1",
+         "trainer.sample_tokens=0", "checkpoint.save_final=false", "checkpoint.export_safetensors=false"]
+
+
+@pytest.mark.skipif(not charts.charts_available(), reason="matplotlib (the charts extra, in dev) not installed")
+def test_a_run_ends_with_its_loss_curve(tmp_path, fast_overrides):
+    root, batch = validate_recipe(compose(fast_overrides + SHORT), dp_world_size=1)
+    Trainer(root, tmp_path, batch).fit()
+    png = tmp_path / LOSS_CURVE_FILE
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    points = read_loss_points(tmp_path / "metrics.jsonl")
+    assert [step for step, _ in points["train/loss"]] == [2, 4, 6]
+    assert [step for step, _ in points["val/loss"]] == [3, 6]
+
+
+def test_without_matplotlib_the_run_ends_and_the_hint_is_logged_once(tmp_path, fast_overrides, monkeypatch):
+    monkeypatch.setattr(charts, "charts_available", lambda: False)
+    monkeypatch.setattr(charts, "_hinted", False)
+    root, batch = validate_recipe(compose(fast_overrides + SHORT + ["logger=none"]), dp_world_size=1)
+    trainer = Trainer(root, tmp_path, batch)
+    summary = trainer.fit()
+    write_loss_curve(tmp_path, trainer.loggers.history)  # a second chart in the same process: no second hint
+    assert summary["metrics"]["train/steps"] == 6
+    assert not (tmp_path / LOSS_CURVE_FILE).exists()
+    assert (tmp_path / "logs" / "rank0.log").read_text().count(charts.CHARTS_HINT) == 1
+    # logger=none: no metrics.jsonl, the curve's points are the ones the loggers kept in memory
+    assert [step for step, _ in trainer.loggers.history["val/loss"]] == [3, 6]
+
+
+def test_metrics_jsonl_points_keep_the_last_value_of_a_step_logged_twice(tmp_path, monkeypatch):
+    records = [{"step": 1, "train/loss": 5.0}, {"step": 2, "train/loss": 4.0}, {"step": 2, "val/loss": 4.5},
+               {"step": 2, "train/loss": 3.9}, {"step": 3, "train/loss": "nan"}]  # step 2 again after a restart
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n{\"step\": 4, \"tra")
+    points = read_loss_points(tmp_path / "metrics.jsonl")
+    assert points == {"train/loss": [(1, 5.0), (2, 3.9)], "val/loss": [(2, 4.5)]}
+    drawn = {}
+    monkeypatch.setattr(loss_curve, "write_line_chart", lambda path, series, **kw: drawn.update(series) or path)
+    assert write_loss_curve(tmp_path) == tmp_path / LOSS_CURVE_FILE
+    assert drawn == {"train loss": [(1, 5.0), (2, 3.9)], "validation loss": [(2, 4.5)]}
