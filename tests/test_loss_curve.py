@@ -50,3 +50,25 @@ def test_metrics_jsonl_points_keep_the_last_value_of_a_step_logged_twice(tmp_pat
     monkeypatch.setattr(loss_curve, "write_line_chart", lambda path, series, **kw: drawn.update(series) or path)
     assert write_loss_curve(tmp_path) == tmp_path / LOSS_CURVE_FILE
     assert drawn == {"train loss": [(1, 5.0), (2, 3.9)], "validation loss": [(2, 4.5)]}
+
+
+def test_benchmark_rows_get_a_bar_chart_of_their_main_figure(tmp_path, monkeypatch):
+    from dsrecipes.benchmarks import results
+    from dsrecipes.benchmarks.results import BarChart, chart_bars, write_rows
+
+    rows = [{"stage": 1, "dsrecipes_tokens_per_s": 900.0, "deepspeed_tokens_per_s": None},
+            {"stage": 2, "dsrecipes_tokens_per_s": 1200.0, "deepspeed_tokens_per_s": 1000.0}]
+    chart = BarChart("throughput", "tokens/s", {"dsrecipes_tokens_per_s": "dsrecipes", "deepspeed_tokens_per_s": "deepspeed"},
+                     labels=("stage",))
+    labels, values, best = chart_bars(rows, chart)
+    assert labels == ["stage=1 dsrecipes", "stage=1 deepspeed", "stage=2 dsrecipes", "stage=2 deepspeed"]
+    assert values == [900.0, None, 1200.0, 1000.0] and best == 2
+    assert chart_bars(rows, BarChart("t", "ms", {"dsrecipes_tokens_per_s": ""}, labels=("stage",), better="min"))[2] == 0
+    write_rows(tmp_path, "bench", rows, chart=chart)
+    assert (tmp_path / "bench.csv").exists()
+    if charts.charts_available():
+        assert (tmp_path / "bench.png").read_bytes()[:4] == b"\x89PNG"
+    monkeypatch.setattr(charts, "charts_available", lambda: False)  # without matplotlib: the CSV, no PNG
+    write_rows(tmp_path, "bench2", rows, chart=chart)
+    assert (tmp_path / "bench2.csv").exists() and not (tmp_path / "bench2.png").exists()
+    assert results.write_chart(tmp_path, "bench3", rows, chart) is None
