@@ -11,8 +11,9 @@ from dsrecipes.training.loss_curve import LOSS_CURVE_FILE, read_loss_points, wri
 from dsrecipes.training.trainer import Trainer
 from dsrecipes.utils import charts
 
-SHORT = ["trainer.max_steps=6", "trainer.log_interval=2", "trainer.eval_interval=3", "trainer.eval_batches=1",
-         "trainer.sample_tokens=0", "checkpoint.save_final=false", "checkpoint.export_safetensors=false"]
+SHORT = ["trainer.max_steps=4", "trainer.train_micro_batch_size_per_gpu=2", "trainer.log_interval=2", "trainer.eval_interval=2",
+         "trainer.eval_batches=1", "trainer.sample_tokens=0", "checkpoint.save_final=false",
+         "checkpoint.export_safetensors=false"]
 
 
 @pytest.mark.skipif(not charts.charts_available(), reason="matplotlib (the charts extra, in dev) not installed")
@@ -22,8 +23,8 @@ def test_a_run_ends_with_its_loss_curve(tmp_path, fast_overrides):
     png = tmp_path / LOSS_CURVE_FILE
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     points = read_loss_points(tmp_path / "metrics.jsonl")
-    assert [step for step, _ in points["train/loss"]] == [2, 4, 6]
-    assert [step for step, _ in points["val/loss"]] == [3, 6]
+    assert [step for step, _ in points["train/loss"]] == [2, 4]
+    assert [step for step, _ in points["val/loss"]] == [2, 4]
 
 
 def test_without_matplotlib_the_run_ends_and_the_hint_is_logged_once(tmp_path, fast_overrides, monkeypatch):
@@ -33,11 +34,11 @@ def test_without_matplotlib_the_run_ends_and_the_hint_is_logged_once(tmp_path, f
     trainer = Trainer(root, tmp_path, batch)
     summary = trainer.fit()
     write_loss_curve(tmp_path, trainer.loggers.history)  # a second chart in the same process: no second hint
-    assert summary["metrics"]["train/steps"] == 6
+    assert summary["metrics"]["train/steps"] == 4
     assert not (tmp_path / LOSS_CURVE_FILE).exists()
     assert (tmp_path / "logs" / "rank0.log").read_text().count(charts.CHARTS_HINT) == 1
     # logger=none: no metrics.jsonl, the curve's points are the ones the loggers kept in memory
-    assert [step for step, _ in trainer.loggers.history["val/loss"]] == [3, 6]
+    assert [step for step, _ in trainer.loggers.history["val/loss"]] == [2, 4]
 
 
 def test_metrics_jsonl_points_keep_the_last_value_of_a_step_logged_twice(tmp_path, monkeypatch):
