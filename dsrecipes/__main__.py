@@ -4,7 +4,10 @@
     python -m dsrecipes +experiment=gpt_zero3               # a named experiment
     python -m dsrecipes model=llama_debug precision=bf16 optimizer.lr=3e-4 trainer.max_steps=200
     python -m dsrecipes -m optimizer.lr=1e-3,3e-3 trainer.max_steps=20   # Hydra multirun sweep
+    python -m dsrecipes -m hydra/sweeper=optuna optimized_metric=val/loss 'optimizer.lr=interval(1e-4,1e-2)' \
+        hydra.sweeper.n_trials=8                            # Optuna search; each job returns val/loss
     python -m dsrecipes --help                              # config groups and their options
+    python -m dsrecipes report                              # versions, devices, features that run here (ds_report)
     python -m dsrecipes deepspeed_config=ds_config.json trainer.max_steps=200   # a DeepSpeed config, overrides on top
     python -m dsrecipes mode=generate checkpoint=outputs/<date>/<time>_gpt prompt="Once upon"   # inference
 """
@@ -29,12 +32,16 @@ register_configs()
 
 
 @hydra.main(config_path="pkg://dsrecipes.conf", config_name="config", version_base="1.3")
-def run(cfg: DictConfig) -> dict:
-    """One Hydra job: validate the whole recipe first, then train in this process or in spawned workers."""
+def run(cfg: DictConfig) -> dict | float:
+    """One Hydra job: validate the whole recipe first, then train in this process or in spawned workers.
+
+    Returns the run summary, or with `optimized_metric` set that metric's value (the objective of hydra/sweeper=optuna).
+    """
     from omegaconf import OmegaConf
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
+    from dsrecipes.config.optimized_metric import check_optimized_metric, optimized_value
     from dsrecipes.config.preflight import check_train_job
     from dsrecipes.launch import spawn_workers, worker_main
     from dsrecipes.utils.errors import USER_ERROR_EXIT_CODE, USER_ERRORS, exit_on_user_error
@@ -42,10 +49,15 @@ def run(cfg: DictConfig) -> dict:
 
     stop_on_signals()
     try:
+        metric = cfg.get("optimized_metric")
         if cfg.mode != "train":  # generate / serve-bench: the inference engine, no training
             from dsrecipes.inference_cli import run_inference_mode
 
+            if metric is not None:
+                raise ValueError(f"optimized_metric={metric!r} needs mode=train (mode={cfg.mode} has no run summary "
+                                 "metrics); drop optimized_metric")
             return run_inference_mode(cfg, HydraConfig.get().runtime.output_dir, list(HydraConfig.get().overrides.task))
+        check_optimized_metric(metric)
         with warnings.catch_warnings():
             warnings.simplefilter("always")
             root, batch, nproc, joined = check_train_job(cfg)  # the Preflight callback ran it before the run dir
@@ -56,11 +68,15 @@ def run(cfg: DictConfig) -> dict:
         if joined or nproc > 1:
             config = OmegaConf.to_container(cfg, resolve=True)
             if joined:
-                return worker_main(config, run_dir, overrides, sweep_name)
-            return spawn_workers(nproc, cfg.launcher.max_restarts, config, run_dir, overrides, sweep_name)
-        from dsrecipes.training.trainer import Trainer  # only where this process trains (workers import their own)
+                summary = worker_main(config, run_dir, overrides, sweep_name)
+            else:
+                summary = spawn_workers(nproc, cfg.launcher.max_restarts, config, run_dir, overrides, sweep_name)
+        else:
+            from dsrecipes.training.trainer import Trainer  # only where this process trains (workers import their own)
 
-        return Trainer(root, run_dir, batch, overrides=overrides, sweep_name=sweep_name).fit()
+            summary = Trainer(root, run_dir, batch, overrides=overrides, sweep_name=sweep_name).fit()
+        # a sweeper that optimises (hydra/sweeper=optuna) takes the job's return value as the objective
+        return summary if metric is None else optimized_value(metric, summary, run_dir)
     except USER_ERRORS as error:
         exit_on_user_error(error)
     except ChildFailedError as error:
@@ -74,7 +90,14 @@ def run(cfg: DictConfig) -> dict:
 
 
 def main() -> None:
-    """Console entry. Under a launcher (torchrun, srun), ranks agree on one run directory first."""
+    """Console entry. Under a launcher (torchrun, srun), ranks agree on one run directory first.
+
+    `report` as the first argument prints the environment report (dsrecipes.report) instead of running Hydra.
+    """
+    if len(sys.argv) > 1 and sys.argv[1] == "report":
+        from dsrecipes.report import main as report_main
+
+        sys.exit(report_main(sys.argv[2:]))
     from dsrecipes.config.ds_import.cli import apply_deepspeed_argument
     from dsrecipes.config.run_directory import RUN_STAMP_ENV
     from dsrecipes.launch import join_launcher_group

@@ -12,7 +12,7 @@ Every variant is the same recipe (model, data, optimizer, LR schedule, seed, ste
 * same validation-loss target (default: the baseline's final validation loss): the first evaluation at or
   below it, and the tokens / layer-tokens / train seconds spent to get there.
 
-The schedules reach full length at half the step budget (--ramp). Writes data_efficiency.csv/.json/.md to --out.
+The schedules reach full length at half the step budget (--ramp). Writes data_efficiency.csv/.json/.md/.png to --out.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from dsrecipes.benchmarks.results import write_rows
+from dsrecipes.benchmarks.results import BarChart, write_rows
 from dsrecipes.utils.console import make_console
 from dsrecipes.utils.console import print_table as print_uncut
 
@@ -153,7 +153,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     table = print_table(rows, console, f"data efficiency: {args.model}, {args.steps} steps, target val loss {target:.4f}")
-    write_rows(out, "data_efficiency", rows, table)
+    chart = BarChart(table.title, "final validation loss", {"final_val_loss": ""}, labels=("variant",), better="min")
+    write_rows(out, "data_efficiency", rows, table, chart)
     return rows
 
 

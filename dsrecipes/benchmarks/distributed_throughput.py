@@ -33,7 +33,7 @@ rounds are kept in the CSV), peak memory the maximum. On small shared machines s
 more than the differences measured; use --rounds 3 or more there.
 
 Prints one table with the ratios dsrecipes/hand-written and dsrecipes/DeepSpeed and writes
-distributed_throughput.csv, .json and .md (the table) to --out.
+distributed_throughput.csv, .json, .md (the table) and .png (tokens/s per stage and framework) to --out.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from dsrecipes.benchmarks.results import write_rows
+from dsrecipes.benchmarks.results import BarChart, write_rows
 
 FRAMEWORKS = ("dsrecipes", "handwritten", "deepspeed")
 HANDWRITTEN_MECHANISM = {
@@ -429,7 +429,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         rows.append(row)
 
     table = print_table(rows, args)
-    print(f"wrote {write_rows(out, 'distributed_throughput', rows, table)}")
+    chart = BarChart(f"training throughput, {args.model}, world size {args.world_size}", "tokens/s",
+                     {f"{kind}_tokens_per_s": kind for kind in args.frameworks}, labels=("stage",))
+    print(f"wrote {write_rows(out, 'distributed_throughput', rows, table, chart)}")
     return rows
 
 

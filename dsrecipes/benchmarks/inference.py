@@ -25,7 +25,7 @@ max_memory_allocated; CPU: weights + KV cache bytes), weight MiB, and ratios aga
 At batch 1 on CUDA it also reports the fraction of the memory-bandwidth limit reached,
 (weight bytes / --hbm-gbps) / per-token latency; the issue's targets are >= 70% for a 1.3B model in
 bf16 and int8 decode >= 1.6x bf16. Every row is the median of --repeats runs after a warm-up.
-Writes inference.csv, inference.json and inference.md (the table) to --out.
+Writes inference.csv, inference.json, inference.md (the table) and inference.png (decode tokens/s) to --out.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from dsrecipes.benchmarks.results import write_rows
+from dsrecipes.benchmarks.results import BarChart, write_rows
 from dsrecipes.inference import init_inference, load_model
 from dsrecipes.inference.config import BENCH_IMPLS
 from dsrecipes.inference.quantized import module_bytes
@@ -49,6 +49,7 @@ from dsrecipes.models import GPT, ModelConfig
 from dsrecipes.utils.dtypes import DTYPES
 
 IMPLS = BENCH_IMPLS  # the generate group's BenchImpl values (generate.bench_impls)
+DECODE_CHART = BarChart("decode throughput", "decode tokens/s", {"decode_tok_s": ""}, labels=("impl", "batch"))
 GPU_ONLY = {"kernels": "the Triton kernels need a GPU; on CPU they would run their torch references",
             "graph": "CUDA graphs need a GPU", "int8_graph": "CUDA graphs need a GPU"}
 
@@ -263,13 +264,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
                               f"{str(dtype).replace('torch.', '')}, prompt {args.prompt_len}, {args.new_tokens} new tokens")
     out = Path(args.out or tempfile.mkdtemp(prefix="dsrecipes_bench_"))
     out.mkdir(parents=True, exist_ok=True)
-    print(f"wrote {write_rows(out, 'inference', rows, table)}")
+    print(f"wrote {write_rows(out, 'inference', rows, table, DECODE_CHART)}")
     return rows
 
 
 def serve_bench(model, g, device, run_dir: str, say, source: str, rank: int = 0) -> dict:
     """`python -m dsrecipes mode=serve-bench`: this benchmark on the recipe's model (g: the generate
-    group); rank 0 prints its table and writes it to <run_dir>/serve_bench.csv, .json and .md."""
+    group); rank 0 prints its table and writes it to <run_dir>/serve_bench.csv, .json, .md and .png."""
 
     dtype = DTYPES.get(g.dtype, torch.float32)
     prompt_len = min(g.bench_prompt_len, model.cfg.max_seq_len - g.bench_new_tokens)
@@ -280,7 +281,7 @@ def serve_bench(model, g, device, run_dir: str, say, source: str, rank: int = 0)
                                   f"{g.bench_new_tokens} new tokens")
         out = Path(run_dir)
         out.mkdir(parents=True, exist_ok=True)
-        say(f"wrote {write_rows(out, 'serve_bench', rows, table)} (and .json, .md)")
+        say(f"wrote {write_rows(out, 'serve_bench', rows, table, DECODE_CHART)} (and .json, .md, .png)")
     return {"serve_bench": rows}
 
 

@@ -22,7 +22,7 @@ report TFLOP/s (model FLOPs: causal attention counts half the square, backward =
 Peak memory is torch.cuda.max_memory_allocated over one call (reset before it), inputs included.
 Speedups are eager_ms / triton_ms and compile_ms / triton_ms (> 1: the Triton op is faster).
 
-Writes kernels.csv, kernels.json and kernels.md to --out (one row per op, shape and pass) and prints
+Writes kernels.csv, kernels.json, kernels.md and kernels.png to --out (one row per op, shape and pass) and prints
 a rich table. Without CUDA the benchmarks cannot run (Triton needs a GPU): the script says so and
 exits 0; with --quick it then runs a tiny CPU smoke of every case (the reference vs eager, timed
 with torch.utils.benchmark, no torch.compile, no Triton kernels) so the code paths are exercised.
@@ -42,6 +42,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from dsrecipes.benchmarks.results import BarChart, write_chart
 from dsrecipes.utils.console import make_console
 from dsrecipes.utils.console import print_table as print_uncut
 from dsrecipes.utils.dtypes import DTYPES
@@ -466,6 +467,10 @@ def write_outputs(rows: list[dict], meta: dict, out: Path) -> None:
     write_csv(out / "kernels.csv", rows, fields)
     (out / "kernels.json").write_text(json.dumps({**meta, "rows": rows}, indent=2))
     write_table(results_table(rows, meta), out / "kernels.md")
+    subject = rows[0]["subject"] if rows else "triton"
+    write_chart(out, "kernels", rows, BarChart(f"dsrecipes.kernels on {meta['device_name']}: eager ms / {subject} ms",
+                                               "speed-up vs torch eager", {"speedup_vs_eager": ""},
+                                               labels=("op", "shape", "pass")))
 
 
 def results_table(rows: list[dict], meta: dict):
@@ -527,7 +532,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     out = Path(args.out or tempfile.mkdtemp(prefix="dsrecipes_kernels_"))
     print_table(rows, meta)
     write_outputs(rows, meta, out)
-    print(f"wrote {out / 'kernels.csv'}, {out / 'kernels.json'}, {out / 'kernels.md'}")
+    print(f"wrote {out / 'kernels.csv'}, {out / 'kernels.json'}, {out / 'kernels.md'} (and kernels.png)")
     return rows
 
 

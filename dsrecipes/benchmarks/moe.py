@@ -8,7 +8,7 @@ For each token count it times forward + backward of gate -> dispatch -> experts 
 the einsum path (and peak memory on a GPU). The einsum path builds [S, E, C] tensors, so its cost
 grows with S * E * C = S^2 * k * capacity_factor; the sparse paths move S * k rows. Triton runs on
 CUDA only here (the CPU interpreter is a correctness tool, not a benchmark). Rows go to
-<out>/moe_dispatch.csv and .json.
+<out>/moe_dispatch.csv, .json and .png.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from dsrecipes.benchmarks.results import write_rows
+from dsrecipes.benchmarks.results import BarChart, write_rows
 from dsrecipes.models import ModelConfig
 from dsrecipes.models.moe import MoELayer
 from dsrecipes.models.moe_config import MoEConfig
@@ -81,7 +81,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     dtype = DTYPES[args.dtype or ("bf16" if device == "cuda" else "fp32")]
     rows = run(args.tokens, args.experts, args.k, args.d_model, args.repeats, device, dtype)
     args.out.mkdir(parents=True, exist_ok=True)
-    print(f"rows: {write_rows(args.out, 'moe_dispatch', rows)}")
+    chart = BarChart(f"MoE dispatch fwd+bwd on {device}", "ms", {"ms_fwd_bwd": ""},
+                     labels=("dispatch", "tokens", "experts", "k"), better="min")
+    print(f"rows: {write_rows(args.out, 'moe_dispatch', rows, chart=chart)}")
     return rows
 
 

@@ -17,7 +17,7 @@ T, while dense attention's time grows ~quadratically. For each T it times forwar
 Memory: on CUDA the peak allocated during one forward+backward (torch.cuda.max_memory_allocated,
 inputs included); on CPU the bytes autograd saves for the backward during the forward (a
 deterministic measure of activation memory). "growth" is time(T) / time(previous T): ~2 per doubling
-is linear, ~4 quadratic. Writes sparse_attention.csv/.json/.md to --out.
+is linear, ~4 quadratic. Writes sparse_attention.csv/.json/.md/.png to --out.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from dsrecipes.benchmarks.results import write_rows
+from dsrecipes.benchmarks.results import BarChart, write_rows
 from dsrecipes.distributed.activation_checkpoint import saved_activation_bytes
 from dsrecipes.kernels import block_sparse_attention as bsa
 from dsrecipes.models.sparse_attention import SparseAttentionConfig, build_sparsity_config
@@ -156,7 +156,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     table = print_table(rows)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-        print("wrote", write_rows(args.out, "sparse_attention", rows, table))
+        chart = BarChart(table.title, "ms", {"dense_ms": "dense", "sparse_ms": "sparse"}, labels=("T",), better="min")
+        print("wrote", write_rows(args.out, "sparse_attention", rows, table, chart))
     return rows
 
 

@@ -6,7 +6,7 @@
 
 Each variant is the default recipe plus its overrides, trained in-process by the real Trainer for
 --steps optimizer steps on the built-in corpus; throughput is the median of the logged windows after
-the first (which includes start-up). Writes throughput.csv, .json and .md (the table) to --out.
+the first (which includes start-up). Writes throughput.csv, .json, .md (the table) and .png (tokens/s per variant) to --out.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from dsrecipes.benchmarks.results import write_rows
+from dsrecipes.benchmarks.results import BarChart, write_rows
 from dsrecipes.utils.console import make_console, print_table
 
 
@@ -87,7 +87,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
             f"{r['final_loss']:.3f}", f"{r['speedup']:.2f}",
         )
     print_table(make_console(), table)
-    print(f"wrote {write_rows(out, 'throughput', rows, table)}")
+    chart = BarChart(table.title, "tokens/s", {"tokens_per_s": ""}, labels=("variant",))
+    print(f"wrote {write_rows(out, 'throughput', rows, table, chart)} (and .json, .md, .png)")
     return rows
 
 

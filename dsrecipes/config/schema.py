@@ -65,6 +65,9 @@ class RootConfig:
     # a DeepSpeed config (JSON) translated onto the groups above, under the command line's overrides
     # (dsrecipes.config.ds_import); kept as the record of which file the recipe came from
     deepspeed_config: str | None = None
+    # the run-summary metric (e.g. val/loss) a job returns to the sweeper, for hydra/sweeper=optuna and other
+    # optimising sweepers (Lightning-Hydra-Template's key; dsrecipes.config.optimized_metric); null: the summary dict
+    optimized_metric: str | None = None
 
 
 __all__ = ["CONFIG_GROUPS", "RootConfig", "KernelsConfig", "validate_kernels_config"]

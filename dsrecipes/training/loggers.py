@@ -6,6 +6,12 @@ Online, a server that does not answer (no network, a wrong WANDB_BASE_URL) or a 
 falls back to offline with a warning, within ~15 s, instead of blocking and crashing. A run that
 resumes from a checkpoint continues the W&B run of the run directory that wrote it (its id is kept
 in <run dir>/wandb/dsrecipes_run_id).
+
+Sweep jobs (a multirun's, `group` set) are made comparable: their W&B run is named after the run name and
+the job's overrides ("gpt optimizer.lr=0.001 zero.stage=2") with job_type "sweep-job" (else the run name and
+"train"), and at the end of the run (`log_final`) TensorBoard gets the job's overrides as HParams with its
+final metrics as hparams/<metric>, so TensorBoard's HPARAMS tab, pointed at the sweep directory, shows one
+row per job. W&B's run summary gets the final metrics as final/<metric>.
 """
 
 from __future__ import annotations
@@ -41,15 +47,59 @@ class JsonlLogger:
     def close(self) -> None:
         self._file.close()
 
+    def log_final(self, metrics: dict, step: int) -> None:
+        """Nothing: the final metrics are in summary.json."""
+
+
+def _config_value(config: dict, dotted: str):
+    node = config
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def override_hparams(overrides: list[str], config: dict) -> dict:
+    """{key: value} of a job's overrides, the value as the resolved config holds it (a number stays a number);
+    a group choice (model=gpt_debug), an experiment or a list keeps the override's own text."""
+    out = {}
+    for override in overrides:
+        key, sep, text = override.partition("=")
+        key = key.lstrip("+~")
+        if not sep or not key or key.startswith("hydra."):
+            continue
+        value = _config_value(config, key)
+        out[key] = value if isinstance(value, (bool, int, float, str)) else text
+    return out
+
+
+def final_scalars(metrics: dict) -> dict[str, float]:
+    """The finite numbers of a run summary's metrics (None, text and non-finite values left out)."""
+    out = {}
+    for key, value in metrics.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            out[key] = float(value)
+    return out
+
+
+def sweep_run_name(run_name: str, overrides: list[str], limit: int = 128) -> str:
+    """A sweep job's display name: the run name and the job's overrides, at most `limit` characters."""
+    name = " ".join([run_name, *overrides])
+    return name if len(name) <= limit else name[: limit - 1] + "…"
+
 
 class TensorBoardLogger:
-    """Scalars per step, and the resolved config as text (TensorBoard's TEXT tab)."""
+    """Scalars per step, the resolved config as text (TensorBoard's TEXT tab), and for a sweep job its
+    overrides as HParams with the final metrics (the HPARAMS tab)."""
 
-    def __init__(self, log_dir: Path, config: dict):
+    def __init__(self, log_dir: Path, config: dict, hparams: dict | None = None):
+        """hparams: the sweep job's {override key: value} (override_hparams); None: not a sweep job, no HParams."""
         import yaml
         from torch.utils.tensorboard import SummaryWriter
 
         self.writer = SummaryWriter(log_dir=str(log_dir))
+        self.hparams = hparams
         text = yaml.safe_dump(config, sort_keys=False)
         self.writer.add_text("config", "\n".join("    " + line for line in text.splitlines()), 0)
 
@@ -72,6 +122,24 @@ class TensorBoardLogger:
             sum_squares=float((counts * np.arange(len(counts)) ** 2).sum()),
             bucket_limits=edges[1:].tolist(), bucket_counts=counts.tolist(), global_step=step,
         )
+
+    def log_final(self, metrics: dict, step: int) -> None:
+        """A sweep job's HParams record: its overrides, and its final metrics as hparams/<name> scalars.
+
+        Written into this run's own event file (SummaryWriter.add_hparams would open a sub-run per call), so the
+        HPARAMS tab shows this job as one row; the hparams/ prefix keeps the final values apart from the
+        per-step series of the same names.
+        """
+        if self.hparams is None:
+            return
+        from torch.utils.tensorboard.summary import hparams
+
+        scalars = {f"hparams/{key}": value for key, value in final_scalars(metrics).items()}
+        experiment, start, end = hparams(self.hparams, scalars)
+        for record in (experiment, start, end):
+            self.writer.file_writer.add_summary(record, step)
+        for key, value in scalars.items():
+            self.writer.add_scalar(key, value, step)
 
     def close(self) -> None:
         self.writer.flush()
@@ -106,7 +174,7 @@ class WandbLogger:
     machine with a key but no network loses neither time nor the run. `resume_id`: continue that run."""
 
     def __init__(self, cfg: LoggerConfig, run_dir: Path, run_name: str, config: dict, group: str | None,
-                 resume_id: str | None = None):
+                 resume_id: str | None = None, job_type: str = "train"):
         try:
             import wandb
         except ImportError as error:
@@ -117,7 +185,7 @@ class WandbLogger:
 
         from dsrecipes.utils.network import unreachable
 
-        options = dict(project=cfg.wandb_project, entity=cfg.wandb_entity, name=run_name,
+        options = dict(project=cfg.wandb_project, entity=cfg.wandb_entity, name=run_name, job_type=job_type,
                        group=cfg.wandb_group or group, tags=list(cfg.wandb_tags), dir=str(run_dir), config=config,
                        reinit="finish_previous")
         if resume_id:
@@ -153,12 +221,18 @@ class WandbLogger:
         edges = [i - 0.5 for i in range(len(values) + 1)]
         self.run.log({name: wandb.Histogram(np_histogram=(list(values), edges))}, step=step)
 
+    def log_final(self, metrics: dict, step: int) -> None:
+        """The run summary's metrics as final/<name> in the W&B run summary (the runs table's columns)."""
+        self.run.summary.update({f"final/{key}": value for key, value in final_scalars(metrics).items()})
+
     def close(self) -> None:
         self.run.finish()
 
 
 class MetricLoggers:
     """Fans a metrics dict out to every enabled sink (only on the rank that logs)."""
+
+    HISTORY_KEYS = ("train/loss", "val/loss")  # kept in memory for the loss curve (dsrecipes.training.loss_curve)
 
     def __init__(
         self,
@@ -169,21 +243,44 @@ class MetricLoggers:
         enabled: bool = True,
         group: str | None = None,
         wandb_resume_id: str | None = None,
+        overrides: list[str] | None = None,
     ):
-        """wandb_resume_id: the W&B run to continue (a resumed run's, see wandb_run_id)."""
+        """wandb_resume_id: the W&B run to continue (a resumed run's, see wandb_run_id). group: the multirun
+        sweep's name for a sweep job (its W&B group; it also makes the job's `overrides` its W&B name and HParams)."""
         self.sinks = []
+        self.history: dict[str, list[tuple[int, float]]] = {key: [] for key in self.HISTORY_KEYS}
+        self._last_step = 0
+        self.enabled = enabled  # the logging rank: it keeps the history even with no sink (logger=none)
         if not enabled:
             return
+        sweep_job = group is not None
+        overrides = list(overrides or [])
         if cfg.jsonl:
             self.sinks.append(JsonlLogger(run_dir / "metrics.jsonl"))
         if cfg.tensorboard:
-            self.sinks.append(TensorBoardLogger(run_dir / "tb", config))
+            hparams = override_hparams(overrides, config) if sweep_job else None
+            self.sinks.append(TensorBoardLogger(run_dir / "tb", config, hparams=hparams))
         if cfg.wandb and wandb_mode(cfg.wandb_mode) != "disabled":
-            self.sinks.append(WandbLogger(cfg, run_dir, run_name, config, group, resume_id=wandb_resume_id))
+            name = sweep_run_name(run_name, overrides) if sweep_job else run_name
+            self.sinks.append(WandbLogger(cfg, run_dir, name, config, group, resume_id=wandb_resume_id,
+                                          job_type="sweep-job" if sweep_job else "train"))
 
     def log(self, metrics: dict, step: int) -> None:
+        self._last_step = max(self._last_step, step)
+        if self.enabled:
+            for key in self.HISTORY_KEYS:
+                value = metrics.get(key)
+                if isinstance(value, (int, float)):
+                    self.history[key].append((step, float(value)))
         for sink in self.sinks:
             sink.log(metrics, step)
+
+    def log_final(self, metrics: dict, step: int | None = None) -> None:
+        """The run summary's final metrics, once at the end of the run: TensorBoard HParams for a sweep job,
+        final/<name> in the W&B summary. step: the run's last step (default: the last one logged)."""
+        step = self._last_step if step is None else step
+        for sink in self.sinks:
+            sink.log_final(metrics, step)
 
     def log_histogram(self, name: str, values: list[float], step: int) -> None:
         """A bucketed distribution (bucket i holds values[i]): TensorBoard/W&B histogram, a list in jsonl."""

@@ -37,6 +37,7 @@ from dsrecipes.training.config import to_dictconfig
 from dsrecipes.training.extensions import Extensions, RunContext, callback_states, load_callback_states
 from dsrecipes.training.layout import LAYOUT_KEY
 from dsrecipes.training.loggers import MetricLoggers, wandb_run_id
+from dsrecipes.training.loss_curve import write_loss_curve
 from dsrecipes.training.progress import TrainingProgress, progress_line
 from dsrecipes.training.recipe_extensions import build_extensions
 from dsrecipes.training.throughput import ThroughputMeter
@@ -139,6 +140,7 @@ class Trainer:
             self.is_logging_rank,
             group=self.sweep_name,
             wandb_resume_id=wandb_run_id(self._run_dir_of(self.resume_path)) if self.resume_path else None,
+            overrides=self.overrides,
         )
         self.loggers.log_text(LAYOUT_KEY, self.engine.layout)
         self.context.engine, self.context.loggers = self.engine, self.loggers
@@ -317,8 +319,10 @@ class Trainer:
         self._report(summary)
         for callback in self.extensions.callbacks:
             callback.on_train_end(self.context, summary)
+        self.loggers.log_final(summary["metrics"], self.engine.global_steps)  # a sweep job's HParams, W&B final/*
         if self.is_logging_rank:
             (self.run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
+            write_loss_curve(self.run_dir, self.loggers.history)  # loss_curve.png (needs matplotlib)
         return summary
 
     def export(self) -> Path:
