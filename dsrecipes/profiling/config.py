@@ -17,12 +17,16 @@ from dataclasses import dataclass
 
 @dataclass
 class FlopsProfilerConfig:
-    """DeepSpeed's flops_profiler block: at the profile_step-th optimizer step of the run (1-based, as
-    DeepSpeed's global step), a per-module table of parameters, forward FLOPs / MACs and latency,
-    written to the run directory (flops_profile.md / .json, or output_file)."""
+    """DeepSpeed's flops_profiler block: one optimizer step profiled, a per-module table of parameters,
+    forward FLOPs / MACs and latency written to the run directory (flops_profile.md / .json, or output_file).
+
+    profile_step counts as DeepSpeed's engine does: the step that starts when global_steps (optimizer
+    steps done) equals it, so 0 is the first step and the default 1 the second (the first pays
+    one-off warm-up costs). It must be < trainer.max_steps.
+    """
 
     enabled: bool = False
-    profile_step: int = 1  # which optimizer step is profiled (1 = the first this run trains)
+    profile_step: int = 1  # the step starting at global_steps == profile_step (0 = the first)
     module_depth: int = -1  # deepest module level in the per-module table; -1 = every level
     top_modules: int = 1  # the top N modules by forward FLOPs and by latency at each depth
     detailed: bool = True  # print the per-module table (the totals are always printed)
@@ -59,10 +63,11 @@ class ProfilerConfig:
 
 def validate_profiling_config(flops: FlopsProfilerConfig, profiler: ProfilerConfig, max_steps: int) -> None:
     """Cross-field checks against trainer.max_steps (ranges are dsrecipes.utils.ranges')."""
-    if flops.enabled and flops.profile_step > max_steps:
+    if flops.enabled and flops.profile_step >= max_steps:
         raise ValueError(
-            f"flops_profiler.profile_step={flops.profile_step} is beyond trainer.max_steps={max_steps}: the "
-            f"profiled step would never run; choose a profile_step in [1, {max_steps}] or raise trainer.max_steps"
+            f"flops_profiler.profile_step={flops.profile_step} is beyond trainer.max_steps={max_steps}: the profiled "
+            f"step starts at global step {flops.profile_step} (DeepSpeed's counting: 0 = the first step) and would "
+            f"never run; choose a profile_step in [0, {max_steps - 1}] or raise trainer.max_steps"
         )
     if profiler.enabled and profiler.active < 1:
         raise ValueError(f"profiler.active={profiler.active} must be >= 1: a trace records `active` steps")

@@ -1,10 +1,11 @@
-"""The recipe's flops profiler: profiles the flops_profiler.profile_step-th optimizer step of a run.
+"""The recipe's flops profiler: profiles the optimizer step that starts at global step flops_profiler.profile_step.
 
     python -m dsrecipes model=gpt_debug flops_profiler=enabled flops_profiler.profile_step=3 flops_profiler.module_depth=2
 
-At that step every rank counts (dsrecipes.profiling.flops_profiler) the FLOPs of its forward passes,
-per module, with module latencies, and the FLOPs of its backward passes (activation recomputation
-included), through the Engine's step phases. Rank 0 then prints the profile (rich) and writes it to
+(DeepSpeed's counting: profile_step=0 is the first step, the default 1 the second.) At that step
+every rank counts (dsrecipes.profiling.flops_profiler) the FLOPs of its forward passes per module,
+with module latencies, and the FLOPs of its backward passes (activation recomputation included),
+through the Engine's step phases. Rank 0 then prints the profile (rich) and writes it to
 <run dir>/flops_profile.md and .json (or flops_profiler.output_file): parameters, forward FLOPs and
 MACs, FLOPs per token (forward, and forward+backward beside the model's analytic flops_per_token),
 the step's latency, achieved FLOP/s and MFU against trainer.peak_tflops (or a known GPU's peak).
@@ -46,16 +47,17 @@ class FlopsProfilerCallback(Callback):
         if context.cfg.parallel.pp > 1:
             get_logger().warning("flops_profiler: not run under pipeline parallelism (parallel.pp=%d): the schedule "
                                  "runs forward and backward as one phase", context.cfg.parallel.pp)
-        elif step >= self.cfg.profile_step:
+        elif step > self.cfg.profile_step:
             get_logger().warning("flops_profiler: profile_step=%d has already run (the run resumed at step %d); no "
                                  "profile", self.cfg.profile_step, step)
-        elif step + 1 == self.cfg.profile_step:
+        elif step == self.cfg.profile_step:
             self._start(context)
 
     def on_step_end(self, context: RunContext, step: int, metrics: dict) -> None:
+        """step: global_steps after the step; the profiled one is the step after global_steps == profile_step."""
         if self.profiler is not None:
             self._finish(context, step)
-        elif step + 1 == self.cfg.profile_step and context.cfg.parallel.pp == 1:
+        elif step == self.cfg.profile_step and context.cfg.parallel.pp == 1:
             self._start(context)
 
     # ------------------------------------------------------------------ how
@@ -95,7 +97,8 @@ class FlopsProfilerCallback(Callback):
         if not context.is_logging_rank:
             return
         cfg = self.cfg
-        tables = profile_tables(profiler, f"flops profile of step {step} (rank 0)", shown, cfg.module_depth,
+        tables = profile_tables(profiler, f"flops profile of optimizer step {step} (profile_step={step - 1}; rank 0)",
+                                shown, cfg.module_depth,
                                 cfg.top_modules, cfg.detailed)
         console = make_console()
         for table in tables:
@@ -127,7 +130,7 @@ class FlopsProfilerCallback(Callback):
             "analytic_flops_per_token": _analytic_flops_per_token(context),
         }
         shown = {
-            "profile step": str(step),
+            "optimizer step (global_steps after it)": str(step),
             "parameters (this rank)": number_to_string(raw["parameters"], ""),
             "forward FLOPs": number_to_string(forward, "FLOPs"),
             "forward MACs": number_to_string(forward // 2, "MACs"),

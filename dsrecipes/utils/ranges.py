@@ -234,7 +234,7 @@ RANGES: dict[str, Range] = {
     "sparse_attention.num_sliding_window_blocks": POSITIVE_INT,
     "sparse_attention.seed": SEED,
     # flops_profiler, profiler (against trainer.max_steps: dsrecipes.profiling.config)
-    "flops_profiler.profile_step": POSITIVE_INT,
+    "flops_profiler.profile_step": COUNT,
     "flops_profiler.module_depth": at_least(-1),
     "flops_profiler.top_modules": POSITIVE_INT,
     "flops_profiler.recompute_fwd_factor": NON_NEGATIVE,
