@@ -170,6 +170,12 @@ ERRORS = [
      ["generate.top_p=0.0", "in (0, 1]"]),
     (["mode=generate", "generate.prompt=hi", "generate.checkpoint={d}/no_such_run"],
      ["generate.checkpoint=", "no_such_run", "does not exist"]),
+    # flops_profiler, profiler (dsrecipes.profiling.config)
+    (["flops_profiler=enabled", "trainer.max_steps=10", "flops_profiler.profile_step=10"],
+     ["flops_profiler.profile_step=10", "trainer.max_steps=10", "[0, 9]"]),
+    (["flops_profiler.module_depth=-2"], ["flops_profiler.module_depth=-2", "must be >= -1"]),
+    (["profiler=trace", "trainer.max_steps=2"], ["profiler.wait=1", "profiler.warmup=1", "trainer.max_steps=2"]),
+    (["profiler.active=0"], ["profiler.active=0", "must be >= 1"]),
     # name: part of the run directory's name
     (["name="], ["name=''", "must not be empty"]),
     (["name=a/b"], ["name='a/b'", "single file name"]),

@@ -91,6 +91,12 @@ def _rules() -> list[Rule]:
         Rule("data_efficiency", lambda r: not (r.data_efficiency.curriculum_learning.enabled
                                                or r.data_efficiency.random_ltd.enabled),
              lambda r: "no data_efficiency technique is enabled", keys=("seed",)),
+        Rule("flops_profiler", lambda r: not r.flops_profiler.enabled, lambda r: "flops_profiler.enabled=false "
+             "(choose flops_profiler=enabled)", but=("enabled",)),
+        Rule("profiler", lambda r: not r.profiler.enabled, lambda r: "profiler.enabled=false (choose profiler=trace)",
+             but=("enabled",)),
+        Rule("profiler", lambda r: not r.profiler.memory_snapshot, lambda r: "profiler.memory_snapshot=false",
+             keys=("memory_snapshot_max_entries",)),
         Rule("compression", lambda r: not r.compression.enabled, lambda r: "no compression technique is enabled",
              keys=("export_dirname",)),  # not `export`: compression=none itself sets it false
     ]

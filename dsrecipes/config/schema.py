@@ -21,6 +21,7 @@ from dsrecipes.models.config import ModelConfig
 from dsrecipes.models.kernels_config import KernelsConfig, validate_kernels_config
 from dsrecipes.models.moe_config import MoEConfig
 from dsrecipes.models.sparse_attention import SparseAttentionConfig
+from dsrecipes.profiling.config import FlopsProfilerConfig, ProfilerConfig
 from dsrecipes.training.config import (
     AdamWConfig,
     CheckpointConfig,
@@ -36,6 +37,7 @@ from dsrecipes.training.config import (
 CONFIG_GROUPS = (
     "model", "data", "optimizer", "lr_scheduler", "precision", "trainer", "checkpoint", "logger", "zero", "parallel",
     "launcher", "kernels", "activation_checkpointing", "moe", "data_efficiency", "compression", "sparse_attention", "generate",
+    "flops_profiler", "profiler",
 )
 
 
@@ -62,6 +64,8 @@ class RootConfig:
     compression: CompressionConfig = field(default_factory=CompressionConfig)
     sparse_attention: SparseAttentionConfig = field(default_factory=SparseAttentionConfig)
     generate: GenerateConfig = field(default_factory=GenerateConfig)
+    flops_profiler: FlopsProfilerConfig = field(default_factory=FlopsProfilerConfig)  # dsrecipes.profiling
+    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)  # torch.profiler traces
     # a DeepSpeed config (JSON) translated onto the groups above, under the command line's overrides
     # (dsrecipes.config.ds_import); kept as the record of which file the recipe came from
     deepspeed_config: str | None = None

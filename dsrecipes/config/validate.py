@@ -28,6 +28,7 @@ from dsrecipes.distributed.sequence_parallel import validate_sequence_parallel_r
 from dsrecipes.models.config import validate_model_config
 from dsrecipes.models.moe_config import validate_moe_config
 from dsrecipes.models.sparse_attention import validate_sparse_attention_config
+from dsrecipes.profiling.config import validate_profiling_config
 from dsrecipes.training.batch import BatchSizes, resolve_batch_sizes
 from dsrecipes.training.config import WandbMode
 from dsrecipes.training.lr_schedules import non_closed_form_target, validate_lr_scheduler_config
@@ -212,6 +213,7 @@ def validate_recipe(cfg: RootConfig | DictConfig, dp_world_size: int | None = No
                                     lr_scheduler_target=non_closed_form_target(root.lr_scheduler))
     validate_compression_config(root.compression, n_head=root.model.n_head, n_layer=root.model.n_layer)
     validate_sparse_attention_config(root.sparse_attention, root.model.n_head, root.data.block_size, root.model.dropout)
+    validate_profiling_config(root.flops_profiler, root.profiler, root.trainer.max_steps)
     check_compatibility(root, dims)
     batch = validate_engine_config(root, world)
     warn_inactive_keys(root)

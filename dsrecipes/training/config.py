@@ -51,6 +51,9 @@ class TrainerConfig:
     device: str = "auto"  # auto (cuda when present, else cpu) | cpu | cuda | cuda:N
     resume: str | None = None  # null = fresh start | auto = newest complete checkpoint if any | a path
     peak_tflops: float | None = None  # for perf/mfu; null = known GPUs detected, else not logged
+    # DeepSpeed's wall_clock_breakdown: perf/{data,forward,backward,grad_reduce,optimizer}_s per log interval
+    # (dsrecipes.profiling.wall_clock); synchronises the device at every phase, so off by default
+    wall_clock_breakdown: bool = False
     progress_bar: bool = True
     sample_prompt: str = "def "
     sample_tokens: int = 200  # 0 = no text sample at the end

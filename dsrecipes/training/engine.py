@@ -29,6 +29,7 @@ from torch import nn
 from torch.distributed.tensor.parallel import loss_parallel as tp_loss_parallel
 
 from dsrecipes.distributed.parallelize import ParallelPlan
+from dsrecipes.profiling.phases import StepPhases
 from dsrecipes.training import engine_checkpoint
 from dsrecipes.training.batch import BatchSizes
 from dsrecipes.training.precision import Precision
@@ -72,6 +73,8 @@ class Engine:
         self.last_step_skipped = False
         # tensor parallelism: the vocab-parallel loss's forward and backward run under torch's loss_parallel
         self._loss_context = tp_loss_parallel if plan.loss_parallel else contextlib.nullcontext
+        # where each phase of a step runs, for profilers (wall-clock breakdown, flops profiler); free when unobserved
+        self.phases = StepPhases()
 
     @property
     def module(self) -> nn.Module:
@@ -110,7 +113,8 @@ class Engine:
     def __call__(self, *args, **kwargs):
         self.runner.check_direct_use("engine(...)")
         self.strategy.before_forward(self.is_gradient_accumulation_boundary())
-        with self.forward_context():
+        phase = "forward" if self.module.training else "eval_forward"
+        with self.phases(phase), self.forward_context():
             return self.module(*args, **kwargs)
 
     def train(self, mode: bool = True) -> Engine:
@@ -127,7 +131,7 @@ class Engine:
             loss = loss / self.gradient_accumulation_steps
         if self.precision.loss_scaler is not None:
             loss = loss * self.precision.loss_scale
-        with self._loss_context():
+        with self.phases("backward"), self._loss_context():
             loss.backward()
 
     def step(self) -> None:
@@ -159,7 +163,15 @@ class Engine:
         LR schedule do not advance, global_steps does (as in DeepSpeed), skipped_steps counts it.
         """
         precision, strategy = self.precision, self.strategy
-        strategy.reduce_gradients()
+        with self.phases("grad_reduce"):
+            strategy.reduce_gradients()
+        with self.phases("optimizer"):
+            self._optimizer_step(precision, strategy)
+        self.global_steps += 1
+        self.global_samples += self.train_batch_size
+
+    def _optimizer_step(self, precision: Precision, strategy) -> None:
+        """Norm, overflow verdict, unscale + clip, optimizer and schedule step, zero_grad (see _take_model_step)."""
         scale = precision.loss_scale  # the scale the backward used, before this step's update
         # Every rank sees the same norm (the strategy reduces the partial norms), so all ranks reach the
         # same overflow verdict together without another collective.
@@ -192,8 +204,6 @@ class Engine:
             if self.lr_scheduler is not None:
                 self.lr_scheduler.step()
         strategy.zero_grad()
-        self.global_steps += 1
-        self.global_samples += self.train_batch_size
 
     def get_lr(self) -> list[float]:
         return [group["lr"] for group in self.optimizer.param_groups]

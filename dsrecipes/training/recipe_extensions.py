@@ -1,6 +1,6 @@
 """The recipe's own extensions, in the one order they are applied: what the Trainer adds for a config.
 
-    extensions = build_extensions(cfg)     # compression, then data efficiency, then MoE
+    extensions = build_extensions(cfg)     # compression, then data efficiency, then MoE, then the profilers
 
 Order matters where two contribute to the same point: model transforms run compression (layer
 reduction, fake quantization, pruning wrappers) before random-LTD wraps block forwards; loss terms
@@ -11,12 +11,14 @@ injection, sparse attention and activation checkpointing are not extensions: the
 
 from __future__ import annotations
 
+from dsrecipes.profiling.extension import profiling_extension
 from dsrecipes.training.compression_extension import compression_extension
 from dsrecipes.training.data_efficiency_extension import data_efficiency_extension
 from dsrecipes.training.extensions import ExtensionBuilder, Extensions
 from dsrecipes.training.moe_extension import moe_extension
 
-RECIPE_EXTENSIONS: tuple[ExtensionBuilder, ...] = (compression_extension, data_efficiency_extension, moe_extension)
+RECIPE_EXTENSIONS: tuple[ExtensionBuilder, ...] = (compression_extension, data_efficiency_extension, moe_extension,
+                                                   profiling_extension)
 
 
 def build_extensions(cfg) -> Extensions:

@@ -108,7 +108,7 @@ class PipelineRunner(StepRunner):
         gas = engine.gradient_accumulation_steps
         micro = [next_batch() for _ in range(gas)]
         input_ids, labels = (torch.cat([b[key] for b in micro]).to(engine.device) for key in ("input_ids", "labels"))
-        with engine.forward_context():
+        with engine.phases("forward_backward"), engine.forward_context():
             loss = self.pipeline.train_step(input_ids, labels)
         engine.step_after_accumulation(gas)
         return {"loss": loss * gas}

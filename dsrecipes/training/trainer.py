@@ -30,6 +30,7 @@ from dsrecipes.models.config import padded_vocab_size
 from dsrecipes.models.hf_export import export_model
 from dsrecipes.models.hf_import import gpt_from_hf, tokenizer_for_training
 from dsrecipes.models.sampling import sample_tokens
+from dsrecipes.profiling.wall_clock import WallClockBreakdown
 from dsrecipes.training.assembly import build_engine
 from dsrecipes.training.batch import BatchSizes
 from dsrecipes.training.checkpoint import find_resume_checkpoint, newest_checkpoint
@@ -120,6 +121,10 @@ class Trainer:
         config_yaml = OmegaConf.to_yaml(to_dictconfig(cfg))
         self.engine = build_engine(self.gpt, cfg, self.batch, self.dims, config_yaml=config_yaml,
                                    transforms=self.extensions.model_transforms)
+        # trainer.wall_clock_breakdown: perf/<phase>_s in every log line (dsrecipes.profiling.wall_clock)
+        self.wall_clock = WallClockBreakdown(self.device) if cfg.trainer.wall_clock_breakdown else None
+        if self.wall_clock is not None:
+            self.engine.phases.add(self.wall_clock)
         self.log.info(
             "model: %s (%s), %s parameters", model_cfg.name, model_cfg.style, f"{self.gpt.num_params():,}"
         )
@@ -149,9 +154,10 @@ class Trainer:
 
     # ------------------------------------------------------------------ steps
     def _micro_batch(self, step: int) -> dict:
-        batch = {k: v.to(self.device, non_blocking=True) for k, v in next(self.train_batches).items()}
-        for hook in self.extensions.batch_hooks:
-            batch = hook(batch, step)
+        with self.engine.phases("data"):
+            batch = {k: v.to(self.device, non_blocking=True) for k, v in next(self.train_batches).items()}
+            for hook in self.extensions.batch_hooks:
+                batch = hook(batch, step)
         counter = self.extensions.token_counter
         self._step_tokens += counter(batch) if counter is not None else batch["input_ids"].numel()
         return batch
@@ -194,6 +200,8 @@ class Trainer:
         metrics = self.meter.window()
         if self.peak_flops:
             metrics["perf/mfu"] = metrics["perf/tokens_per_s"] * self.flops_per_token / (self.peak_flops * 1e12)
+        if getattr(self, "wall_clock", None) is not None:
+            metrics.update(self.wall_clock.window_metrics())
         if self.device.type == "cuda":
             metrics["mem/peak_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         return metrics

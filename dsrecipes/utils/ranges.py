@@ -233,6 +233,16 @@ RANGES: dict[str, Range] = {
     "sparse_attention.global_block_end_indices": at_least(1, nullable=True, null_means="one block per start"),
     "sparse_attention.num_sliding_window_blocks": POSITIVE_INT,
     "sparse_attention.seed": SEED,
+    # flops_profiler, profiler (against trainer.max_steps: dsrecipes.profiling.config)
+    "flops_profiler.profile_step": COUNT,
+    "flops_profiler.module_depth": at_least(-1),
+    "flops_profiler.top_modules": POSITIVE_INT,
+    "flops_profiler.recompute_fwd_factor": NON_NEGATIVE,
+    "profiler.wait": COUNT,
+    "profiler.warmup": COUNT,
+    "profiler.active": POSITIVE_INT,
+    "profiler.repeat": COUNT,
+    "profiler.memory_snapshot_max_entries": POSITIVE_INT,
     # generate (mode=generate / serve-bench)
     "generate.batch_size": POSITIVE_INT,
     "generate.max_new_tokens": COUNT,

@@ -391,6 +391,9 @@ CASES["rmsprop_warmup_cosine"] = ({
                                                        "warmup_num_steps": 30, "cos_min_ratio": 0.05,
                                                        "warmup_type": "linear"}},
     "zero_optimization": {"stage": 3, "cpu_offload_param": True},
+    "wall_clock_breakdown": True,
+    "flops_profiler": {"enabled": True, "recompute_fwd_factor": 0.5, "profile_step": 3, "module_depth": 2,
+                       "top_modules": 3, "detailed": False, "output_file": "prof.md"},
 }, """
 # @package _global_
 defaults:
@@ -400,6 +403,15 @@ trainer:
   train_batch_size: 16
   train_micro_batch_size_per_gpu: null
   gradient_accumulation_steps: 2
+  wall_clock_breakdown: true
+flops_profiler:
+  enabled: true
+  recompute_fwd_factor: 0.5
+  profile_step: 3
+  module_depth: 2
+  top_modules: 3
+  detailed: false
+  output_file: prof.md
 optimizer:
   lr: 0.01
   alpha: 0.9

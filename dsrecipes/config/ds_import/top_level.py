@@ -8,8 +8,9 @@ implements (compression_training, sparse_attention, the legacy curriculum_learni
 
 What "no effect" means here: a key that only changes speed, memory or log output in DeepSpeed
 (bucket sizes, timers, profilers, log destinations), or that dsrecipes does anyway. The flops
-profiler and comms logger have no dsrecipes counterpart yet (perf/mfu is logged from the model's
-flop count): accepted with no effect until they exist.
+profiler block maps onto the flops_profiler group and wall_clock_breakdown onto
+trainer.wall_clock_breakdown (dsrecipes.profiling); the comms logger has no dsrecipes counterpart
+yet: accepted with no effect until it exists.
 """
 
 from __future__ import annotations
@@ -80,8 +81,30 @@ COMET_TABLE: dict[str, Rule] = {key: NoEffect("no Comet logger in dsrecipes (Ten
                                                "the training is unaffected")
                                 for key in ("enabled", "samples_log_interval", "project", "workspace", "api_key",
                                             "experiment_name", "experiment_key", "online", "mode")}
-FLOPS_PROFILER_TABLE: dict[str, Rule] = {key: _NOT_YET for key in (
-    "enabled", "recompute_fwd_factor", "profile_step", "module_depth", "top_modules", "detailed", "output_file")}
+def _profile_step(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError("must be an integer >= 0 (the global step at which the profiled step starts)")
+    return value
+
+
+def _module_depth(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < -1:
+        raise ValueError("must be an integer >= -1 (-1: every level)")
+    return value
+
+
+FLOPS_PROFILER_TABLE: dict[str, Rule] = {  # DeepSpeed's defaults (profiling/constants.py) when the block leaves one out
+    "enabled": To("flops_profiler.enabled", default=False),
+    "recompute_fwd_factor": To("flops_profiler.recompute_fwd_factor", _float, default=0.0,
+                               note="reported beside the measured backward FLOPs (recomputation included)"),
+    "profile_step": To("flops_profiler.profile_step", _profile_step, default=1),
+    "module_depth": To("flops_profiler.module_depth", _module_depth, default=-1),
+    "top_modules": To("flops_profiler.top_modules", positive_int, default=1),
+    "detailed": To("flops_profiler.detailed", default=True),
+    "output_file": To("flops_profiler.output_file", default=None,
+                      note="Markdown there (a relative path inside the run directory) and JSON beside it; DeepSpeed "
+                           "writes text, and to stdout when null (dsrecipes: <run dir>/flops_profile.md)"),
+}
 COMMS_LOGGER_TABLE: dict[str, Rule] = {key: _NOT_YET for key in ("enabled", "verbose", "prof_all", "debug", "prof_ops")}
 ACTIVATION_CHECKPOINTING_TABLE: dict[str, Rule] = {
     "partition_activations": NoEffect("splits saved activations across model-parallel ranks: a memory option"),
@@ -176,7 +199,10 @@ TOP_LEVEL: dict[str, Rule] = {
     "flops_profiler": Sub(FLOPS_PROFILER_TABLE, "flops_profiler"),
     "comms_logger": Sub(COMMS_LOGGER_TABLE, "comms_logger"),
     "autotuning": NoEffect("a launcher feature (deepspeed --autotuning); dsrecipes sweeps with -m"),
-    "wall_clock_breakdown": _LOG, "memory_breakdown": _LOG, "dump_state": _LOG, "timers": _LOG,
+    "wall_clock_breakdown": To("trainer.wall_clock_breakdown",
+                               note="perf/{data,forward,backward,grad_reduce,optimizer}_s per log interval; not forced "
+                                    "on by flops_profiler.enabled as in DeepSpeed"),
+    "memory_breakdown": _LOG, "dump_state": _LOG, "timers": _LOG,
     "log_level": To("logger.level", one_of("log_level", _LOG_LEVELS)),
     "disable_python_gc": NoEffect("a speed option"),
     "vocabulary_size": NoEffect("DeepSpeed only warns when it is not a multiple of 8; the model sets the vocabulary"),

@@ -1,0 +1,20 @@
+"""The profilers a recipe turns on, as Trainer extensions (dsrecipes.training.extensions): the flops profiler
+(`flops_profiler` group) and torch.profiler traces (`profiler` group). The wall-clock breakdown
+(trainer.wall_clock_breakdown) is the Trainer's own, since its numbers join every log line."""
+
+from __future__ import annotations
+
+from dsrecipes.training.extensions import Extensions
+
+
+def profiling_extension(cfg) -> Extensions:
+    extensions = Extensions()
+    if cfg.flops_profiler.enabled:
+        from dsrecipes.profiling.flops_callback import FlopsProfilerCallback
+
+        extensions.callbacks.append(FlopsProfilerCallback(cfg.flops_profiler))
+    if cfg.profiler.enabled:
+        from dsrecipes.profiling.trace import TorchTraceCallback
+
+        extensions.callbacks.append(TorchTraceCallback(cfg.profiler))
+    return extensions
