@@ -29,6 +29,12 @@ from omegaconf import DictConfig
 from dsrecipes.config.store import register_configs
 
 register_configs()
+try:  # hydra/sweeper=autotune: Hydra's plugin scan misses it under an editable install (pip install -e)
+    from hydra_plugins.dsrecipes_autotune.autotune_sweeper import register as register_autotune_sweeper
+except ImportError:  # not installed alongside (a vendored copy of dsrecipes without its plugin package)
+    pass
+else:
+    register_autotune_sweeper()
 
 
 @hydra.main(config_path="pkg://dsrecipes.conf", config_name="config", version_base="1.3")
@@ -50,14 +56,11 @@ def run(cfg: DictConfig) -> dict | float:
     stop_on_signals()
     try:
         metric = cfg.get("optimized_metric")
+        check_optimized_metric(metric, str(cfg.mode))
         if cfg.mode != "train":  # generate / serve-bench: the inference engine, no training
             from dsrecipes.inference_cli import run_inference_mode
 
-            if metric is not None:
-                raise ValueError(f"optimized_metric={metric!r} needs mode=train (mode={cfg.mode} has no run summary "
-                                 "metrics); drop optimized_metric")
             return run_inference_mode(cfg, HydraConfig.get().runtime.output_dir, list(HydraConfig.get().overrides.task))
-        check_optimized_metric(metric)
         with warnings.catch_warnings():
             warnings.simplefilter("always")
             root, batch, nproc, joined = check_train_job(cfg)  # the Preflight callback ran it before the run dir

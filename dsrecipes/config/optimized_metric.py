@@ -29,10 +29,14 @@ SUMMARY_METRICS = (
 TRAINER_NAMESPACES = ("val", "train", "perf", "time")
 
 
-def check_optimized_metric(name: str | None) -> None:
-    """ValueError before any work when `name` cannot be in a run's summary (a typo such as val/los)."""
+def check_optimized_metric(name: str | None, mode: str = "train") -> None:
+    """ValueError before any work when `name` cannot be in a run's summary (a typo such as val/los, or a mode
+    that trains nothing). The Preflight callback runs it before Hydra creates the job's directory."""
     if name is None:
         return
+    if mode != "train":
+        raise ValueError(f"optimized_metric={name!r} needs mode=train (mode={mode} has no run summary "
+                         "metrics); drop optimized_metric")
     if not name or name.split("/", 1)[0] in TRAINER_NAMESPACES and name not in SUMMARY_METRICS:
         raise ValueError(f"optimized_metric={name!r} is not a metric of the run summary; choose one of: "
                          f"{', '.join(SUMMARY_METRICS)} (or an extension's summary metric, e.g. data/tokens_saved)")

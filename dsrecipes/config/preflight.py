@@ -89,6 +89,9 @@ def check_portable(cfg: DictConfig) -> None:
 
 def check_job(cfg: DictConfig) -> int | None:
     """All checks of one job's task config (no `hydra` node), whatever its mode; a training job's global batch."""
+    from dsrecipes.config.optimized_metric import check_optimized_metric
+
+    check_optimized_metric(cfg.get("optimized_metric"), str(cfg.mode))
     if cfg.mode == "train":
         return check_train_job(cfg)[1].train_batch_size
     check_inference_job(cfg)
