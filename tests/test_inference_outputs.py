@@ -116,7 +116,11 @@ def test_a_failed_inference_job_removes_its_directory(export, tmp_path, monkeypa
 def test_serve_bench_writes_its_table_beside_its_rows(export, tmp_path):
     _hydra_record(tmp_path / "run")
     out = _in_process([*SERVE_BENCH, f"checkpoint={export}"], tmp_path / "run")
-    assert sorted(os.listdir(tmp_path / "run")) == [".hydra", "serve_bench.csv", "serve_bench.json", "serve_bench.md"]
+    from dsrecipes.utils.charts import charts_available
+
+    chart = ["serve_bench.png"] if charts_available() else []  # a bar chart beside the rows, with matplotlib
+    assert sorted(os.listdir(tmp_path / "run")) == [".hydra", "serve_bench.csv", "serve_bench.json", "serve_bench.md",
+                                                    *chart]
     table = (tmp_path / "run" / "serve_bench.md").read_text().splitlines()
     assert table[0].startswith("## serve-bench: export ") and table[2].startswith("| impl | batch | TTFT ms |")
     assert len(table) == 4 + len(out["serve_bench"]) and table[4].startswith("| engine | 1 | ")
