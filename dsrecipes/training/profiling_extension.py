@@ -10,11 +10,11 @@ from dsrecipes.training.extensions import Extensions
 def profiling_extension(cfg) -> Extensions:
     extensions = Extensions()
     if cfg.flops_profiler.enabled:
-        from dsrecipes.profiling.flops_callback import FlopsProfilerCallback
+        from dsrecipes.training.flops_callback import FlopsProfilerCallback
 
         extensions.callbacks.append(FlopsProfilerCallback(cfg.flops_profiler))
     if cfg.profiler.enabled:
-        from dsrecipes.profiling.trace import TorchTraceCallback
+        from dsrecipes.training.trace_callback import TorchTraceCallback
 
         extensions.callbacks.append(TorchTraceCallback(cfg.profiler))
     return extensions
