@@ -23,6 +23,8 @@ import sys
 import tempfile
 import time
 
+from tests.helpers.forking import fork_is_safe
+
 _OFFLINE = {"WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
 
@@ -38,14 +40,7 @@ def run_cli(args: list[str], cwd, timeout: int = 240, env_extra: dict | None = N
 
 
 def _can_fork(env_extra: dict) -> bool:
-    if os.environ.get("DSRECIPES_TEST_FRESH_CLI") == "1" or not hasattr(os, "fork"):
-        return False
-    if any(key.startswith("HF_") for key in env_extra):
-        return False
-    import torch
-
-    return not (torch.distributed.is_available() and torch.distributed.is_initialized()) \
-        and not torch.cuda.is_initialized()
+    return fork_is_safe() and not any(key.startswith("HF_") for key in env_extra)
 
 
 def _forked_cli(args: list[str], cwd: str, env: dict, timeout: int) -> subprocess.CompletedProcess:

@@ -2,6 +2,8 @@
 
 Like DeepSpeed's DistributedTest: file-store rendezvous, every rank runs `fn(rank, world_size, *args)`,
 a rank that raises fails the test with its traceback, a hang past `timeout_s` fails instead of blocking.
+The ranks are forked from the test process where that is safe (tests/helpers/forking.py: no re-import
+of torch in each), else spawned.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import time
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from tests.helpers.forking import fork_is_safe
 
 
 def _entry(rank: int, fn, world_size: int, store_path: str, args: tuple) -> None:
@@ -31,7 +35,8 @@ def _entry(rank: int, fn, world_size: int, store_path: str, args: tuple) -> None
 def run_distributed(fn, world_size: int, *args, timeout_s: float = 240.0) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         context = mp.start_processes(
-            _entry, args=(fn, world_size, os.path.join(tmp, "store"), args), nprocs=world_size, join=False, start_method="spawn"
+            _entry, args=(fn, world_size, os.path.join(tmp, "store"), args), nprocs=world_size, join=False,
+            start_method="fork" if fork_is_safe() else "spawn",
         )
         deadline = time.monotonic() + timeout_s
         while not context.join(timeout=1.0):
