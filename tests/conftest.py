@@ -46,7 +46,10 @@ def fast_overrides(datasets_cache) -> list[str]:
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `gpu` need CUDA: skipped (with the reason) on machines without it."""
+    """The README examples first: their module is the suite's longest (one shared run of every example), and
+    xdist's loadscope hands modules out in this order, so it runs beside the rest instead of after it.
+    Tests marked `gpu` need CUDA: skipped (with the reason) on machines without it."""
+    items.sort(key=lambda item: item.nodeid.split("::")[0] != "tests/test_readme_examples.py")  # stable
     import torch
 
     if torch.cuda.is_available():

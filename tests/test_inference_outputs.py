@@ -153,7 +153,10 @@ def test_cli_serve_bench_writes_into_its_run_directory_and_a_failed_one_leaves_n
     result = run_cli([*SERVE_BENCH, f"checkpoint={export}"], cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     (run,) = (tmp_path / "outputs").glob("*/*")
-    assert sorted(os.listdir(run)) == [".hydra", "serve_bench.csv", "serve_bench.json", "serve_bench.md"]
+    from dsrecipes.utils.charts import charts_available
+
+    chart = ["serve_bench.png"] if charts_available() else []  # a bar chart beside the rows, with matplotlib
+    assert sorted(os.listdir(run)) == [".hydra", "serve_bench.csv", "serve_bench.json", "serve_bench.md", *chart]
     assert f"wrote {run}/serve_bench.csv" in result.stdout
     result = run_cli([*SERVE_BENCH, f"checkpoint={export}", "model.n_head=4"], cwd=tmp_path)
     assert result.returncode == 2 and "model.n_head=4 (checkpoint: 2)" in result.stderr

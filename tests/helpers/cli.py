@@ -77,6 +77,9 @@ def _child(args: list[str], cwd: str, env: dict, out_fd: int, err_fd: int) -> No
         os.environ.clear()
         os.environ.update(env)
         import logging
+        import warnings
+
+        _show_warnings_as_python_does(warnings)
 
         root = logging.getLogger()
         for handler in list(root.handlers):  # pytest's capture handlers belong to the test process
@@ -103,6 +106,22 @@ def _child(args: list[str], cwd: str, env: dict, out_fd: int, err_fd: int) -> No
             sys.stderr.flush()
         finally:
             os._exit(code)
+
+
+def _show_warnings_as_python_does(warnings) -> None:
+    """Warnings printed to stderr with the interpreter's default filters: pytest records them in the test
+    process (catch_warnings), which the fork would inherit, so a child's warnings would never be shown."""
+
+    def show(message) -> None:
+        sys.stderr.write(warnings.formatwarning(message.message, message.category, message.filename, message.lineno,
+                                                message.line))
+
+    warnings._showwarnmsg_impl = show
+    warnings.showwarning = warnings._showwarning_orig
+    warnings.resetwarnings()
+    for category in (ResourceWarning, ImportWarning, PendingDeprecationWarning, DeprecationWarning):
+        warnings.simplefilter("ignore", category)
+    warnings.filterwarnings("default", category=DeprecationWarning, module="__main__")
 
 
 def _wait(pid: int, timeout: float, args: list[str]) -> int:
