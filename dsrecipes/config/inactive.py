@@ -93,6 +93,10 @@ def _rules() -> list[Rule]:
              lambda r: "no data_efficiency technique is enabled", keys=("seed",)),
         Rule("flops_profiler", lambda r: not r.flops_profiler.enabled, lambda r: "flops_profiler.enabled=false "
              "(choose flops_profiler=enabled)", but=("enabled",)),
+        Rule("comms_logger", lambda r: not r.comms_logger.enabled, lambda r: "comms_logger.enabled=false "
+             "(choose comms_logger=enabled)", but=("enabled",)),
+        Rule("comms_logger", lambda r: r.comms_logger.prof_all, lambda r: "comms_logger.prof_all=true logs every op",
+             keys=("prof_ops",)),
         Rule("profiler", lambda r: not r.profiler.enabled, lambda r: "profiler.enabled=false (choose profiler=trace)",
              but=("enabled",)),
         Rule("profiler", lambda r: not r.profiler.memory_snapshot, lambda r: "profiler.memory_snapshot=false",

@@ -22,6 +22,7 @@ from dsrecipes.config.schema import RootConfig, validate_kernels_config
 from dsrecipes.data.config import validate_data_config
 from dsrecipes.data_efficiency.config import validate_data_efficiency_config
 from dsrecipes.distributed.activation_checkpoint import validate_activation_checkpoint_config
+from dsrecipes.distributed.comms_config import validate_comms_logger_config
 from dsrecipes.distributed.config import check_launcher_backend, validate_launcher_config, validate_zero_config
 from dsrecipes.distributed.parallel_dims import ParallelDims
 from dsrecipes.distributed.sequence_parallel import validate_sequence_parallel_recipe
@@ -214,6 +215,7 @@ def validate_recipe(cfg: RootConfig | DictConfig, dp_world_size: int | None = No
     validate_compression_config(root.compression, n_head=root.model.n_head, n_layer=root.model.n_layer)
     validate_sparse_attention_config(root.sparse_attention, root.model.n_head, root.data.block_size, root.model.dropout)
     validate_profiling_config(root.flops_profiler, root.profiler, root.trainer.max_steps)
+    validate_comms_logger_config(root.comms_logger)
     check_compatibility(root, dims)
     batch = validate_engine_config(root, world)
     warn_inactive_keys(root)

@@ -8,8 +8,8 @@
 * batch_hooks: `fn(batch, step) -> batch`, applied to every micro-batch before the forward
   (curriculum truncation, token dropping schedules).
 * callbacks: `Callback` objects told about train start/end, every optimizer step and every
-  evaluation (pruning / quantization schedules, profilers). Every callback's `state_dict()` is saved
-  in every checkpoint (client_state["callbacks"][state_key]) and restored on resume.
+  evaluation (pruning / quantization schedules, profilers), and closed on every exit path. Every
+  callback's `state_dict()` is saved in every checkpoint (client_state["callbacks"][state_key]) and restored on resume.
 * token_counter: `fn(batch) -> tokens` (at most one): how many tokens a micro-batch (after the batch
   hooks) counts as processed in perf/tokens_per_s; default its input_ids' size (random-LTD counts
   the tokens its layers kept, averaged over the layers).
@@ -73,6 +73,10 @@ class Callback:
     def on_eval_end(self, context: RunContext, step: int, metrics: dict) -> None: ...
 
     def on_train_end(self, context: RunContext, summary: dict) -> None: ...
+
+    def close(self) -> None:
+        """Called once on every exit path of Trainer.fit (errors included), after on_train_end: release
+        what on_train_start took (e.g. functions it wrapped); must be safe to call when it never started."""
 
     def state_dict(self) -> dict:
         return {}

@@ -1,6 +1,6 @@
 """The profilers a recipe turns on, as Trainer extensions (dsrecipes.training.extensions): the flops profiler
-(`flops_profiler` group) and torch.profiler traces (`profiler` group). The wall-clock breakdown
-(trainer.wall_clock_breakdown) is the Trainer's own, since its numbers join every log line."""
+(`flops_profiler` group), torch.profiler traces (`profiler` group) and the comms logger (`comms_logger` group).
+The wall-clock breakdown (trainer.wall_clock_breakdown) is the Trainer's own, since its numbers join every log line."""
 
 from __future__ import annotations
 
@@ -17,4 +17,8 @@ def profiling_extension(cfg) -> Extensions:
         from dsrecipes.training.trace_callback import TorchTraceCallback
 
         extensions.callbacks.append(TorchTraceCallback(cfg.profiler))
+    if cfg.comms_logger.enabled:
+        from dsrecipes.training.comms_callback import CommsLoggerCallback
+
+        extensions.callbacks.append(CommsLoggerCallback(cfg.comms_logger))
     return extensions

@@ -259,6 +259,8 @@ class Trainer:
             self._log_interrupted()
             raise
         finally:
+            for callback in self.extensions.callbacks:
+                callback.close()  # e.g. the comms logger's wrappers come off, errors included
             loggers = getattr(self, "loggers", None)
             if loggers is not None:
                 loggers.close()
