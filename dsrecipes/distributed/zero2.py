@@ -39,9 +39,18 @@ from torch.distributed.tensor import DTensor, Shard
 from dsrecipes.utils.modules import broadcast_module, cast_float_buffers, module_view
 
 BUCKET_BYTES = 25 * 2**20  # DDP's default bucket size
-# torch >= 2.10 names the flat-tensor collectives *_single (the *_tensor names are deprecated there)
-_reduce_scatter = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
-_all_gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+# torch >= 2.10 names the flat-tensor collectives *_single (the *_tensor names are deprecated there); looked
+# up on torch.distributed at every call, so that a wrapper put there later (the comms logger) sees them
+
+
+def _reduce_scatter(*args, **kwargs):
+    collective = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    return collective(*args, **kwargs)
+
+
+def _all_gather(*args, **kwargs):
+    collective = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return collective(*args, **kwargs)
 
 
 @dataclass

@@ -9,8 +9,8 @@ implements (compression_training, sparse_attention, the legacy curriculum_learni
 What "no effect" means here: a key that only changes speed, memory or log output in DeepSpeed
 (bucket sizes, timers, profilers, log destinations), or that dsrecipes does anyway. The flops
 profiler block maps onto the flops_profiler group and wall_clock_breakdown onto
-trainer.wall_clock_breakdown (dsrecipes.profiling); the comms logger has no dsrecipes counterpart
-yet: accepted with no effect until it exists.
+trainer.wall_clock_breakdown (dsrecipes.profiling); the comms_logger block onto the comms_logger group
+(dsrecipes.distributed.comms_logger).
 """
 
 from __future__ import annotations
@@ -35,10 +35,9 @@ from dsrecipes.config.ds_import.rules import (
 )
 from dsrecipes.config.ds_import.translation import Translation
 from dsrecipes.config.ds_import.zero import read_zero
+from dsrecipes.distributed.comms_config import COMM_OPS, canonical_op
 
 _LOG = NoEffect("a log / timing option; dsrecipes logs its own metrics (train/*, perf/*, mem/*)")
-_NOT_YET = NoEffect("no dsrecipes counterpart yet: perf/mfu and the step timings are logged; nothing in the training "
-                    "depends on it")
 _RUN_DIR = NoEffect("dsrecipes writes into the run directory (outputs/<date>/<time>_<name>/)")
 _CHECKPOINT_IO = NoEffect("dsrecipes writes its checkpoints with torch.distributed.checkpoint / torch.save")
 _LOG_LEVELS = {name: name.upper() for name in ("debug", "info", "warning", "error", "critical")} | \
@@ -93,6 +92,15 @@ def _module_depth(value: Any) -> int:
     return value
 
 
+def _prof_ops(value: Any) -> list[str]:
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise ValueError("must be a list of op names")
+    unknown = [v for v in value if canonical_op(v) not in COMM_OPS]
+    if unknown:
+        raise ValueError(f"unknown op name(s) {unknown}; valid: {', '.join(COMM_OPS)}")
+    return list(value)
+
+
 FLOPS_PROFILER_TABLE: dict[str, Rule] = {  # DeepSpeed's defaults (profiling/constants.py) when the block leaves one out
     "enabled": To("flops_profiler.enabled", default=False),
     "recompute_fwd_factor": To("flops_profiler.recompute_fwd_factor", _float, default=0.0,
@@ -105,7 +113,14 @@ FLOPS_PROFILER_TABLE: dict[str, Rule] = {  # DeepSpeed's defaults (profiling/con
                       note="Markdown there (a relative path inside the run directory) and JSON beside it; DeepSpeed "
                            "writes text, and to stdout when null (dsrecipes: <run dir>/flops_profile.md)"),
 }
-COMMS_LOGGER_TABLE: dict[str, Rule] = {key: _NOT_YET for key in ("enabled", "verbose", "prof_all", "debug", "prof_ops")}
+COMMS_LOGGER_TABLE: dict[str, Rule] = {  # DeepSpeed's defaults (comm/constants.py) when the block leaves one out
+    "enabled": To("comms_logger.enabled", default=False),
+    "verbose": To("comms_logger.verbose", default=False),
+    "prof_all": To("comms_logger.prof_all", default=True),
+    "debug": To("comms_logger.debug", default=False,
+                note="the caller's name is appended to each op's record, as DeepSpeed's '| [Caller Func: f]'"),
+    "prof_ops": To("comms_logger.prof_ops", _prof_ops, default=[]),
+}
 ACTIVATION_CHECKPOINTING_TABLE: dict[str, Rule] = {
     "partition_activations": NoEffect("splits saved activations across model-parallel ranks: a memory option"),
     "cpu_checkpointing": To("activation_checkpointing.cpu_offload",
