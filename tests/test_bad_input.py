@@ -176,6 +176,9 @@ ERRORS = [
     (["flops_profiler.module_depth=-2"], ["flops_profiler.module_depth=-2", "must be >= -1"]),
     (["profiler=trace", "trainer.max_steps=2"], ["profiler.wait=1", "profiler.warmup=1", "trainer.max_steps=2"]),
     (["profiler.active=0"], ["profiler.active=0", "must be >= 1"]),
+    # comms_logger (dsrecipes.distributed.comms_config)
+    (["comms_logger=enabled", "comms_logger.prof_ops=[allreduce]"],
+     ["comms_logger.prof_ops=['allreduce']", "unknown op name(s) ['allreduce']", "valid: all_reduce"]),
     # name: part of the run directory's name
     (["name="], ["name=''", "must not be empty"]),
     (["name=a/b"], ["name='a/b'", "single file name"]),

@@ -394,6 +394,7 @@ CASES["rmsprop_warmup_cosine"] = ({
     "wall_clock_breakdown": True,
     "flops_profiler": {"enabled": True, "recompute_fwd_factor": 0.5, "profile_step": 3, "module_depth": 2,
                        "top_modules": 3, "detailed": False, "output_file": "prof.md"},
+    "comms_logger": {"enabled": True, "verbose": True, "prof_all": False, "prof_ops": ["all_reduce"], "debug": True},
 }, """
 # @package _global_
 defaults:
@@ -412,6 +413,12 @@ flops_profiler:
   top_modules: 3
   detailed: false
   output_file: prof.md
+comms_logger:
+  enabled: true
+  verbose: true
+  prof_all: false
+  prof_ops: [all_reduce]
+  debug: true
 optimizer:
   lr: 0.01
   alpha: 0.9
