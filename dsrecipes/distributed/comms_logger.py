@@ -26,6 +26,9 @@ so it cannot be wrapped), the *_object collectives (pickled, of unknown size), c
 from C++ (DDP's initial broadcast), and names bound before start() (`from torch.distributed import
 all_reduce`).
 
+Under trainer.compile a collective inside the compiled model (MoE's all-to-all) meets the wrapper
+instead of torch's function while logging, so Dynamo traces or breaks the graph there: slower, same result.
+
 A message is DeepSpeed's (deepspeed/comm/utils.py get_msg_size_from_args): the bytes of the tensor
 (or tensors) this rank puts in: all_reduce's tensor, all_gather's input shard, reduce_scatter's whole
 input, all_to_all's input, broadcast / reduce / gather / scatter's tensor, barrier 0; uint8 / int8

@@ -260,7 +260,9 @@ class Trainer:
             raise
         finally:
             for callback in self.extensions.callbacks:
-                callback.close()  # e.g. the comms logger's wrappers come off, errors included
+                close = getattr(callback, "close", None)  # Callback.close; duck-typed callbacks may lack it
+                if close is not None:
+                    close()  # e.g. the comms logger's wrappers come off, errors included
             loggers = getattr(self, "loggers", None)
             if loggers is not None:
                 loggers.close()
