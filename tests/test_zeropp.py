@@ -273,3 +273,20 @@ def test_memory_estimate_adds_the_hpz_secondary_partition():
     assert (hpz.gradients, hpz.optimizer_states) == (plain.gradients, plain.optimizer_states)
     assert estimate_model_states(1_000_000, 8, 2, "bf16", hpz_partition_size=4) == \
         estimate_model_states(1_000_000, 8, 2, "bf16")  # hpZ is stage 3 only
+
+
+# ------------------------------------------------------------------------------------------------
+# DeepSpeed config import
+# ------------------------------------------------------------------------------------------------
+
+
+def test_deepspeed_zeropp_keys_map_onto_the_zero_keys():
+    from dsrecipes.config.ds_import import translate
+
+    ds = {"train_batch_size": 8, "zero_optimization": {"stage": 3, "zero_quantized_weights": True,
+                                                       "zero_quantized_gradients": True, "zero_hpz_partition_size": 8}}
+    config = translate(ds).as_config()
+    assert config["zero"] == {"stage": 3, "zero_quantized_weights": True, "zero_quantized_gradients": True,
+                              "zero_hpz_partition_size": 8}  # hpZ is no longer hybrid sharding
+    off = translate({"zero_optimization": {"stage": 3, "zero_hpz_partition_size": 1}}).as_config()
+    assert off["zero"] == {"stage": 3}
