@@ -290,3 +290,14 @@ def test_deepspeed_zeropp_keys_map_onto_the_zero_keys():
                               "zero_hpz_partition_size": 8}  # hpZ is no longer hybrid sharding
     off = translate({"zero_optimization": {"stage": 3, "zero_hpz_partition_size": 1}}).as_config()
     assert off["zero"] == {"stage": 3}
+
+
+@pytest.mark.gpu
+def test_cuda_blocks_use_the_int8_kernels_and_equal_the_references():
+    """On CUDA the blocks go through dsrecipes.kernels' Triton quantizer, bit-equal to the torch reference."""
+    x = torch.randn(4, 8192, device="cuda")
+    q, scale = quantize_int8_blocks(x, 4096)
+    q_ref, scale_ref = quantize_int8_blocks(x.cpu(), 4096)
+    assert torch.equal(q.cpu(), q_ref) and torch.equal(scale.cpu(), scale_ref)
+    for dtype in (torch.float32, torch.bfloat16):
+        assert torch.equal(dequantize_int8_blocks(q, scale, dtype).cpu(), dequantize_int8_blocks(q_ref, scale_ref, dtype))
