@@ -249,6 +249,11 @@ def test_bad_zeropp_input_fails_before_work_naming_the_keys(overrides, world, fr
         validate_recipe(compose(["model=gpt_debug", "model.dropout=0.0", *overrides]), dp_world_size=world)
 
 
+def test_a_bit_width_without_qgz_warns_it_has_no_effect():
+    with pytest.warns(UserWarning, match=re.escape("zero.zero_quantized_gradients_bits=4 has no effect")):
+        validate_recipe(compose(["zero.stage=3", "zero.zero_quantized_gradients_bits=4"]), dp_world_size=2)
+
+
 def test_valid_zeropp_recipes_pass_and_route_stage2_qgz_to_fsdp2():
     root, _ = validate_recipe(compose(["zero.stage=3", "zero.zero_quantized_weights=true",
                                        "zero.zero_quantized_gradients=true", "zero.zero_hpz_partition_size=2"]),

@@ -6,9 +6,9 @@ zero_quantized_gradients (qgZ; dsrecipes quantizes to int8 by default, DeepSpeed
 zero.zero_quantized_gradients_bits=4 matches it) and zero_hpz_partition_size (hpZ, > 1: FSDP2's
 secondary partition, reshard_after_forward=<size>; 0 and 1 are DeepSpeed's "off"). Refused: NVMe
 offload, quantized frozen weights (zero_quantized_nontrainable_weights), ZenFlow's asynchronous
-updates, and the keys DeepSpeed 0.19.7 removed (MiCS, LoCo). Every other key is a speed or memory knob of DeepSpeed's own partitioner (buckets,
-overlap, prefetching, persistence thresholds): accepted, no effect, since FSDP2 and
-ZeroRedundancyOptimizer do their own bucketing. "auto" bucket sizes (Hugging Face fills
+updates, and the keys DeepSpeed 0.19.7 removed (MiCS, LoCo). Every other key is a speed or memory
+knob of DeepSpeed's own partitioner (buckets, overlap, prefetching, persistence thresholds):
+accepted, no effect, since FSDP2 and ZeroRedundancyOptimizer do their own bucketing. "auto" bucket sizes (Hugging Face fills
 reduce_bucket_size with hidden_size^2, stage3_prefetch_bucket_size with 0.9 hidden_size^2,
 stage3_param_persistence_threshold with 10 hidden_size) have no effect either.
 """
