@@ -22,12 +22,7 @@ from dsrecipes.config.schema import RootConfig, validate_kernels_config
 from dsrecipes.data.config import validate_data_config
 from dsrecipes.data_efficiency.config import validate_data_efficiency_config
 from dsrecipes.distributed.activation_checkpoint import validate_activation_checkpoint_config
-from dsrecipes.distributed.config import (
-    check_launcher_backend,
-    check_zeropp_layout,
-    validate_launcher_config,
-    validate_zero_config,
-)
+from dsrecipes.distributed.config import check_launcher_backend, validate_launcher_config, validate_zero_config
 from dsrecipes.distributed.parallel_dims import ParallelDims
 from dsrecipes.distributed.sequence_parallel import validate_sequence_parallel_recipe
 from dsrecipes.models.config import validate_model_config
@@ -121,7 +116,9 @@ def validate_engine_config(cfg: RootConfig, world_size: int) -> BatchSizes:
     t = cfg.trainer
     validate_zero_config(cfg.zero)
     dims = parallel_dims(cfg, world_size)
-    check_zeropp_layout(cfg.zero, dims)
+    from dsrecipes.distributed.config import check_zeropp_layout  # imported here: keeps the import block as it was
+
+    check_zeropp_layout(cfg.zero, dims)  # ZeRO++ hpZ's group against the layout
     dp_world_size = dims.dp
     batch = resolve_batch_sizes(
         t.train_batch_size, t.train_micro_batch_size_per_gpu, t.gradient_accumulation_steps, dp_world_size
