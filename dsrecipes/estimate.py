@@ -44,6 +44,7 @@ def main(argv: list[str] | None = None) -> list:
         estimate_model_states(
             num_params, world_size, stage, cfg.precision.dtype, cfg.precision.master_weights,
             cfg.optimizer.name, getattr(cfg.optimizer, "momentum", 0.0),
+            hpz_partition_size=cfg.zero.zero_hpz_partition_size,
         )
         for stage in range(4)
     ]

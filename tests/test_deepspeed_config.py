@@ -121,12 +121,13 @@ def test_convert_ds_config_writes_the_same_experiment(tmp_path, capsys):
 def test_convert_ds_config_refuses_with_the_report_and_no_yaml(tmp_path, capsys):
     from dsrecipes import convert_ds_config
 
-    path = _write(tmp_path, "bad", {"train_batch_size": 8, "zero_optimization": {"zero_quantized_weights": True}})
+    path = _write(tmp_path, "bad", {"train_batch_size": 8,
+                                    "zero_optimization": {"zero_quantized_nontrainable_weights": True}})
     with pytest.raises(SystemExit) as exit_info:
         convert_ds_config.main([str(path)])
     out, err = capsys.readouterr()
     assert exit_info.value.code == 2 and out == ""
-    assert "dsrecipes: error:" in err and "zero_optimization.zero_quantized_weights=true" in err
+    assert "dsrecipes: error:" in err and "zero_optimization.zero_quantized_nontrainable_weights=true" in err
 
 
 # ------------------------------------------------------------------------------------------- batch triple
@@ -255,8 +256,10 @@ def test_a_disabled_precision_block_trains_fp32_and_autocast_maps():
 
 
 REFUSED = [
-    ({"zero_optimization": {"stage": 3, "zero_quantized_weights": True}}, "zero_optimization.zero_quantized_weights"),
-    ({"zero_optimization": {"stage": 3, "zero_quantized_gradients": True}}, "zero_optimization.zero_quantized_gradients"),
+    ({"zero_optimization": {"stage": 3, "zero_quantized_nontrainable_weights": True}},
+     "zero_optimization.zero_quantized_nontrainable_weights"),
+    ({"zero_optimization": {"stage": 3, "zero_quantized_gradients": "yes"}}, "zero_optimization.zero_quantized_gradients"),
+    ({"zero_optimization": {"stage": 3, "zero_hpz_partition_size": -2}}, "zero_optimization.zero_hpz_partition_size"),
     ({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/x"}}},
      "zero_optimization.offload_param.device"),
     ({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme"}}},

@@ -65,6 +65,8 @@ def _rules() -> list[Rule]:
              keys=("tp_sequence_parallel",)),
         Rule("zero", lambda r: r.zero.stage < 2, lambda r: f"zero.stage={r.zero.stage} replicates (hybrid sharding "
              "is for stages 2 and 3)", keys=("hybrid_shard_size",)),
+        Rule("zero", lambda r: not r.zero.zero_quantized_gradients, lambda r: "zero.zero_quantized_gradients=false "
+             "(the bit width is qgZ's)", keys=("zero_quantized_gradients_bits",)),
         Rule("activation_checkpointing", lambda r: r.activation_checkpointing.mode == "none", lambda r:
              "activation_checkpointing.mode=none", but=("mode",)),
         Rule("activation_checkpointing", lambda r: r.activation_checkpointing.mode == "full", lambda r:

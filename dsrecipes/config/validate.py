@@ -117,6 +117,9 @@ def validate_engine_config(cfg: RootConfig, world_size: int) -> BatchSizes:
     t = cfg.trainer
     validate_zero_config(cfg.zero)
     dims = parallel_dims(cfg, world_size)
+    from dsrecipes.distributed.config import check_zeropp_layout  # imported here: keeps the import block as it was
+
+    check_zeropp_layout(cfg.zero, dims)  # ZeRO++ hpZ's group against the layout
     dp_world_size = dims.dp
     batch = resolve_batch_sizes(
         t.train_batch_size, t.train_micro_batch_size_per_gpu, t.gradient_accumulation_steps, dp_world_size

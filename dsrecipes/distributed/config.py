@@ -68,14 +68,28 @@ class ZeroConfig:
 
     offload_optimizer / offload_param = cpu: FSDP2's CPUOffloadPolicy (sharded parameters, their
     gradients and the optimizer step live on the CPU); stages 2-3 only (stage 2 then runs on FSDP2).
-    hybrid_shard_size: shard within groups of this many ranks and replicate across groups (HSDP,
-    DeepSpeed's hpZ idea); 0 = shard across all data-parallel ranks.
+    hybrid_shard_size: shard within groups of this many ranks and replicate across groups (HSDP);
+    0 = shard across all data-parallel ranks.
+
+    ZeRO++ (DeepSpeed's keys and defaults; FSDP2 custom comms, dsrecipes.distributed.data_parallel.
+    quantized_collectives):
+    zero_quantized_weights (qwZ, stage 3): blockwise int8 all-gather of the parameter shards.
+    zero_quantized_gradients (qgZ, stage 2 or 3): gradient reduce-scatter as a blockwise quantized
+        all-to-all (stage 2 then runs on FSDP2); zero_quantized_gradients_bits (dsrecipes' key) picks
+        int8 (default) or int4 (packed two per byte; DeepSpeed's qgZ uses int4).
+    zero_hpz_partition_size (hpZ, stage 3): after forward, keep a secondary copy of the parameters
+        sharded within groups of this many ranks (FSDP2's reshard_after_forward=<int>), so backward's
+        all-gathers stay inside the group; 0 or 1 = off, as in DeepSpeed. Must divide the shard size.
     """
 
     stage: int = 0
     offload_optimizer: OffloadDevice = OffloadDevice.none
     offload_param: OffloadDevice = OffloadDevice.none
     hybrid_shard_size: int = 0
+    zero_quantized_weights: bool = False
+    zero_quantized_gradients: bool = False
+    zero_quantized_gradients_bits: int = 8  # 8 | 4 (dsrecipes' key, not DeepSpeed's)
+    zero_hpz_partition_size: int = 1
 
 
 @dataclass
@@ -132,6 +146,53 @@ def validate_zero_config(cfg: ZeroConfig, prefix: str = "zero") -> None:
         )
     if cfg.hybrid_shard_size < 0:
         raise ValueError(f"{prefix}.hybrid_shard_size={cfg.hybrid_shard_size} must be >= 0")
+    validate_zeropp_config(cfg, prefix)
+
+
+def validate_zeropp_config(cfg: ZeroConfig, prefix: str = "zero") -> None:
+    """ZeRO++ keys against the stage (what needs the layout is check_zeropp_layout's)."""
+    if cfg.zero_quantized_weights and cfg.stage < 3:
+        raise ValueError(f"{prefix}.zero_quantized_weights=true (qwZ) needs {prefix}.stage=3 (it quantizes the "
+                         f"all-gather of sharded parameters, as DeepSpeed's); got stage {cfg.stage}")
+    if cfg.zero_quantized_gradients and cfg.stage < 2:
+        raise ValueError(f"{prefix}.zero_quantized_gradients=true (qgZ) needs {prefix}.stage 2 or 3 (it quantizes the "
+                         f"gradient reduce-scatter); got stage {cfg.stage}")
+    if cfg.zero_quantized_gradients_bits not in (8, 4):
+        raise ValueError(f"{prefix}.zero_quantized_gradients_bits={cfg.zero_quantized_gradients_bits} is not valid; "
+                         "choose one of: 8, 4")
+    size = cfg.zero_hpz_partition_size
+    if size < 0:
+        raise ValueError(f"{prefix}.zero_hpz_partition_size={size} must be >= 0 (0 or 1 = off)")
+    if size > 1 and cfg.stage < 3:
+        raise ValueError(f"{prefix}.zero_hpz_partition_size={size} (hpZ) needs {prefix}.stage=3 (a secondary "
+                         f"partition of parameters resharded after forward); got stage {cfg.stage}")
+    if size > 1 and cfg.hybrid_shard_size > 0:
+        raise ValueError(f"{prefix}.zero_hpz_partition_size={size} and {prefix}.hybrid_shard_size="
+                         f"{cfg.hybrid_shard_size} both set: choose one (hybrid_shard_size shards every all-gather "
+                         "within groups and replicates across them; hpZ shards over all ranks and keeps only the "
+                         "backward all-gather inside groups)")
+
+
+def check_zeropp_layout(cfg: ZeroConfig, dims, prefix: str = "zero") -> None:
+    """hpZ's group must divide FSDP2's shard size (dp_shard x sp), on a mesh FSDP2 can regroup.
+
+    FSDP2 builds the secondary groups by viewing the shard mesh as (-1, size), which creates new
+    process groups over those ranks only: with tensor/pipeline/expert parallelism each model-parallel
+    slice would create different groups, so hpZ runs with data (and sequence) parallelism only.
+    """
+    size = cfg.zero_hpz_partition_size
+    if size <= 1 or cfg.stage < 3:
+        return
+    for key, degree in (("parallel.tp", dims.tp), ("parallel.pp", dims.pp), ("moe.ep_size", dims.ep)):
+        if degree > 1:
+            raise ValueError(f"{prefix}.zero_hpz_partition_size={size} (hpZ) with {key}={degree} is not supported: "
+                             f"hpZ needs plain data (or sequence) parallelism; set {prefix}.zero_hpz_partition_size=1 "
+                             f"or {key}=1")
+    shard = dims.dp_shard * dims.sp
+    if shard % size:
+        valid = ", ".join(str(d) for d in range(1, shard + 1) if shard % d == 0)
+        raise ValueError(f"{prefix}.zero_hpz_partition_size={size} does not divide the {shard} ranks parameters are "
+                         f"sharded over; valid sizes: {valid}")
 
 
 def resolve_nproc(cfg: LauncherConfig, zero: ZeroConfig, gpus: int) -> int:

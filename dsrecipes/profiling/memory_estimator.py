@@ -17,7 +17,9 @@ the same table the engine uses:
 
 b = 4 unless precision.master_weights keeps the model in bf16/fp16 (b = 2; its gradients then move
 to the fp32 masters: 4Ψ). Stage 2 combined with tensor/sequence/expert parallelism, hybrid sharding
-or CPU offload runs on FSDP2 and holds the stage-3 figures at rest.
+or CPU offload runs on FSDP2 and holds the stage-3 figures at rest. ZeRO++ hpZ (stage 3,
+zero.zero_hpz_partition_size = G > 1) adds its secondary parameter partition, bΨ/G (b of the
+all-gather dtype), held between forward and backward.
 s = optimizer state bytes per parameter (8 for Adam-family and LAMB, 4 for Lion, Adagrad and SGD
 with momentum, 0 for plain SGD). DeepSpeed's mixed-precision formula (ZeRO paper, K=12):
 16Ψ, 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N.
@@ -72,14 +74,18 @@ def estimate_model_states(
     master_weights: bool = False,
     optimizer: str = "adamw",
     momentum: float = 0.0,
+    hpz_partition_size: int = 1,
 ) -> MemoryEstimate:
     """Per-rank bytes of parameters, gradients and optimizer states held by dsrecipes' engine
-    (plain data parallelism over world_size ranks)."""
+    (plain data parallelism over world_size ranks). hpz_partition_size > 1 (ZeRO++ hpZ, stage 3)
+    adds the secondary partition, Ψ / hpz_partition_size per rank in the all-gather dtype."""
     dims = ParallelDims.from_degrees(world_size, zero_stage=stage)
     strategy = STRATEGIES[choose_strategy(ZeroConfig(stage=stage), dims)]
     model_bytes = _DTYPE_BYTES[precision] if master_weights else 4
+    hpz = {"hpz_partition_size": hpz_partition_size, "param_bytes": _DTYPE_BYTES[precision]} \
+        if stage == 3 and hpz_partition_size > 1 else {}
     held = strategy.model_state_bytes(num_params, world_size, model_bytes,
-                                      optimizer_state_bytes(optimizer, momentum), master_weights)
+                                      optimizer_state_bytes(optimizer, momentum), master_weights, **hpz)
     return MemoryEstimate(stage, world_size, held.parameters, held.gradients, held.optimizer_states,
                           deepspeed_model_state_bytes(num_params, world_size, stage))
 

@@ -163,6 +163,8 @@ RANGES: dict[str, Range] = {
     # zero, parallel, launcher
     "zero.stage": Range(choices=(0, 1, 2, 3)),
     "zero.hybrid_shard_size": COUNT,
+    "zero.zero_hpz_partition_size": COUNT,
+    "zero.zero_quantized_gradients_bits": Range(choices=(8, 4)),
     "parallel.tp": POSITIVE_INT,
     "parallel.pp": POSITIVE_INT,
     "parallel.sp": POSITIVE_INT,

@@ -22,6 +22,7 @@ CASES["fp16_adam_zero3"] = ({
                                                       "warmup_type": "log"}},
     "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": True},
                           "offload_param": {"device": "cpu"}, "zero_hpz_partition_size": 2, "overlap_comm": True,
+                          "zero_quantized_weights": True, "zero_quantized_gradients": True,
                           "stage3_prefetch_bucket_size": "auto"},
     "activation_checkpointing": {"cpu_checkpointing": True, "partition_activations": False},
     "tensorboard": {"enabled": False},
@@ -78,7 +79,9 @@ zero:
   stage: 3
   offload_optimizer: cpu
   offload_param: cpu
-  hybrid_shard_size: 2
+  zero_hpz_partition_size: 2
+  zero_quantized_weights: true
+  zero_quantized_gradients: true
 activation_checkpointing:
   mode: full
   cpu_offload: true

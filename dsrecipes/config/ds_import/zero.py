@@ -1,13 +1,14 @@
 """DeepSpeed's `zero_optimization` block -> the `zero` group.
 
 Mapped: stage, offload_optimizer / offload_param (device cpu; also the deprecated cpu_offload and
-cpu_offload_param flags), zero_hpz_partition_size (> 1 -> zero.hybrid_shard_size: HSDP shards
-within groups of that many ranks and replicates across them, the idea of hpZ; the numerics are the
-same). Refused: NVMe offload, ZeRO++'s quantized weights / gradients (they change the numerics and
-dsrecipes has no ZeRO++ yet), ZenFlow's asynchronous updates, and the keys DeepSpeed 0.19.7 removed
-(MiCS, LoCo). Every other key is a speed or memory knob of DeepSpeed's own partitioner (buckets,
-overlap, prefetching, persistence thresholds): accepted, no effect, since FSDP2 and
-ZeroRedundancyOptimizer do their own bucketing. "auto" bucket sizes (Hugging Face fills
+cpu_offload_param flags), and ZeRO++ onto the same-named zero keys: zero_quantized_weights (qwZ),
+zero_quantized_gradients (qgZ; dsrecipes quantizes to int8 by default, DeepSpeed to int4:
+zero.zero_quantized_gradients_bits=4 matches it) and zero_hpz_partition_size (hpZ, > 1: FSDP2's
+secondary partition, reshard_after_forward=<size>; 0 and 1 are DeepSpeed's "off"). Refused: NVMe
+offload, quantized frozen weights (zero_quantized_nontrainable_weights), ZenFlow's asynchronous
+updates, and the keys DeepSpeed 0.19.7 removed (MiCS, LoCo). Every other key is a speed or memory
+knob of DeepSpeed's own partitioner (buckets, overlap, prefetching, persistence thresholds):
+accepted, no effect, since FSDP2 and ZeroRedundancyOptimizer do their own bucketing. "auto" bucket sizes (Hugging Face fills
 reduce_bucket_size with hidden_size^2, stage3_prefetch_bucket_size with 0.9 hidden_size^2,
 stage3_param_persistence_threshold with 10 hidden_size) have no effect either.
 """
@@ -61,10 +62,13 @@ def _hpz(t: Translation, key: str, value: Any) -> None:
     if value in (0, 1) and not isinstance(value, bool):
         t.ignored(key, value, "DeepSpeed's default: no secondary partition")
     elif isinstance(value, int) and not isinstance(value, bool) and value > 1:
-        t.mapped(key, value, "zero.hybrid_shard_size", value,
-                 "HSDP: shard within groups of this many ranks, replicate across; same numerics as hpZ")
+        t.mapped(key, value, "zero.zero_hpz_partition_size", value,
+                 "hpZ: FSDP2 keeps a secondary parameter partition within groups of this many ranks after forward")
     else:
-        t.refused(key, value, "must be a positive integer")
+        t.refused(key, value, "must be a non-negative integer")
+
+
+_ZEROPP_FLAG = one_of("the value", {True: True, False: False})
 
 
 def _legacy_offload(kind: str) -> Rule:
@@ -88,16 +92,17 @@ ZERO_TABLE: dict[str, Rule] = {
     "cpu_offload_param": _legacy_offload("param"),
     "cpu_offload_use_pin_memory": _OFFLOAD_SPEED,
     "zero_hpz_partition_size": Custom(_hpz),
-    "zero_quantized_weights": RefuseUnless("ZeRO++ quantized weights (qwZ) change the numerics; dsrecipes has no "
-                                           "ZeRO++ yet"),
-    "zero_quantized_nontrainable_weights": RefuseUnless("quantized frozen weights change the numerics; dsrecipes has "
-                                                        "no ZeRO++ yet"),
-    "zero_quantized_gradients": RefuseUnless("ZeRO++ quantized gradients (qgZ) change the numerics; dsrecipes has no "
-                                             "ZeRO++ yet"),
+    "zero_quantized_weights": To("zero.zero_quantized_weights", _ZEROPP_FLAG,
+                                 note="qwZ: blockwise int8 all-gather of the parameter shards"),
+    "zero_quantized_nontrainable_weights": RefuseUnless("storing frozen weights quantized changes the numerics; "
+                                                        "dsrecipes keeps them in the parameter dtype"),
+    "zero_quantized_gradients": To("zero.zero_quantized_gradients", _ZEROPP_FLAG,
+                                   note="qgZ: quantized all-to-all gradient reduce-scatter, int8 "
+                                        "(zero.zero_quantized_gradients_bits=4 for DeepSpeed's int4)"),
     "zenflow": RefuseUnless("ZenFlow applies low-priority gradient updates asynchronously (stale), which changes the "
                             "training; dsrecipes steps every parameter at every step"),
-    "mics_shard_size": RefuseUnless(f"MiCS was {_REMOVED}; use zero_hpz_partition_size (dsrecipes: "
-                                    "zero.hybrid_shard_size)", ok=(-1, None)),
+    "mics_shard_size": RefuseUnless(f"MiCS was {_REMOVED}; its layout is dsrecipes' zero.hybrid_shard_size (shard "
+                                    "within groups, replicate across)", ok=(-1, None)),
     "mics_hierarchical_params_gather": RefuseUnless(f"MiCS was {_REMOVED}"),
     "zeropp_loco_param": RefuseUnless(f"LoCo error feedback changes the numerics and was {_REMOVED}", ok=(None,)),
     "compute_grad_norm": NoEffect("dsrecipes always computes the gradient norm (train/grad_norm); DeepSpeed needs "

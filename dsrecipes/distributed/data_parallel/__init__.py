@@ -6,8 +6,8 @@
 | allreduce | one flat gradient all-reduce per step, no wrapper | pipeline parallelism (a schedule runs the stages) |
 | ddp | DistributedDataParallel | zero.stage=0 |
 | zero1 | DDP + ZeroRedundancyOptimizer | zero.stage=1 |
-| zero2 | replicated parameters, bucketed gradient reduce-scatter, sharded optimizer (DeepSpeed's layout) | zero.stage=2 over plain data parallelism |
-| fsdp2 | FSDP2 fully_shard | zero.stage=3, or stage 2 with tp/sp/ep, hybrid sharding or offload |
+| zero2 | replicated parameters, bucketed gradient reduce-scatter, sharded optimizer (DeepSpeed's layout) | zero.stage=2 over plain data parallelism, without qgZ |
+| fsdp2 | FSDP2 fully_shard (ZeRO++'s qwZ/qgZ/hpZ as its custom comms) | zero.stage=3, or stage 2 with tp/sp/ep, hybrid sharding, offload or qgZ (zero.zero_quantized_gradients) |
 
 Adding a mechanism (compressed all-reduce, quantized ZeRO collectives, NVMe placement ...):
 
@@ -63,9 +63,10 @@ CHOICE: tuple[Choice, ...] = (
     Choice("allreduce", "pipeline parallelism", lambda zero, dims: dims.pp > 1),
     Choice("ddp", "zero.stage=0", lambda zero, dims: zero.stage == 0),
     Choice("zero1", "zero.stage=1", lambda zero, dims: zero.stage == 1),
-    Choice("zero2", "zero.stage=2 over plain data parallelism",
-           lambda zero, dims: zero.stage == 2 and _plain_data_parallel(zero, dims)),
-    Choice("fsdp2", "zero.stage=3, or stage 2 with tp/sp/ep, hybrid sharding or offload",
+    Choice("zero2", "zero.stage=2 over plain data parallelism, without qgZ",
+           lambda zero, dims: zero.stage == 2 and _plain_data_parallel(zero, dims)
+           and not getattr(zero, "zero_quantized_gradients", False)),
+    Choice("fsdp2", "zero.stage=3, or stage 2 with tp/sp/ep, hybrid sharding, offload or qgZ",
            lambda zero, dims: zero.stage >= 2),
 )
 

@@ -7,7 +7,9 @@
 * `zero.offload_optimizer/offload_param=cpu`: FSDP2's CPUOffloadPolicy (sharded parameters, their
   gradients and the optimizer step on the CPU);
 * mixed precision is FSDP2's MixedPrecisionPolicy: parameters all-gathered in bf16/fp16, gradients
-  reduced in fp32, the sharded fp32 parameters being the master weights.
+  reduced in fp32, the sharded fp32 parameters being the master weights;
+* ZeRO++ (quantized_collectives.py): qwZ / qgZ as FSDP2 custom all-gather / reduce-scatter on every
+  unit, hpZ as reshard_after_forward=<zero.zero_hpz_partition_size>.
 
 Every nn.ModuleList member (the transformer blocks) is one FSDP unit, then the root.
 """
@@ -18,6 +20,7 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
+from dsrecipes.distributed.data_parallel import quantized_collectives as zeropp
 from dsrecipes.distributed.data_parallel.base import DataParallelStrategy, ModelStateBytes
 
 
@@ -48,14 +51,14 @@ class FSDP2Strategy(DataParallelStrategy):
         param_dtype = precision.compute_dtype if precision.compute_dtype != torch.float32 else None
         kwargs = dict(
             mesh=self.dims.get_mesh("fsdp"),
-            reshard_after_forward=self.zero.stage == 3,
+            reshard_after_forward=zeropp.reshard_after_forward(self.zero),
             mp_policy=MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32),
             offload_policy=CPUOffloadPolicy(pin_memory=self.device.type == "cuda") if self.offload else OffloadPolicy(),
             ignored_params=ignored_params or None,
         )
-        for block in repeated_blocks(model):
-            fully_shard(block, **kwargs)
-        fully_shard(model, **kwargs)
+        for unit in [*repeated_blocks(model), model]:
+            fully_shard(unit, **kwargs)
+            zeropp.install(unit, self.zero)
         self.unwrapped = self.module = model
         return model
 
@@ -73,8 +76,14 @@ class FSDP2Strategy(DataParallelStrategy):
         layout = (f"hybrid: shard over {self.dims.dp_shard * self.dims.sp}, replicate over {self.dims.dp_replicate}"
                   if self.dims.dp_replicate > 1 else f"over {self.dims.dp_shard * self.dims.sp} ranks")
         offload = ", CPU offload" if self.offload else ""
-        return f"FSDP2 (zero.stage={self.zero.stage}): {what} ({layout}){offload}"
+        zeropp_clause = zeropp.describe(self.zero, self.dims.dp_shard * self.dims.sp)
+        return f"FSDP2 (zero.stage={self.zero.stage}): {what} ({layout}){offload}{zeropp_clause}"
 
     @classmethod
-    def model_state_bytes(cls, num_params, world, model_bytes, state_bytes, master_weights) -> ModelStateBytes:
-        return ModelStateBytes(4 * num_params / world, 4 * num_params / world, state_bytes * num_params / world)
+    def model_state_bytes(cls, num_params, world, model_bytes, state_bytes, master_weights,
+                          hpz_partition_size: int = 1, param_bytes: int = 4) -> ModelStateBytes:
+        """hpz_partition_size > 1 (hpZ) adds the secondary partition held between forward and backward:
+        num_params / hpz_partition_size per rank in the all-gather dtype (param_bytes: 2 for bf16/fp16)."""
+        secondary = param_bytes * num_params / hpz_partition_size if hpz_partition_size > 1 else 0
+        return ModelStateBytes(4 * num_params / world + secondary, 4 * num_params / world,
+                               state_bytes * num_params / world)
