@@ -132,3 +132,133 @@ def _bytes_sent(rank: int, world: int) -> None:
 def test_compressed_allreduce_sends_under_a_twentieth_of_fp32():
     """The collectives are looked up at call time (a logger wrapping them sees them) and send n/8 + n/16 + 8 bytes."""
     run_distributed(_bytes_sent, 2, timeout_s=50)
+
+
+# ---------------------------------------------------------------------------------------------------
+# the optimizers in one process: warm-up = the uncompressed counterpart, 0/1 Adam's schedule
+# ---------------------------------------------------------------------------------------------------
+
+from dsrecipes.training.lamb import Lamb  # noqa: E402
+from dsrecipes.training.onebit_adam import OneBitAdam  # noqa: E402
+from dsrecipes.training.onebit_lamb import OneBitLamb  # noqa: E402
+from dsrecipes.training.zero_one_adam import ZeroOneAdam  # noqa: E402
+
+
+def _params(seed: int = 0) -> list[torch.nn.Parameter]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.nn.Parameter(torch.randn(shape, generator=g)) for shape in ((7, 5), (5,), (3, 2, 2))]
+
+
+def _run(make, steps: int, seed: int = 0) -> tuple[list[torch.Tensor], torch.optim.Optimizer]:
+    params = _params(seed)
+    optimizer = make(params)
+    g = torch.Generator().manual_seed(seed + 1)
+    for _ in range(steps):
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=g)
+        optimizer.step()
+    return [p.detach().clone() for p in params], optimizer
+
+
+def _no_bias_correction_adam(params, lr, betas, eps, wd, steps, seed) -> list[torch.Tensor]:
+    """DeepSpeed OnebitAdam's warm-up by hand: m / (sqrt(v) + eps) + wd p, no bias correction."""
+    g = torch.Generator().manual_seed(seed + 1)
+    m = [torch.zeros_like(p) for p in params]
+    v = [torch.zeros_like(p) for p in params]
+    for _ in range(steps):
+        for i, p in enumerate(params):
+            grad = torch.randn(p.shape, generator=g)
+            m[i] = betas[0] * m[i] + (1 - betas[0]) * grad
+            v[i] = betas[1] * v[i] + (1 - betas[1]) * grad * grad
+            p.data -= lr * (m[i] / (v[i].sqrt() + eps) + wd * p.data)
+    return [p.detach() for p in params]
+
+
+KW = dict(lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+
+
+def test_warmup_equals_the_uncompressed_counterparts_exactly():
+    """Before the freeze: onebitadam / zerooneadam (bias_correction=true) are torch AdamW bit for bit;
+    onebitlamb is dsrecipes' Lamb without bias correction bit for bit; DeepSpeed's default (no bias
+    correction) is the hand-written update within fp32 rounding."""
+    adamw, _ = _run(lambda ps: torch.optim.AdamW(ps, foreach=False, **KW), 5)
+    for make in (lambda ps: OneBitAdam(ps, freeze_step=10, bias_correction=True, **KW),
+                 lambda ps: ZeroOneAdam(ps, var_freeze_step=10, var_update_scaler=100, bias_correction=True, **KW)):
+        got, _ = _run(make, 5)
+        for a, b in zip(got, adamw):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+    lamb, _ = _run(lambda ps: Lamb(ps, bias_correction=False, **KW), 5)
+    got, _ = _run(lambda ps: OneBitLamb(ps, freeze_step=10, **KW), 5)
+    for a, b in zip(got, lamb):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    hand = _no_bias_correction_adam(_params(), KW["lr"], KW["betas"], KW["eps"], KW["weight_decay"], 5, 0)
+    got, _ = _run(lambda ps: OneBitAdam(ps, freeze_step=10, **KW), 5)
+    for a, b in zip(got, hand):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_zero_one_adam_schedule_against_hand_computation():
+    """var_update_scaler=2, var_freeze_step=10, local_step_scaler=3, local_step_clipper=4, by hand:
+    variance interval 1 for 2 updates (steps 1, 2), 2 for 2 (4, 6), then 4 (8); step t is frozen once
+    t - 1 > 10, i.e. from step 12; local interval 1 for 3 steps (12-14), 2 for 3 (15-17: sync at 16),
+    then 4, clipped at 4 (sync at 20, 24, 28)."""
+    expected = (["full", "full", "onebit", "full", "onebit", "full", "onebit", "full", "onebit", "onebit", "onebit"]
+                + ["sync", "sync", "sync", "local", "sync", "local", "local", "local", "sync", "local", "local",
+                   "local", "sync", "local", "local", "local", "sync"])
+    params = _params()
+    opt = ZeroOneAdam(params, var_freeze_step=10, var_update_scaler=2, local_step_scaler=3, local_step_clipper=4,
+                      **KW)
+    kinds, v_changed = [], []
+    g = torch.Generator().manual_seed(3)
+    for _ in expected:
+        kinds.append(opt.schedule_kind())
+        assert opt.needs_gradient_allreduce() == (kinds[-1] == "full")
+        before = opt.state[params[0]]["exp_avg_sq"].clone() if opt.state else torch.zeros_like(params[0])
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=g)
+        opt.step()
+        v_changed.append(not torch.equal(before, opt.state[params[0]]["exp_avg_sq"]))
+    assert kinds == expected
+    assert v_changed == [k == "full" for k in expected]  # the variance moves only at the "full" steps
+    assert opt.state[params[0]]["lrs"] == 0.0  # step 28 synchronised
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=g)
+    opt.step()  # step 29: a local step
+    assert opt.state[params[0]]["lrs"] == KW["lr"] and opt.schedule_kind() == "local"
+
+
+def test_one_process_compression_stage_is_adam_with_a_frozen_variance():
+    """Without a process group nothing is compressed: after the freeze v stays put and m keeps moving."""
+    _, opt = _run(lambda ps: OneBitAdam(ps, freeze_step=3, **KW), 3)
+    frozen = [opt.state[p]["exp_avg_sq"].clone() for g in opt.param_groups for p in g["params"]]
+    params = [p for g in opt.param_groups for p in g["params"]]
+    for p in params:
+        p.grad = torch.ones_like(p)
+    opt.step()
+    assert opt.compression_errors == {}
+    for p, v in zip(params, frozen):
+        assert torch.equal(opt.state[p]["exp_avg_sq"], v)
+    _, lamb = _run(lambda ps: OneBitLamb(ps, freeze_step=3, **KW), 6)
+    for p in [p for g in lamb.param_groups for p in g["params"]]:
+        state = lamb.state[p]
+        assert 0.5 <= state["last_factor"] <= 4.0 and state["lamb_coeff_freeze"] > 0 and "scaling_coeff" in state
+
+
+def test_masks_and_state_dict():
+    """exp_avg_mask zeroes the masked momentum entries after the freeze; it is not saved, and the current
+    groups' masks survive load_state_dict, which also drops the compression errors."""
+    params = _params()
+    mask = torch.ones(7, 5)
+    mask[3:] = 0
+    opt = OneBitAdam([{"params": [params[0]], "exp_avg_mask": mask}, {"params": params[1:]}], freeze_step=2, **KW)
+    for _ in range(4):
+        for p in params:
+            p.grad = torch.randn_like(p)
+        opt.step()
+    assert torch.all(opt.state[params[0]]["exp_avg"][3:] == 0)
+    saved = opt.state_dict()
+    assert all("exp_avg_mask" not in g for g in saved["param_groups"])
+    opt.compression_errors["fake"] = CompressionErrors.for_tensor(3, 2, "cpu")
+    opt.load_state_dict(saved)
+    assert opt.compression_errors == {} and opt.param_groups[0]["exp_avg_mask"] is mask
+    assert int(opt.state[params[0]]["step"]) == 4
