@@ -221,6 +221,7 @@ def test_zero_one_adam_schedule_against_hand_computation():
     assert kinds == expected
     assert v_changed == [k == "full" for k in expected]  # the variance moves only at the "full" steps
     assert opt.state[params[0]]["lrs"] == 0.0  # step 28 synchronised
+    assert torch.equal(opt.state[params[0]]["params_at_sync"], params[0])
     for p in params:
         p.grad = torch.randn(p.shape, generator=g)
     opt.step()  # step 29: a local step
@@ -262,3 +263,92 @@ def test_masks_and_state_dict():
     opt.load_state_dict(saved)
     assert opt.compression_errors == {} and opt.param_groups[0]["exp_avg_mask"] is mask
     assert int(opt.state[params[0]]["step"]) == 4
+
+
+# ---------------------------------------------------------------------------------------------------
+# at world 2 through dsrecipes.initialize: the onebit strategy, warm-up = counterpart, compression, reload
+# ---------------------------------------------------------------------------------------------------
+
+
+def _engine(optimizer: dict, world: int):
+    import dsrecipes
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+    cfg = {"zero": {"stage": 0}, "lr_scheduler": {"name": "constant"}, "optimizer": optimizer,
+           "trainer": {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 16 // world,
+                       "gradient_accumulation_steps": None, "device": "cpu", "gradient_clipping": 1.0}}
+    engine, *_ = dsrecipes.initialize(model=model, config=cfg)
+    return engine
+
+
+def _train(engine, rank: int, world: int, steps: range) -> None:
+    for step in steps:
+        g = torch.Generator().manual_seed(step)
+        x, y = torch.randn(16, 6, generator=g), torch.randn(16, 3, generator=g)
+        loss = torch.nn.functional.mse_loss(engine(x.chunk(world)[rank]), y.chunk(world)[rank])
+        engine.backward(loss)
+        engine.step()
+
+
+def _flat(engine) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in engine.module.parameters()])
+
+
+def _same_on_every_rank(engine, world: int, atol: float = 0.0) -> None:
+    mine = _flat(engine)
+    every = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(every, mine)
+    for other in every:
+        torch.testing.assert_close(other, mine, rtol=0, atol=atol, msg=type(engine.optimizer).__name__)
+
+
+ADAMW = {"name": "adamw", "lr": 1e-2, "betas": [0.9, 0.95], "weight_decay": 0.1}
+ONEBIT = {"lr": 1e-2, "betas": [0.9, 0.95], "weight_decay": 0.1}
+
+
+def _world2_checks(rank: int, world: int, folder: str) -> None:
+    adamw = _engine(ADAMW, world)
+    _train(adamw, rank, world, range(4))
+    lamb = _engine({"name": "lamb", **ONEBIT, "bias_correction": False}, world)
+    _train(lamb, rank, world, range(4))
+    for cfg, reference in (({"name": "onebitadam", "freeze_step": 10, "bias_correction": True}, adamw),
+                           ({"name": "zerooneadam", "var_freeze_step": 10, "var_update_scaler": 100,
+                             "bias_correction": True}, adamw),
+                           ({"name": "onebitlamb", "freeze_step": 10}, lamb)):
+        engine = _engine({**ONEBIT, **cfg}, world)
+        assert engine.strategy.name == "onebit"
+        _train(engine, rank, world, range(4))
+        assert torch.equal(_flat(engine), _flat(reference)), cfg["name"]  # warm-up: exactly the counterpart
+
+    for cfg in ({"name": "onebitadam", "freeze_step": 2}, {"name": "onebitlamb", "freeze_step": 2},
+                {"name": "zerooneadam", "var_freeze_step": 3, "var_update_scaler": 1, "local_step_scaler": 2,
+                 "local_step_clipper": 2}):
+        engine = _engine({**ONEBIT, **cfg}, world)
+        _train(engine, rank, world, range(8))
+        assert engine.module.require_backward_grad_sync is False  # DDP's all-reduce is off after the freeze
+        assert engine.optimizer.compression_errors, cfg["name"]
+        assert all(torch.isfinite(p).all() for p in engine.module.parameters())
+        _same_on_every_rank(engine, world)  # the compressed average is the same everywhere
+
+    # checkpoint reload after the freeze: moments and steps come back, the compression errors do not
+    engine = _engine({**ONEBIT, "name": "onebitadam", "freeze_step": 2}, world)
+    _train(engine, rank, world, range(4))
+    engine.save_checkpoint(folder)
+    resumed = _engine({**ONEBIT, "name": "onebitadam", "freeze_step": 2}, world)
+    resumed.load_checkpoint(folder)
+    assert resumed.optimizer.compression_errors == {} and resumed.optimizer.steps_taken() == 4
+    assert torch.equal(_flat(resumed), _flat(engine))
+    assert not resumed.optimizer.needs_gradient_allreduce()
+    _train(resumed, rank, world, range(4, 6))
+    assert resumed.optimizer.compression_errors and resumed.module.require_backward_grad_sync is False
+    _same_on_every_rank(resumed, world)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_world_2_strategy_warmup_compression_and_reload(tmp_path):
+    """At world 2 (gloo): the onebit strategy is chosen; before the freeze each optimizer equals its
+    counterpart bit for bit (the same DDP all-reduce feeds both); after it DDP's sync is off, the ranks
+    stay identical and errors exist; a reload restores the step and resets the errors."""
+    run_distributed(_world2_checks, 2, str(tmp_path / "ckpt"), timeout_s=140)

@@ -13,11 +13,14 @@ Per parameter p at step t (1-based); lr, betas (b1, b2), eps, wd as in Adam (wei
       p = p (1 - lr wd) - lr (m / c1) / (sqrt(v) / c2 + eps)
 * local-step stage, t - 1 > var_freeze_step (v frozen, DDP's all-reduce off for good): each rank
   takes local steps with its own gradient, m = b1 m + (1 - b1) g, u = m / d + wd p with
-  d = sqrt(v) / c2 + eps, p = p - lr u, and accumulates acc -= lr u and lrs += lr. At steps where
-  t % local_step_interval == 0 it synchronises: the local moves are undone (p -= acc), acc * d is
-  averaged by the 1-bit all-reduce (its own error buffers: DeepSpeed resets the errors here because
-  they now compensate another quantity), then m = -(acc * d)_avg / lrs and p += (acc * d)_avg / d;
-  acc and lrs restart from 0. local_step_interval starts at 1 and doubles after every
+  d = sqrt(v) / c2 + eps, p = p - lr u, and accumulates lrs += lr. At steps where
+  t % local_step_interval == 0 it synchronises: the local moves since the last sync,
+  acc = p - p_sync (DeepSpeed's momentum accumulator, the sum of -lr u), are scaled by d and
+  averaged by the 1-bit all-reduce (own error buffers: DeepSpeed resets the errors here because
+  they now compensate another quantity), then m = -(acc d)_avg / lrs and p = p_sync + (acc d)_avg / d;
+  lrs restarts from 0. (DeepSpeed undoes the local moves with p -= acc, which leaves each rank its
+  own rounding, so the replicas drift apart; starting from the saved p_sync keeps them identical.)
+  local_step_interval starts at 1 and doubles after every
   local_step_scaler steps, up to local_step_clipper.
 
 c1 = 1 - b1^t and c2 = sqrt(1 - b2^k) (k: variance updates so far) with bias_correction; 1 without
@@ -26,7 +29,8 @@ c1 = 1 - b1^t and c2 = sqrt(1 - b2^k) (k: variance updates so far) with bias_cor
 Differences from DeepSpeed, deliberate: its first step() only allocates buffers (its counters run
 one ahead, see dsrecipes.training.onebit_base); on checkpoint reload DeepSpeed resets the whole
 schedule (intervals, counters, the momentum accumulator) with the errors, while here the schedule
-and accumulator are saved and restored and only the compression errors reset.
+and accumulator are saved and restored and only the compression errors
+reset; the accumulator is kept as the parameters at the last sync.
 """
 
 from __future__ import annotations
@@ -119,7 +123,6 @@ class ZeroOneAdam(OneBitOptimizer):
         state["step"] = torch.tensor(0.0)
         state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
         state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-        state["momentum_accumulator"] = torch.zeros_like(p, memory_format=torch.preserve_format)
         state.update(var_interval=1, var_counter=0, var_updates=0, local_step_interval=1, local_step_counter=0,
                      lrs=0.0)
 
@@ -153,7 +156,9 @@ class ZeroOneAdam(OneBitOptimizer):
     def _local_stage(self, p, state: dict, group: dict, kind: str, t: int) -> None:
         beta1, beta2 = group["betas"]
         lr, wd = group["lr"], group["weight_decay"]
-        m, acc = state["exp_avg"], state["momentum_accumulator"]
+        m = state["exp_avg"]
+        if "params_at_sync" not in state:  # the first local step: the ranks' common starting point
+            state["params_at_sync"] = p.detach().clone()
         m.lerp_(p.grad, 1 - beta1)
         state["lrs"] += lr
         denom = self._denominator(state, group)
@@ -162,15 +167,15 @@ class ZeroOneAdam(OneBitOptimizer):
         if wd != 0.0:
             update.add_(p, alpha=wd)
         p.add_(update, alpha=-lr)
-        acc.add_(update, alpha=-lr)
         if kind == "sync":
-            p.sub_(acc)  # undo the local moves; replay the ranks' average of them
-            acc.mul_(denom)
-            self.compress_(acc, (p, "momentum"))
-            self.apply_mask_(group, acc)
-            torch.div(acc, -state["lrs"], out=m)
-            p.add_(acc / denom)
-            acc.zero_()
+            start = state["params_at_sync"]
+            moved = (p - start).mul_(denom)  # the local moves (DeepSpeed's accumulator), in momentum units
+            self.compress_(moved, (p, "momentum"))
+            self.apply_mask_(group, moved)
+            torch.div(moved, -state["lrs"], out=m)
+            # the ranks' average move replayed from the common start: identical parameters on every rank
+            torch.add(start, moved / denom, out=p)
+            start.copy_(p)
             state["lrs"] = 0.0
         state["local_step_counter"] += 1
         if state["local_step_counter"] == self.local_step_scaler:
