@@ -263,7 +263,7 @@ REFUSED = [
      "zero_optimization.offload_optimizer.device"),
     ({"zero_optimization": {"stage": 2, "overlap_com": True}}, "zero_optimization.overlap_com"),
     ({"zero_optimization": {"stage": 4}}, "zero_optimization.stage"),
-    ({"optimizer": {"type": "OneBitAdam", "params": {"lr": 1e-3}}}, "optimizer.type"),
+    ({"optimizer": {"type": "MuAdam", "params": {"lr": 1e-3}}}, "optimizer.type"),
     ({"optimizer": {"type": "sgd", "params": {"lr": 1e-3}}}, "optimizer.type"),
     ({"optimizer": {"params": {"lr": 1e-3}}}, "optimizer.type"),
     ({"optimizer": {"type": "Adam", "params": {"max_grad_norm": 1.0}}}, "optimizer.params.max_grad_norm"),
