@@ -60,6 +60,10 @@ CASES = {
                                                                  2, "moe.ep_size=2 with precision.master_weights=true"),
     "pruning with zero.stage 2/3 at dp > 1": (["compression=prune_sparse", "zero.stage=3"], 2,
                                               "compression.sparse_pruning.enabled=true with zero.stage=3"),
+    "1-bit optimizers with zero.stage >= 1": (["optimizer=onebitadam", "zero.stage=1"], 2,
+                                              "optimizer=onebitadam with zero.stage=1 is not supported"),
+    "1-bit optimizers with tp / pp / sp / ep": (["optimizer=onebitlamb", "parallel.sp=2"], 2,
+                                                "optimizer=onebitlamb with parallel.sp=2 is not supported yet"),
 }
 
 

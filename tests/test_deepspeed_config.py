@@ -266,7 +266,7 @@ REFUSED = [
      "zero_optimization.offload_optimizer.device"),
     ({"zero_optimization": {"stage": 2, "overlap_com": True}}, "zero_optimization.overlap_com"),
     ({"zero_optimization": {"stage": 4}}, "zero_optimization.stage"),
-    ({"optimizer": {"type": "OneBitAdam", "params": {"lr": 1e-3}}}, "optimizer.type"),
+    ({"optimizer": {"type": "MuAdam", "params": {"lr": 1e-3}}}, "optimizer.type"),
     ({"optimizer": {"type": "sgd", "params": {"lr": 1e-3}}}, "optimizer.type"),
     ({"optimizer": {"params": {"lr": 1e-3}}}, "optimizer.type"),
     ({"optimizer": {"type": "Adam", "params": {"max_grad_norm": 1.0}}}, "optimizer.params.max_grad_norm"),
@@ -411,13 +411,13 @@ def test_cli_trains_a_deepspeed_config_with_an_override_on_top(tmp_path, fast_ov
 def test_cli_refuses_a_deepspeed_config_it_cannot_honour_in_one_line(tmp_path, monkeypatch, capsys):
     from dsrecipes import __main__ as cli
 
-    path = _write(tmp_path, "bad", {"optimizer": {"type": "ZeroOneAdam", "params": {}}})
+    path = _write(tmp_path, "bad", {"optimizer": {"type": "MuAdam", "params": {}}})
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["dsrecipes", f"deepspeed_config={path}"])
     with pytest.raises(SystemExit) as exit_info:
         cli.main()
     err = capsys.readouterr().err.strip().splitlines()
-    assert exit_info.value.code == 2 and len(err) == 1 and "optimizer.type=ZeroOneAdam" in err[0]
+    assert exit_info.value.code == 2 and len(err) == 1 and "optimizer.type=MuAdam" in err[0]
     assert not (tmp_path / "outputs").exists()
 
 

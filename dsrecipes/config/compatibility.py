@@ -157,6 +157,29 @@ def _pruning_sharded(root, dims):
     return None
 
 
+_ONEBIT = ("onebitadam", "zerooneadam", "onebitlamb")
+
+
+def _onebit_zero(root, dims):
+    if root.optimizer.name in _ONEBIT and root.zero.stage >= 1:
+        return (f"optimizer={root.optimizer.name} with zero.stage={root.zero.stage} is not supported: the 1-bit "
+                "optimizers average the whole momentum themselves, which ZeRO's sharded optimizer states and "
+                "gradients cannot give them (DeepSpeed refuses it too); use zero.stage=0")
+    return None
+
+
+def _onebit_model_parallel(root, dims):
+    if root.optimizer.name not in _ONEBIT:
+        return None
+    for key, degree in (("parallel.tp", dims.tp), ("parallel.pp", dims.pp), ("parallel.sp", dims.sp),
+                        ("moe.ep_size", dims.ep)):
+        if degree > 1:
+            return (f"optimizer={root.optimizer.name} with {key}={degree} is not supported yet: the onebit strategy "
+                    "compresses plain data-parallel momentum only (untested with model-parallel layouts); use "
+                    f"{key}=1 or optimizer=adam / lamb")
+    return None
+
+
 REFUSED: tuple[Refusal, ...] = (
     Refusal("pp with sp", "not implemented yet", _pp(lambda r: r.parallel.sp > 1, "parallel.sp")),
     Refusal("pp with MoE", "not implemented yet", _pp(lambda r: r.moe.enabled, "moe.num_experts")),
@@ -184,6 +207,10 @@ REFUSED: tuple[Refusal, ...] = (
     Refusal("moe.ep_size > 1 with fp32 master weights at zero.stage 0",
             "full-state checkpoints would hold one rank's experts", _ep_masters_stage0),
     Refusal("pruning with zero.stage 2/3 at dp > 1", "pruning masks need unsharded parameters", _pruning_sharded),
+    Refusal("1-bit optimizers with zero.stage >= 1", "they average the whole momentum themselves (DeepSpeed refuses "
+            "it too)", _onebit_zero),
+    Refusal("1-bit optimizers with tp / pp / sp / ep", "not implemented yet (plain data parallelism only)",
+            _onebit_model_parallel),
 )
 
 SUPPORTED: tuple[Supported, ...] = (

@@ -97,12 +97,18 @@ def parallelize(model: nn.Module, dims: ParallelDims, cfg, precision, device: to
                        f"{[list(r) for r in pipeline.block_ranges]}")
     expert_parallel = _expert_parallel(model, dims, cfg.moe, applied)
     layout = GradientLayout(expert_parallel=expert_parallel, pipeline=pipeline)
-    strategy = build_strategy(cfg.zero, dims, precision, device, layout)
+    strategy = build_strategy(cfg.zero, dims, precision, device, layout, optimizer=_optimizer_name(cfg))
     ignored = expert_parallel.ignored_params if expert_parallel is not None else None
     module = strategy.wrap(model, ignored_params=ignored)
     for line in applied:
         log.info(line)
     return ParallelPlan(module, dims, strategy, pipeline, sequence_parallel, expert_parallel, applied)
+
+
+def _optimizer_name(cfg) -> str | None:
+    """The optimizer option's name (the onebit strategy is chosen by it), if the config has one."""
+    optimizer = getattr(cfg, "optimizer", None)
+    return getattr(optimizer, "name", None)
 
 
 # ---------------------------------------------------------------------------------------------------

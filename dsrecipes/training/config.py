@@ -238,6 +238,60 @@ class LionConfig(OptimizerConfig):
 
 
 @dataclass
+class OneBitAdamConfig(OptimizerConfig):
+    """optimizer=onebitadam: DeepSpeed's OnebitAdam (dsrecipes.training.onebit_adam): Adam for freeze_step
+    updates, then the variance frozen and the momentum averaged by a 1-bit compressed all-reduce
+    (the `onebit` data-parallel strategy). bias_correction false is DeepSpeed's update (its flag is unused)."""
+
+    name: str = "onebitadam"
+    _target_: str = "dsrecipes.training.onebit_adam.OneBitAdam"
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    freeze_step: int = 100000
+    bias_correction: bool = False
+
+
+@dataclass
+class ZeroOneAdamConfig(OptimizerConfig):
+    """optimizer=zerooneadam: DeepSpeed's ZeroOneAdam (dsrecipes.training.zero_one_adam): variance updated at
+    exponentially spaced steps until var_freeze_step, 1-bit compressed gradients in between, then local
+    steps with 1-bit momentum syncs at intervals growing up to local_step_clipper."""
+
+    name: str = "zerooneadam"
+    _target_: str = "dsrecipes.training.zero_one_adam.ZeroOneAdam"
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    var_freeze_step: int = 100000
+    var_update_scaler: int = 16
+    local_step_scaler: int = 32678
+    local_step_clipper: int = 16
+    bias_correction: bool = False
+
+
+@dataclass
+class OneBitLambConfig(OptimizerConfig):
+    """optimizer=onebitlamb: DeepSpeed's OnebitLamb (dsrecipes.training.onebit_lamb): LAMB for freeze_step
+    updates, then frozen (averaged) trust coefficients scaled by a bounded factor and the momentum averaged
+    by a 1-bit compressed all-reduce."""
+
+    name: str = "onebitlamb"
+    _target_: str = "dsrecipes.training.onebit_lamb.OneBitLamb"
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    freeze_step: int = 100000
+    max_coeff: float = 10.0
+    min_coeff: float = 0.01
+    coeff_beta: float = 0.9
+    factor_max: float = 4.0
+    factor_min: float = 0.5
+    factor_threshold: float = 0.1
+    bias_correction: bool = False
+
+
+@dataclass
 class RMSpropConfig(OptimizerConfig):
     """optimizer=rmsprop: a plain torch.optim class as an option (its arguments as keys)."""
 
@@ -426,7 +480,7 @@ class CustomLRSchedulerConfig(ExtraArguments, LRSchedulerConfig):
 OPTIMIZER_SCHEMAS: dict[str, type] = {
     cls.name: cls
     for cls in (AdamWConfig, AdamConfig, SGDConfig, AdagradConfig, LambConfig, LionConfig, RMSpropConfig,
-                CustomOptimizerConfig)
+                OneBitAdamConfig, ZeroOneAdamConfig, OneBitLambConfig, CustomOptimizerConfig)
 }
 LR_SCHEDULER_SCHEMAS: dict[str, type] = {
     cls.name: cls

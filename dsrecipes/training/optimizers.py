@@ -25,6 +25,8 @@ Each option names its class in `_target_` and its constructor arguments as flat 
     sgd      torch.optim.SGD (momentum, nesterov)
     adagrad  torch.optim.Adagrad (lr_decay, eps)
     lamb     dsrecipes.training.lamb.Lamb (FusedLamb's update and trust-ratio clamp)
+    onebitadam / zerooneadam / onebitlamb   DeepSpeed's 1-bit optimizers (dsrecipes.training.onebit_adam,
+             zero_one_adam, onebit_lamb), run by the `onebit` data-parallel strategy
     lion     dsrecipes.training.lion.Lion
     rmsprop  torch.optim.RMSprop
     custom   any class by import path (optimizer._target_=torch.optim.NAdam), its arguments flat,
@@ -367,6 +369,29 @@ def _check_values(cfg: OptimizerConfig, prefix: str) -> None:
             f"{prefix}.min_coeff={items['min_coeff']} and {prefix}.max_coeff={items['max_coeff']}: "
             "need 0 <= min_coeff <= max_coeff"
         )
+    _check_onebit_values(items, prefix)
+
+
+# the 1-bit optimizers' step counts and their least valid value (freeze_step: at least one warm-up update)
+_ONEBIT_STEPS = {"freeze_step": 1, "var_freeze_step": 0, "var_update_scaler": 1, "local_step_scaler": 1,
+                 "local_step_clipper": 1}
+
+
+def _check_onebit_values(items: dict[str, Any], prefix: str) -> None:
+    """onebitadam / zerooneadam / onebitlamb: integer step keys, LAMB's factor bounds and coeff_beta."""
+    for key, minimum in _ONEBIT_STEPS.items():
+        value = items.get(key)
+        if key in items and (isinstance(value, bool) or not isinstance(value, int) or value < minimum):
+            why = " (the variance freezes at the end of the uncompressed warm-up, which needs a step)" \
+                if key == "freeze_step" else ""
+            raise ValueError(f"{prefix}.{key}={value!r} must be an integer >= {minimum}{why}")
+    if "factor_min" in items and not 0 < items["factor_min"] <= items["factor_max"]:
+        raise ValueError(f"{prefix}.factor_min={items['factor_min']} and {prefix}.factor_max={items['factor_max']}: "
+                         "need 0 < factor_min <= factor_max")
+    if "factor_threshold" in items and not 0 <= items["factor_threshold"] < 1:
+        raise ValueError(f"{prefix}.factor_threshold={items['factor_threshold']} must be in [0, 1)")
+    if "coeff_beta" in items and not 0 <= items["coeff_beta"] < 1:
+        raise ValueError(f"{prefix}.coeff_beta={items['coeff_beta']} must be in [0, 1)")
 
 
 def validate_optimizer_config(cfg: OptimizerConfig, prefix: str = "optimizer") -> None:

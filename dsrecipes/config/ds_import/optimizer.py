@@ -3,8 +3,11 @@
 optimizer.type is read as DeepSpeed reads it: its own names case-insensitively (Adam, AdamW, Lamb,
 Lion, Adagrad -> optimizer=adam / adamw / lamb / lion / adagrad), any other name as a torch.optim
 class, case-sensitively (SGD, RMSprop -> sgd / rmsprop, anything else -> optimizer=custom with
-_target_=torch.optim.<type>). The communication-compressed (OneBitAdam, ZeroOneAdam, OneBitLamb),
-muP (MuAdam, MuAdamW, MuSGD) and Muon optimizers are refused. Params the block leaves out take the
+_target_=torch.optim.<type>). The communication-compressed OneBitAdam, ZeroOneAdam and OneBitLamb map to
+optimizer=onebitadam / zerooneadam / onebitlamb with their params (comm_backend_name and cuda_aware
+have no effect: dsrecipes compresses over torch.distributed; bias_correction neither: DeepSpeed's
+1-bit optimizers never apply it, so optimizer.bias_correction stays false, their update). muP
+(MuAdam, MuAdamW, MuSGD) and Muon optimizers are refused. Params the block leaves out take the
 defaults of the class DeepSpeed builds (FusedAdam / FusedLamb / FusedLion: betas (0.9, 0.999),
 weight_decay 0; torch_adam: torch's own), not the recipe's. DeepSpeed hands its optimizer the
 parameters as given, one weight decay for all, so no_decay_bias_and_norm is false.
@@ -75,6 +78,32 @@ LION_TABLE: dict[str, Rule] = {
     "set_grad_none": NoEffect("zeroing is the engine's"), "fp32_optimizer_states": _FP32_STATES,
     "max_grad_norm": _NO_MAX_GRAD_NORM,
 }
+_ONEBIT_COMMON: dict[str, Rule] = {
+    "lr": _param("lr", 1e-3), "betas": _param("betas", [0.9, 0.999]), "eps": _param("eps", 1e-8),
+    "weight_decay": _param("weight_decay", 0.0),
+    "bias_correction": NoEffect("DeepSpeed's 1-bit optimizers take it but never apply it; optimizer.bias_correction "
+                                "stays false, their update"),
+    "eps_inside_sqrt": NoEffect("DeepSpeed's 1-bit optimizers take it but never apply it"),
+    "amsgrad": RefuseUnless("DeepSpeed's 1-bit optimizers do not support AMSGrad (they raise)"),
+    "cuda_aware": NoEffect("MPI backend only; dsrecipes compresses over torch.distributed (gloo / NCCL)"),
+    "comm_backend_name": NoEffect("dsrecipes' compressed all-reduce runs over torch.distributed (gloo / NCCL) "
+                                  "whatever the backend name"),
+    "max_grad_norm": _NO_MAX_GRAD_NORM,
+}
+ONEBIT_ADAM_TABLE: dict[str, Rule] = {**_ONEBIT_COMMON, "freeze_step": To("optimizer.freeze_step", default=100000)}
+ZERO_ONE_ADAM_TABLE: dict[str, Rule] = {
+    **_ONEBIT_COMMON, **{k: To(f"optimizer.{k}", default=d) for k, d in (
+        ("var_freeze_step", 100000), ("var_update_scaler", 16), ("local_step_scaler", 32678),
+        ("local_step_clipper", 16))},
+}
+ONEBIT_LAMB_TABLE: dict[str, Rule] = {
+    **_ONEBIT_COMMON, **{k: To(f"optimizer.{k}", default=d) for k, d in (
+        ("freeze_step", 100000), ("max_coeff", 10.0), ("min_coeff", 0.01), ("coeff_beta", 0.9), ("factor_max", 4.0),
+        ("factor_min", 0.5), ("factor_threshold", 0.1))},
+}
+ONEBIT_TABLES = {"onebitadam": (ONEBIT_ADAM_TABLE, "DeepSpeed's OnebitAdam"),
+                 "zerooneadam": (ZERO_ONE_ADAM_TABLE, "DeepSpeed's ZeroOneAdam"),
+                 "onebitlamb": (ONEBIT_LAMB_TABLE, "DeepSpeed's OnebitLamb")}
 _TORCH_EXTRAS: dict[str, Rule] = {
     "maximize": RefuseUnless("maximizing is not supported by dsrecipes' optimizer options"),
     "foreach": _KERNELS, "fused": _KERNELS, "capturable": _KERNELS,
@@ -98,10 +127,6 @@ RMSPROP_TABLE: dict[str, Rule] = {
     "centered": To("optimizer.centered", default=False), **_TORCH_EXTRAS,
 }
 REFUSED_OPTIMIZERS = {
-    "onebitadam": "1-bit Adam compresses gradient communication (an approximation); dsrecipes has no compressed "
-                  "optimizers",
-    "zerooneadam": "0/1 Adam freezes the variance and skips communication rounds; dsrecipes has no compressed optimizers",
-    "onebitlamb": "1-bit LAMB compresses gradient communication; dsrecipes has no compressed optimizers",
     "muadam": "muP optimizers (the mup package) scale lr per parameter shape; not supported",
     "muadamw": "muP optimizers (the mup package) scale lr per parameter shape; not supported",
     "musgd": "muP optimizers (the mup package) scale lr per parameter shape; not supported",
@@ -160,6 +185,9 @@ def _optimizer_option(name: str, params: Mapping[str, Any]) -> tuple[str | None,
         adam_w = lower == "adamw" or params.get("adam_w_mode", True) is not False
         where = "torch" if torch_adam else "DeepSpeed's FusedAdam defaults"
         return lower, _adam_table(lower, torch_adam, adam_w), f"{'AdamW' if adam_w else 'Adam'}, {where}"
+    if lower in ONEBIT_TABLES:
+        table, note = ONEBIT_TABLES[lower]
+        return lower, table, note
     if lower in DEEPSPEED_OPTIMIZERS:
         tables = {"lamb": (LAMB_TABLE, "FusedLamb's update and defaults"), "lion": (LION_TABLE, "FusedLion's defaults"),
                   "adagrad": (ADAGRAD_TABLE, "torch.optim.Adagrad")}

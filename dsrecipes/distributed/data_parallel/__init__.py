@@ -4,6 +4,7 @@
 |---|---|---|
 | none | nothing to replicate or shard | one data-parallel rank (dp x sp = 1) |
 | allreduce | one flat gradient all-reduce per step, no wrapper | pipeline parallelism (a schedule runs the stages) |
+| onebit | DDP until the 1-bit optimizer's freeze, then its compressed momentum all-reduce (data_parallel/onebit.py) | optimizer onebitadam / zerooneadam / onebitlamb with zero.stage=0 |
 | ddp | DistributedDataParallel | zero.stage=0 |
 | zero1 | DDP + ZeroRedundancyOptimizer | zero.stage=1 |
 | zero2 | replicated parameters, bucketed gradient reduce-scatter, sharded optimizer (DeepSpeed's layout) | zero.stage=2 over plain data parallelism, without qgZ |
@@ -30,12 +31,14 @@ from dsrecipes.distributed.data_parallel.allreduce import BoundaryAllReduceStrat
 from dsrecipes.distributed.data_parallel.base import DataParallelStrategy, GradientLayout, ModelStateBytes
 from dsrecipes.distributed.data_parallel.ddp import DDPStrategy
 from dsrecipes.distributed.data_parallel.fsdp2 import FSDP2Strategy
+from dsrecipes.distributed.data_parallel.onebit import ONEBIT_OPTIMIZERS, OneBitStrategy
 from dsrecipes.distributed.data_parallel.zero1 import ZeroStage1Strategy
 from dsrecipes.distributed.data_parallel.zero2 import ReplicatedZeroStage2Strategy
 
 STRATEGIES: dict[str, type[DataParallelStrategy]] = {
     "none": DataParallelStrategy,
     "allreduce": BoundaryAllReduceStrategy,
+    "onebit": OneBitStrategy,
     "ddp": DDPStrategy,
     "zero1": ZeroStage1Strategy,
     "zero2": ReplicatedZeroStage2Strategy,
@@ -56,11 +59,14 @@ class Choice:
     strategy: str
     when: str  # in words, for the docs and the run log
     applies: Callable  # (zero: ZeroConfig, dims: ParallelDims) -> bool
+    optimizers: tuple[str, ...] = ()  # non-empty: the row applies only to these optimizer options
 
 
 CHOICE: tuple[Choice, ...] = (
     Choice("none", "one data-parallel rank (dp x sp = 1)", lambda zero, dims: dims.dp_sp == 1),
     Choice("allreduce", "pipeline parallelism", lambda zero, dims: dims.pp > 1),
+    Choice("onebit", "optimizer onebitadam / zerooneadam / onebitlamb with zero.stage=0",
+           lambda zero, dims: zero.stage == 0, ONEBIT_OPTIMIZERS),
     Choice("ddp", "zero.stage=0", lambda zero, dims: zero.stage == 0),
     Choice("zero1", "zero.stage=1", lambda zero, dims: zero.stage == 1),
     Choice("zero2", "zero.stage=2 over plain data parallelism, without qgZ",
@@ -71,17 +77,21 @@ CHOICE: tuple[Choice, ...] = (
 )
 
 
-def choose_strategy(zero, dims) -> str:
-    """The name of the data-parallel strategy for this ZeRO config and layout (the first CHOICE row that applies)."""
+def choose_strategy(zero, dims, optimizer: str | None = None) -> str:
+    """The name of the data-parallel strategy for this ZeRO config, layout and optimizer option name
+    (the first CHOICE row that applies)."""
     for choice in CHOICE:
+        if choice.optimizers and optimizer not in choice.optimizers:
+            continue
         if choice.applies(zero, dims):
             return choice.strategy
     raise AssertionError(f"no data-parallel strategy for zero.stage={zero.stage}")  # the last row covers stage >= 2
 
 
-def build_strategy(zero, dims, precision, device, layout: GradientLayout | None = None) -> DataParallelStrategy:
-    """The strategy object for this run (its meshes come from `dims`)."""
-    return STRATEGIES[choose_strategy(zero, dims)](dims, zero, precision, device, layout)
+def build_strategy(zero, dims, precision, device, layout: GradientLayout | None = None,
+                   optimizer: str | None = None) -> DataParallelStrategy:
+    """The strategy object for this run (its meshes come from `dims`; optimizer: the optimizer option's name)."""
+    return STRATEGIES[choose_strategy(zero, dims, optimizer)](dims, zero, precision, device, layout)
 
 
 __all__ = ["CHOICE", "STRATEGIES", "DataParallelStrategy", "GradientLayout", "ModelStateBytes", "build_strategy",
