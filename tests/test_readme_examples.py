@@ -79,6 +79,11 @@ VALIDATE_ONLY = [
     (r"\+experiment=gpt_ulysses_long\b", "2 workers; SP=2 through the CLI: tests/test_sequence_parallel_recipe.py"),
     (r"\+experiment=gpt_pp\b", "2 workers; PP=2 (every schedule): tests/test_pipeline_parallel.py"),
     (r"\+experiment=gpt_moe_ep\b", "2 workers; EP=2: tests/test_moe_distributed.py"),
+    (r"optimizer=(onebitadam|zerooneadam|onebitlamb)", "2 workers; the 1-bit optimizers at world 2: tests/test_onebit.py "
+                                                       "(and the communication benchmark's README example)"),
+    (r"zero\.zero_quantized_weights=true", "2 workers; ZeRO++ at world 2: tests/test_zeropp.py"),
+    (r"comms_logger=enabled zero\.stage=2", "2 workers; the comms logger in a world-2 Trainer: tests/test_comms_logger.py "
+                                             "(and through the CLI: the communication benchmark's README example)"),
 ]
 RUN_ALL = os.environ.get("DSRECIPES_README_ALL") == "1"
 
@@ -113,6 +118,10 @@ MODULE_ARGS = [
                                                             "--eval-interval", "2", "--eval-batches", "1",
                                                             "--max-bytes", "300000", "--cache-dir", "{cache}"],
      "4 variants x 4 steps instead of x 100"),
+    (r"^python -m dsrecipes\.benchmarks\.communication", ["--world-size", "2", "--steps", "4", "--freeze", "2",
+                                                           "--log-interval", "1", "--eval-batches", "1", "--max-bytes",
+                                                           "300000", "--variants", "onebitadam", "--cache-dir", "{cache}"],
+     "adamw vs onebitadam at world 2 for 4 steps (freeze at 2) instead of 19 runs x 400 steps"),
 ]
 
 # A README command that says to re-run it: run twice. The first run is shortened to 1 step (the

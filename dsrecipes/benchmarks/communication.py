@@ -9,7 +9,10 @@ per run) and differs only in its optimizer or its ZeRO++ keys:
 
   optimizers (zero.stage=0):  adamw, onebitadam, zerooneadam (Adam family, compared with adamw),
                               lamb, onebitlamb (compared with lamb); the 1-bit optimizers freeze at
-                              --freeze (default 25% of the steps)
+                              --freeze (default 25% of the steps). Each pair runs the same update
+                              until the freeze (the Adam pair with bias correction, as torch's AdamW;
+                              the LAMB pair without, as DeepSpeed's 1-bit LAMB), so compression is
+                              the only difference
   ZeRO-3 (FSDP2):             zero3, +qwZ (quantized weight all-gather), +qgZ (quantized gradient
                               reduce-scatter), +hpZ (secondary partition of --hpz ranks, world > --hpz only),
                               zeropp (all three); compared with zero3
@@ -46,9 +49,9 @@ from dsrecipes.utils.console import print_table as print_uncut
 # "zeropp" the bytes of the replaced collectives.
 VARIANTS: dict[str, tuple[list[str], str | None, str]] = {
     "adamw": (["optimizer=adamw", "zero.stage=0"], None, "baseline"),
-    "onebitadam": (["optimizer=onebitadam", "zero.stage=0"], "adamw", "onebit"),
-    "zerooneadam": (["optimizer=zerooneadam", "zero.stage=0"], "adamw", "onebit"),
-    "lamb": (["optimizer=lamb", "zero.stage=0"], None, "baseline"),
+    "onebitadam": (["optimizer=onebitadam", "optimizer.bias_correction=true", "zero.stage=0"], "adamw", "onebit"),
+    "zerooneadam": (["optimizer=zerooneadam", "optimizer.bias_correction=true", "zero.stage=0"], "adamw", "onebit"),
+    "lamb": (["optimizer=lamb", "optimizer.bias_correction=false", "zero.stage=0"], None, "baseline"),
     "onebitlamb": (["optimizer=onebitlamb", "zero.stage=0"], "lamb", "onebit"),
     "zero3": (["zero.stage=3"], None, "baseline"),
     "zero3+qwZ": (["zero.stage=3", "zero.zero_quantized_weights=true"], "zero3", "zeropp"),
@@ -181,7 +184,7 @@ def print_rows(rows: list[dict], console, title: str) -> Table:
     for column in COLUMNS:
         table.add_column(column, justify="left" if column in ("variant", "target") else "right")
     for row in rows:
-        table.add_row(*["-" if row[c] is None else (f"{row[c]:,}" if isinstance(row[c], int) and c != "world"
+        table.add_row(*["-" if row[c] is None else (f"{row[c]:,}" if type(row[c]) is int and c != "world"
                                                     else str(row[c])) for c in COLUMNS])
     print_uncut(console, table)
     return table
