@@ -23,6 +23,8 @@ be the same on every rank, or one rank would skip a step the others take: one 1-
 
 from __future__ import annotations
 
+from typing import Protocol, runtime_checkable
+
 import torch
 import torch.distributed as dist
 
@@ -31,15 +33,23 @@ from dsrecipes.distributed.data_parallel.ddp import DDPStrategy
 ONEBIT_OPTIMIZERS = ("onebitadam", "zerooneadam", "onebitlamb")
 
 
+@runtime_checkable
+class CompressingOptimizer(Protocol):
+    """What this strategy needs of the optimizer (dsrecipes.training.onebit_base.OneBitOptimizer has it):
+    described here, so the distributed layer does not import the training layer above it."""
+
+    def set_process_group(self, group) -> None: ...
+
+    def needs_gradient_allreduce(self) -> bool: ...
+
+
 class OneBitStrategy(DDPStrategy):
     name = "onebit"
     description = ("1-bit: DDP until the optimizer's freeze step, then each rank's own gradients and the "
                    "momentum averaged by the optimizer's 1-bit compressed all-reduce")
 
     def adopt_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-        from dsrecipes.training.onebit_base import OneBitOptimizer
-
-        if not isinstance(optimizer, OneBitOptimizer):
+        if not isinstance(optimizer, CompressingOptimizer):
             raise ValueError(f"the onebit data-parallel strategy needs one of the optimizers {', '.join(ONEBIT_OPTIMIZERS)}; "
                              f"got {type(optimizer).__name__}")
         optimizer.set_process_group(self.group)
