@@ -505,7 +505,7 @@ def readme_run(tmp_path_factory, datasets_cache):
     env.pop("WANDB_API_KEY", None)
     results_path = tmp / "results.json"
     proc = subprocess.run([sys.executable, str(RUNNER), str(tmp / "plan.json"), str(results_path)], cwd=plan.cwd,
-                          env=env, capture_output=True, text=True, timeout=1500)
+                          env=env, capture_output=True, text=True, timeout=2400)
     results = json.loads(results_path.read_text()) if results_path.exists() else {}
     return plan, results, proc
 
@@ -516,7 +516,7 @@ def _log_tail(step: dict, n: int = 4000) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1600)
+@pytest.mark.timeout(2500)
 @pytest.mark.parametrize("example", EXAMPLES, ids=[e.id for e in EXAMPLES])
 def test_readme_example(example, readme_run):
     reason = skip_reason(example)

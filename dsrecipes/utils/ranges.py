@@ -114,6 +114,16 @@ RANGES: dict[str, Range] = {
     "optimizer.max_coeff": NON_NEGATIVE,
     "optimizer.min_coeff": NON_NEGATIVE,
     "optimizer.alpha": NON_NEGATIVE,
+    # the 1-bit optimizers (onebitadam, zerooneadam, onebitlamb; DeepSpeed's keys)
+    "optimizer.freeze_step": POSITIVE_INT,  # at least one uncompressed warm-up update
+    "optimizer.var_freeze_step": COUNT,
+    "optimizer.var_update_scaler": POSITIVE_INT,
+    "optimizer.local_step_scaler": POSITIVE_INT,
+    "optimizer.local_step_clipper": POSITIVE_INT,
+    "optimizer.coeff_beta": between(0, 1, high_open=True),
+    "optimizer.factor_max": POSITIVE,
+    "optimizer.factor_min": POSITIVE,
+    "optimizer.factor_threshold": between(0, 1, high_open=True),
     # lr_scheduler
     "lr_scheduler.warmup_num_steps": POSITIVE_INT,
     "lr_scheduler.total_num_steps": at_least(1, nullable=True, null_means="trainer.max_steps"),
