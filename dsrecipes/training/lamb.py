@@ -109,22 +109,30 @@ def _trust_ratio(p_norm: torch.Tensor, u_norm: torch.Tensor, min_coeff: float, m
     return torch.where((p_norm > 0) & (u_norm > 0), ratio, torch.ones_like(ratio))
 
 
+def lamb_update_(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, bc1: float, bc2_sqrt: float,
+                 group: dict) -> torch.Tensor:
+    """One tensor's LAMB step in place (moments, then p), given the bias corrections; returns its trust
+    ratio (dsrecipes.training.onebit_lamb's warm-up tracks it)."""
+    beta1, beta2 = group["betas"]
+    m.lerp_(g, 1.0 - beta1)
+    v.mul_(beta2).addcmul_(g, g, value=1.0 - beta2)
+    denom = (v.sqrt() / bc2_sqrt).add_(group["eps"])
+    u = (m / bc1).div_(denom)
+    if group["weight_decay"] != 0.0:
+        u.add_(p, alpha=group["weight_decay"])
+    p_norm, u_norm = torch.linalg.vector_norm(p), torch.linalg.vector_norm(u)
+    ratio = _trust_ratio(p_norm, u_norm, group["min_coeff"], group["max_coeff"])
+    p.add_(u.mul_(ratio), alpha=-group["lr"])
+    return ratio
+
+
 def _lamb_loop(params, grads, exp_avgs, exp_avg_sqs, steps, group) -> None:
     """Per-tensor LAMB update (the reference path)."""
     beta1, beta2 = group["betas"]
-    lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
     for p, g, m, v, step in zip(params, grads, exp_avgs, exp_avg_sqs, steps):
         step += 1
         bc1, bc2_sqrt = _bias_corrections(step.item(), beta1, beta2, group["bias_correction"])
-        m.lerp_(g, 1.0 - beta1)
-        v.mul_(beta2).addcmul_(g, g, value=1.0 - beta2)
-        denom = (v.sqrt() / bc2_sqrt).add_(eps)
-        u = (m / bc1).div_(denom)
-        if wd != 0.0:
-            u.add_(p, alpha=wd)
-        p_norm, u_norm = torch.linalg.vector_norm(p), torch.linalg.vector_norm(u)
-        ratio = _trust_ratio(p_norm, u_norm, group["min_coeff"], group["max_coeff"])
-        p.add_(u.mul_(ratio), alpha=-lr)
+        lamb_update_(p, g, m, v, bc1, bc2_sqrt, group)
 
 
 def _lamb_foreach(params, grads, exp_avgs, exp_avg_sqs, steps, group) -> None:

@@ -24,6 +24,8 @@ the ones the current param groups hold, as DeepSpeed keeps the user's.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
 import torch
 import torch.distributed as dist
 
@@ -106,6 +108,34 @@ class OneBitOptimizer(torch.optim.Optimizer):
         tensor.mul_(mask)
 
     # ------------------------------------------------------------------ steps
+    @staticmethod
+    def closure_loss(closure: Callable[[], torch.Tensor] | None):
+        """closure()'s loss computed with gradients on (torch.optim's convention), or None."""
+        if closure is None:
+            return None
+        with torch.enable_grad():
+            return closure()
+
+    def init_state(self, p: torch.Tensor, state: dict) -> None:
+        """A parameter's first state: the step count and both moments (subclasses add their own keys)."""
+        state["step"] = torch.tensor(0.0)
+        state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+
+    def params_to_step(self, group: dict) -> Iterator[tuple[torch.Tensor, dict]]:
+        """(parameter, state) of every parameter of `group` with a dense gradient, its state created on
+        first use and its step count advanced; a sparse gradient is refused."""
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            if p.grad.is_sparse:
+                raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
+            state = self.state[p]
+            if not state:
+                self.init_state(p, state)
+            state["step"] += 1
+            yield p, state
+
     def steps_taken(self) -> int:
         """Updates taken so far (the largest per-parameter step: a parameter without gradient lags)."""
         steps = [int(state["step"]) for state in self.state.values() if "step" in state]

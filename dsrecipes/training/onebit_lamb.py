@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-from dsrecipes.training.lamb import _trust_ratio
+from dsrecipes.training.lamb import lamb_update_
 from dsrecipes.training.onebit_base import OneBitOptimizer, check_onebit_hyperparameters
 
 __all__ = ["OneBitLamb"]
@@ -70,15 +70,17 @@ class OneBitLamb(OneBitOptimizer):
         self.coeff_beta = coeff_beta
         self.factor_max, self.factor_min, self.factor_threshold = factor_max, factor_min, factor_threshold
 
+    def init_state(self, p: torch.Tensor, state: dict) -> None:
+        super().init_state(p, state)
+        state["lamb_coeff_freeze"] = 0.0
+        state["last_factor"] = 1.0
+
     def needs_gradient_allreduce(self) -> bool:
         return self.steps_taken() + 1 <= self.freeze_step
 
     @torch.no_grad()
     def step(self, closure: Callable[[], torch.Tensor] | None = None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = self.closure_loss(closure)
         t = self.steps_taken() + 1
         if t <= self.freeze_step:
             self._warmup_step(t)
@@ -90,34 +92,13 @@ class OneBitLamb(OneBitOptimizer):
     def _warmup_step(self, t: int) -> None:
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
-            lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
             bc1, bc2_sqrt = self.bias_corrections(t, beta1, beta2, group["bias_correction"])
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if p.grad.is_sparse:
-                    raise RuntimeError("OneBitLamb does not support sparse gradients")
-                state = self.state[p]
-                if not state:
-                    state["step"] = torch.tensor(0.0)
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    state["lamb_coeff_freeze"] = 0.0
-                    state["last_factor"] = 1.0
-                state["step"] += 1
-                m, v, g = state["exp_avg"], state["exp_avg_sq"], p.grad
-                m.lerp_(g, 1.0 - beta1)
-                v.mul_(beta2).addcmul_(g, g, value=1.0 - beta2)
-                denom = (v.sqrt() / bc2_sqrt).add_(eps)
-                u = (m / bc1).div_(denom)
-                if wd != 0.0:
-                    u.add_(p, alpha=wd)
-                ratio = _trust_ratio(torch.linalg.vector_norm(p), torch.linalg.vector_norm(u),
-                                     group["min_coeff"], group["max_coeff"])
+            for p, state in self.params_to_step(group):
+                v = state["exp_avg_sq"]
+                ratio = lamb_update_(p, p.grad, state["exp_avg"], v, bc1, bc2_sqrt, group)
                 coeff = float(ratio)
                 if coeff != 1.0:
                     state["lamb_coeff_freeze"] = self.coeff_beta * state["lamb_coeff_freeze"] + (1 - self.coeff_beta) * coeff
-                p.add_(u.mul_(ratio), alpha=-lr)
                 if t == self.freeze_step:
                     state["exp_avg_sq_fresh"] = v.clone()
 

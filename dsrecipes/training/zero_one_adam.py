@@ -93,36 +93,22 @@ class ZeroOneAdam(OneBitOptimizer):
     # ------------------------------------------------------------------ the step
     @torch.no_grad()
     def step(self, closure: Callable[[], torch.Tensor] | None = None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = self.closure_loss(closure)
         t = self.steps_taken() + 1
         kind = self.schedule_kind(t)
         if kind in ("local", "sync"):  # the gradient-error buffers are done with (DeepSpeed resets them here)
             for key in [k for k in self._errors if isinstance(k, tuple) and k[1] == "grad"]:
                 del self._errors[key]
         for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if p.grad.is_sparse:
-                    raise RuntimeError("ZeroOneAdam does not support sparse gradients")
-                state = self.state[p]
-                if not state:
-                    self._init_state(p, state)
-                state["step"] += 1
+            for p, state in self.params_to_step(group):
                 if kind in ("full", "onebit"):
                     self._variance_stage(p, state, group, kind, t)
                 else:
                     self._local_stage(p, state, group, kind, t)
         return loss
 
-    @staticmethod
-    def _init_state(p: torch.Tensor, state: dict) -> None:
-        state["step"] = torch.tensor(0.0)
-        state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-        state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+    def init_state(self, p: torch.Tensor, state: dict) -> None:
+        super().init_state(p, state)
         state.update(var_interval=1, var_counter=0, var_updates=0, local_step_interval=1, local_step_counter=0,
                      lrs=0.0)
 
