@@ -180,6 +180,19 @@ def _onebit_model_parallel(root, dims):
     return None
 
 
+def _compile_full_parallel(root, dims):
+    if root.compile.scope != "full":
+        return None
+    for key, degree in (("data parallel (world size / model-parallel degrees)", dims.dp_replicate * dims.dp_shard),
+                        ("parallel.tp", dims.tp), ("parallel.pp", dims.pp), ("parallel.sp", dims.sp),
+                        ("moe.ep_size", dims.ep)):
+        if degree > 1:
+            return (f"compile=full with {key}={degree} is not supported: a whole-model graph would trace the "
+                    "parallel layout's hooks and collectives; use compile=blocks (each block compiled on its own, "
+                    "composes with every layout)")
+    return None
+
+
 REFUSED: tuple[Refusal, ...] = (
     Refusal("pp with sp", "not implemented yet", _pp(lambda r: r.parallel.sp > 1, "parallel.sp")),
     Refusal("pp with MoE", "not implemented yet", _pp(lambda r: r.moe.enabled, "moe.num_experts")),
@@ -211,6 +224,8 @@ REFUSED: tuple[Refusal, ...] = (
             "it too)", _onebit_zero),
     Refusal("1-bit optimizers with tp / pp / sp / ep", "not implemented yet (plain data parallelism only)",
             _onebit_model_parallel),
+    Refusal("compile=full with any parallel layout (dp, tp, pp, sp, ep > 1)", "one whole-model graph would trace "
+            "the layout's hooks; compile=blocks composes with every layout", _compile_full_parallel),
 )
 
 SUPPORTED: tuple[Supported, ...] = (

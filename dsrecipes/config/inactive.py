@@ -95,6 +95,10 @@ def _rules() -> list[Rule]:
              lambda r: "no data_efficiency technique is enabled", keys=("seed",)),
         Rule("flops_profiler", lambda r: not r.flops_profiler.enabled, lambda r: "flops_profiler.enabled=false "
              "(choose flops_profiler=enabled)", but=("enabled",)),
+        Rule("compile", lambda r: r.compile.scope == "none", lambda r: "compile.scope=none (choose compile=blocks "
+             "or compile=full)", but=("scope",)),
+        Rule("compile", lambda r: r.compile.scope == "full", lambda r: "compile=full compiles the loss with the "
+             "whole model", keys=("loss",)),
         Rule("comms_logger", lambda r: not r.comms_logger.enabled, lambda r: "comms_logger.enabled=false "
              "(choose comms_logger=enabled)", but=("enabled",)),
         Rule("comms_logger", lambda r: r.comms_logger.prof_all, lambda r: "comms_logger.prof_all=true logs every op",

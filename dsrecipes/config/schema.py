@@ -17,6 +17,7 @@ from dsrecipes.data_efficiency.config import DataEfficiencyConfig
 from dsrecipes.distributed.activation_checkpoint import ActivationCheckpointConfig
 from dsrecipes.distributed.comms_config import CommsLoggerConfig
 from dsrecipes.distributed.config import LauncherConfig, ParallelConfig, ZeroConfig
+from dsrecipes.distributed.torch_compile import CompileConfig
 from dsrecipes.inference.config import GenerateConfig, RecipeMode
 from dsrecipes.models.config import ModelConfig
 from dsrecipes.models.kernels_config import KernelsConfig, validate_kernels_config
@@ -37,7 +38,8 @@ from dsrecipes.training.config import (
 # Config groups, in the order the README documents them.
 CONFIG_GROUPS = (
     "model", "data", "optimizer", "lr_scheduler", "precision", "trainer", "checkpoint", "logger", "zero", "parallel",
-    "launcher", "kernels", "activation_checkpointing", "moe", "data_efficiency", "compression", "sparse_attention", "generate",
+    "launcher", "kernels", "compile", "activation_checkpointing", "moe", "data_efficiency", "compression",
+    "sparse_attention", "generate",
     "flops_profiler", "profiler", "comms_logger",
 )
 
@@ -59,6 +61,7 @@ class RootConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     kernels: KernelsConfig = field(default_factory=KernelsConfig)
+    compile: CompileConfig = field(default_factory=CompileConfig)  # dsrecipes.distributed.torch_compile
     activation_checkpointing: ActivationCheckpointConfig = field(default_factory=ActivationCheckpointConfig)
     moe: MoEConfig = field(default_factory=MoEConfig)
     data_efficiency: DataEfficiencyConfig = field(default_factory=DataEfficiencyConfig)

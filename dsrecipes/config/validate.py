@@ -9,6 +9,7 @@ Keys set in a group that is switched off are warned about (dsrecipes.config.inac
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
 
@@ -26,6 +27,7 @@ from dsrecipes.distributed.comms_config import validate_comms_logger_config
 from dsrecipes.distributed.config import check_launcher_backend, validate_launcher_config, validate_zero_config
 from dsrecipes.distributed.parallel_dims import ParallelDims
 from dsrecipes.distributed.sequence_parallel import validate_sequence_parallel_recipe
+from dsrecipes.distributed.torch_compile import validate_compile_config
 from dsrecipes.models.config import validate_model_config
 from dsrecipes.models.moe_config import validate_moe_config
 from dsrecipes.models.sparse_attention import validate_sparse_attention_config
@@ -34,10 +36,12 @@ from dsrecipes.training.batch import BatchSizes, resolve_batch_sizes
 from dsrecipes.training.config import WandbMode
 from dsrecipes.training.lr_schedules import non_closed_form_target, validate_lr_scheduler_config
 from dsrecipes.training.optimizers import validate_optimizer_config
-from dsrecipes.training.precision import validate_precision_config
+from dsrecipes.training.precision import resolve_auto_precision, validate_precision_config
 from dsrecipes.utils.config_enum import enum_values
 from dsrecipes.utils.device import resolve_device
 from dsrecipes.utils.ranges import check_ranges
+
+log = logging.getLogger("dsrecipes")
 
 WANDB_MODES = enum_values(WandbMode)
 
@@ -196,6 +200,9 @@ def validate_recipe(cfg: RootConfig | DictConfig, dp_world_size: int | None = No
     or WORLD_SIZE); the data-parallel size is derived from it and the `parallel` degrees.
     """
     root = to_root(cfg)
+    auto_precision = resolve_auto_precision(root.precision, resolve_device(root.trainer.device))
+    if auto_precision:
+        log.info(auto_precision)
     check_ranges(root)
     check_run_paths(root)
     validate_model_config(root.model)
@@ -207,6 +214,7 @@ def validate_recipe(cfg: RootConfig | DictConfig, dp_world_size: int | None = No
     _choice("logger.wandb_mode", root.logger.wandb_mode, WANDB_MODES)
     validate_kernels_config(root.kernels)
     validate_activation_checkpoint_config(root.activation_checkpointing)
+    validate_compile_config(root.compile, resolve_device(root.trainer.device).type)
     world = dp_world_size or data_parallel_world_size()
     validate_launcher_config(root.launcher)
     check_launcher_backend(root.launcher, world)

@@ -13,14 +13,18 @@ The order (each step a small function below; a step whose config is off does not
  6. sequence parallel       parallel.sp: Ulysses all-to-alls around attention
  7. pipeline split          parallel.pp: this rank keeps its stages
  8. expert parallel         moe.ep_size: this rank keeps its experts
- 9. data-parallel strategy  zero.*: DDP / ZeRO-1 / ZeRO-2 / FSDP2 ... (dsrecipes.distributed.data_parallel)
+ 9. torch.compile           compile.scope: each block's forward (blocks) or the whole model's (full)
+10. data-parallel strategy  zero.*: DDP / ZeRO-1 / ZeRO-2 / FSDP2 ... (dsrecipes.distributed.data_parallel)
 
 Why this order: module-swapping steps (1-4) run on the whole, unsharded model, so tensor
 parallelism shards the injected modules' parameters, Ulysses wraps the attention function the
 earlier steps chose, and checkpointing wraps the block forwards that token dropping (random-LTD)
 then wraps in turn (sampling outside the recomputed region). Tensor parallelism comes before the
-pipeline split because stages keep the sharded blocks, and data parallelism comes last, over
-whatever parameters the earlier steps left on this rank (torchtitan's order).
+pipeline split because stages keep the sharded blocks. Compilation comes after every step that
+changes what a block computes (so the compiled code includes checkpointing, token dropping, the
+sharded matmuls and the expert all-to-alls) and before data parallelism, whose hooks then stay outside
+the compiled blocks. Data parallelism comes last, over whatever parameters the earlier steps left on
+this rank (torchtitan's order).
 
 Both entry paths go through here: the recipe Trainer (a dsrecipes GPT) and `dsrecipes.initialize` (any
 nn.Module). A step that cannot apply to the module it is given says so: a warning naming the group
@@ -45,6 +49,7 @@ from dsrecipes.distributed.parallel_dims import ParallelDims
 from dsrecipes.distributed.pipeline_parallel import PipelineParallel
 from dsrecipes.distributed.sequence_parallel import SequenceParallel
 from dsrecipes.distributed.tensor_parallel import apply_tensor_parallel
+from dsrecipes.distributed.torch_compile import apply_compile
 from dsrecipes.models.kernel_injection import inject_kernels
 from dsrecipes.models.layers import CausalSelfAttention
 from dsrecipes.models.moe import MoELayer
@@ -96,6 +101,7 @@ def parallelize(model: nn.Module, dims: ParallelDims, cfg, precision, device: to
         applied.append(f"pipeline: {dims.pp} ranks, schedule {cfg.parallel.pp_schedule}, this rank's blocks "
                        f"{[list(r) for r in pipeline.block_ranges]}")
     expert_parallel = _expert_parallel(model, dims, cfg.moe, applied)
+    _compile(model, cfg, applied)
     layout = GradientLayout(expert_parallel=expert_parallel, pipeline=pipeline)
     strategy = build_strategy(cfg.zero, dims, precision, device, layout, optimizer=_optimizer_name(cfg))
     ignored = expert_parallel.ignored_params if expert_parallel is not None else None
@@ -189,6 +195,17 @@ def _pipeline_split(model: nn.Module, dims: ParallelDims, par_cfg, micro_batches
     all_pipelines = dims.world_mesh.mesh.reshape(dims.pp, -1).t().tolist()
     return PipelineParallel(model, dims.get_mesh("pp").get_group(), par_cfg.pp_schedule, micro_batches,
                             par_cfg.pp_partition, device, all_pipelines=all_pipelines)
+
+
+def _compile(model: nn.Module, cfg, applied: list[str]) -> None:
+    compile_cfg = getattr(cfg, "compile", None)
+    if compile_cfg is None or str(compile_cfg.scope) == "none":
+        return
+    lines = apply_compile(model, compile_cfg)
+    if not lines:
+        warnings.warn(f"compile={compile_cfg.scope} is ignored: {type(model).__name__} has no nn.ModuleList of blocks "
+                      "to compile (use compile=full for the whole module)", stacklevel=3)
+    applied.extend(lines)
 
 
 def _expert_parallel(model: nn.Module, dims: ParallelDims, moe_cfg, applied: list[str]) -> ExpertParallel | None:

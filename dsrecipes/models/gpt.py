@@ -115,13 +115,18 @@ class GPT(nn.Module):
             rope = (self.rope_cos[position_offset:end], self.rope_sin[position_offset:end])
         for block in self.blocks:
             x = block(x, rope)
+        logits, loss = self.head_and_loss(x, labels)
+        return GPTOutput(logits=logits, loss=loss)
+
+    def head_and_loss(self, x: torch.Tensor, labels: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Final norm, LM head and (with labels) the loss: one method, so compile=blocks can compile it as a unit."""
         logits = self.lm_head(self.final_norm(x))
         loss = None
         if labels is not None and self.loss_fn is not None:
             loss = self.loss_fn(logits.flatten(0, 1), labels.flatten())
         elif labels is not None:
             loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100)
-        return GPTOutput(logits=logits, loss=loss)
+        return logits, loss
 
     def num_params(self, non_embedding: bool = False) -> int:
         """Parameter count (a tied weight counts once).

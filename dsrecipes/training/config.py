@@ -537,8 +537,9 @@ def check_option(cfg: Any, group: str, prefix: str) -> None:
         )
 
 
-# dtype names from the one table of them (dsrecipes.utils.dtypes): fp32, bf16, fp16
-PrecisionDtype = config_enum("PrecisionDtype", DTYPES, __name__)
+# dtype names from the one table of them (dsrecipes.utils.dtypes): fp32, bf16, fp16; auto resolves to one of
+# them for the run's device (dsrecipes.training.precision.resolve_auto_precision)
+PrecisionDtype = config_enum("PrecisionDtype", [*DTYPES, "auto"], __name__)
 
 
 class NonfiniteGrads(ConfigEnum):
@@ -562,7 +563,7 @@ class PrecisionConfig:
     step (nonfinite_grads=skip). Skipped steps are counted (train/skipped_steps) on every rank together.
     """
 
-    dtype: PrecisionDtype = PrecisionDtype.fp32  # fp32 | bf16 | fp16
+    dtype: PrecisionDtype = PrecisionDtype.fp32  # fp32 | bf16 | fp16 | auto (bf16 where the device is fast at it)
     master_weights: bool = False
     loss_scale: float = 0.0
     initial_scale_power: int = 16

@@ -30,7 +30,7 @@ def describe_layout(plan, cfg, precision, micro_batches: int = 1) -> str:
     parts.append(f"offload: {_offload(cfg)}")
     parts.append(f"precision: {_precision(precision)}")
     parts.append(f"kernels: {_kernels(cfg, plan.applied)}")
-    parts.append("compile: off")  # torch.compile is not applied by dsrecipes yet
+    parts.append(f"compile: {_compile(plan.applied)}")
     parts.append(f"activation checkpointing: {_activation_checkpointing(cfg.activation_checkpointing)}")
     if str(cfg.sparse_attention.mode) != "none":
         parts.append(f"sparse attention: {cfg.sparse_attention.mode}")
@@ -76,6 +76,11 @@ def _kernels(cfg, applied: list[str]) -> str:
         backend = str(cfg.kernels.backend)
         return "torch" if backend == "torch" else f"torch (kernels.backend={backend} swapped nothing in)"
     return f"triton ({'; '.join(replaced)})"
+
+
+def _compile(applied: list[str]) -> str:
+    compiled = [line.removeprefix("compile: ") for line in applied if line.startswith("compile: ")]
+    return "; ".join(compiled) or "off"
 
 
 def _activation_checkpointing(ac) -> str:

@@ -40,8 +40,37 @@ def validate_precision_config(cfg: PrecisionConfig, prefix: str = "precision") -
                 raise ValueError(f"{prefix}.{key}={getattr(cfg, key)} must be > 0 with dynamic loss scaling")
 
 
+def fast_bf16(device: torch.device) -> tuple[bool, str]:
+    """Whether `device` computes bf16 matmuls faster than fp32, and why (for the run log)."""
+    if device.type == "cuda":
+        if torch.cuda.is_bf16_supported(including_emulation=False):
+            return True, f"{torch.cuda.get_device_name(device)} has bf16 tensor cores"
+        return False, f"{torch.cuda.get_device_name(device)} has no native bf16"
+    if device.type == "cpu":
+        if getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)():
+            return True, "this CPU has AMX bf16 tiles"
+        return False, "this CPU has no AMX tiles (bf16 matmuls run slower than fp32)"
+    return False, f"bf16 speed on {device.type} is unknown"
+
+
+def resolve_auto_precision(cfg: PrecisionConfig, device: torch.device) -> str | None:
+    """precision.dtype=auto -> bf16 autocast where the device is fast at bf16, else fp32 (in place).
+
+    Returns the log line saying what auto chose and why; None when dtype was not auto. With
+    master_weights=true, auto picks bf16 with fp32 masters, or plain fp32 (master weights off).
+    """
+    if cfg.dtype != "auto":
+        return None
+    fast, why = fast_bf16(device)
+    cfg.dtype = PrecisionDtype("bf16" if fast else "fp32")
+    if not fast:
+        cfg.master_weights = False
+    return f"precision.dtype=auto -> {cfg.dtype} on {device.type}: {why}"
+
+
 class Precision:
     def __init__(self, cfg: PrecisionConfig, device: torch.device):
+        resolve_auto_precision(cfg, device)
         validate_precision_config(cfg)
         self.cfg = cfg
         self.name = str(cfg.dtype)
