@@ -41,6 +41,7 @@ from torch import nn
 from dsrecipes.distributed.activation_checkpoint import apply_activation_checkpointing
 from dsrecipes.distributed.data_parallel import DataParallelStrategy, GradientLayout, build_strategy
 from dsrecipes.distributed.expert_parallel import ExpertParallel, setup_expert_parallel
+from dsrecipes.distributed.float8 import apply_float8
 from dsrecipes.distributed.parallel_dims import ParallelDims
 from dsrecipes.distributed.pipeline_parallel import PipelineParallel
 from dsrecipes.distributed.sequence_parallel import SequenceParallel
@@ -96,6 +97,7 @@ def parallelize(model: nn.Module, dims: ParallelDims, cfg, precision, device: to
         applied.append(f"pipeline: {dims.pp} ranks, schedule {cfg.parallel.pp_schedule}, this rank's blocks "
                        f"{[list(r) for r in pipeline.block_ranges]}")
     expert_parallel = _expert_parallel(model, dims, cfg.moe, applied)
+    applied.extend(apply_float8(model, cfg.fp8))  # float8 linears: before FSDP2 (float8 all-gather) and compile
     layout = GradientLayout(expert_parallel=expert_parallel, pipeline=pipeline)
     strategy = build_strategy(cfg.zero, dims, precision, device, layout, optimizer=_optimizer_name(cfg))
     ignored = expert_parallel.ignored_params if expert_parallel is not None else None
