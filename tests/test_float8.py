@@ -274,3 +274,14 @@ def test_float8_on_cuda_validates_and_trains_close_to_bf16(float8_linear, recipe
     reference, float8 = losses("none"), losses(recipe)
     assert float8[-1] < float8[0]  # it trains
     assert max(abs(a - b) for a, b in zip(float8, reference)) < 4 * LOSS_ATOL, (float8, reference)
+
+
+def test_moe_router_stays_fp32_and_experts_are_not_linears(float8_linear):
+    from dsrecipes.models.gpt import GPT
+
+    root = _root([*GPT_DEBUG, "moe=topk"])  # 16 experts: the router's 128x16 weight would pass the dims check
+    model = GPT(root.model, root.moe)
+    lines = apply_float8(model, Float8Config(recipe="tensorwise"))
+    routers = [n for n, m in model.named_modules() if n.endswith(".gate") and type(m) is nn.Linear]
+    assert routers and all(f"{n} (MoE router (fp32))" in lines[0] for n in routers)
+    assert not any(isinstance(m, float8_linear) for n, m in model.named_modules() if n in routers)
