@@ -17,6 +17,7 @@ from dsrecipes.data_efficiency.config import DataEfficiencyConfig
 from dsrecipes.distributed.activation_checkpoint import ActivationCheckpointConfig
 from dsrecipes.distributed.comms_config import CommsLoggerConfig
 from dsrecipes.distributed.config import LauncherConfig, ParallelConfig, ZeroConfig
+from dsrecipes.distributed.float8 import Float8Config
 from dsrecipes.distributed.torch_compile import CompileConfig
 from dsrecipes.inference.config import GenerateConfig, RecipeMode
 from dsrecipes.models.config import ModelConfig
@@ -37,7 +38,7 @@ from dsrecipes.training.config import (
 
 # Config groups, in the order the README documents them.
 CONFIG_GROUPS = (
-    "model", "data", "optimizer", "lr_scheduler", "precision", "trainer", "checkpoint", "logger", "zero", "parallel",
+    "model", "data", "optimizer", "lr_scheduler", "precision", "fp8", "trainer", "checkpoint", "logger", "zero", "parallel",
     "launcher", "kernels", "compile", "activation_checkpointing", "moe", "data_efficiency", "compression",
     "sparse_attention", "generate",
     "flops_profiler", "profiler", "comms_logger",
@@ -71,6 +72,7 @@ class RootConfig:
     flops_profiler: FlopsProfilerConfig = field(default_factory=FlopsProfilerConfig)  # dsrecipes.profiling
     profiler: ProfilerConfig = field(default_factory=ProfilerConfig)  # torch.profiler traces
     comms_logger: CommsLoggerConfig = field(default_factory=CommsLoggerConfig)  # dsrecipes.distributed.comms_logger
+    fp8: Float8Config = field(default_factory=Float8Config)  # dsrecipes.distributed.float8 (torchao, CUDA only)
     # a DeepSpeed config (JSON) translated onto the groups above, under the command line's overrides
     # (dsrecipes.config.ds_import); kept as the record of which file the recipe came from
     deepspeed_config: str | None = None

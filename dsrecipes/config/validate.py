@@ -25,6 +25,7 @@ from dsrecipes.data_efficiency.config import validate_data_efficiency_config
 from dsrecipes.distributed.activation_checkpoint import validate_activation_checkpoint_config
 from dsrecipes.distributed.comms_config import validate_comms_logger_config
 from dsrecipes.distributed.config import check_launcher_backend, validate_launcher_config, validate_zero_config
+from dsrecipes.distributed.float8 import check_float8_compatibility, validate_float8_config
 from dsrecipes.distributed.parallel_dims import ParallelDims
 from dsrecipes.distributed.sequence_parallel import validate_sequence_parallel_recipe
 from dsrecipes.distributed.torch_compile import validate_compile_config
@@ -129,6 +130,8 @@ def validate_engine_config(cfg: RootConfig, world_size: int) -> BatchSizes:
         t.train_batch_size, t.train_micro_batch_size_per_gpu, t.gradient_accumulation_steps, dp_world_size
     )
     warn_fp16_on_cpu(cfg, resolve_device(t.device))
+    validate_float8_config(cfg.fp8, resolve_device(t.device))  # fp8: CUDA >= 8.9 and torchao, before any work
+    check_float8_compatibility(cfg, dims)
     _positive("trainer.max_steps", t.max_steps)
     _positive("trainer.log_interval", t.log_interval)
     _positive("trainer.eval_interval", t.eval_interval, allow_zero=True)

@@ -13,8 +13,9 @@ The order (each step a small function below; a step whose config is off does not
  6. sequence parallel       parallel.sp: Ulysses all-to-alls around attention
  7. pipeline split          parallel.pp: this rank keeps its stages
  8. expert parallel         moe.ep_size: this rank keeps its experts
- 9. torch.compile           compile.scope: each block's forward (blocks) or the whole model's (full)
-10. data-parallel strategy  zero.*: DDP / ZeRO-1 / ZeRO-2 / FSDP2 ... (dsrecipes.distributed.data_parallel)
+ 9. float8 linears         fp8.recipe: nn.Linear -> torchao Float8Linear (CUDA only)
+10. torch.compile           compile.scope: each block's forward (blocks) or the whole model's (full)
+11. data-parallel strategy  zero.*: DDP / ZeRO-1 / ZeRO-2 / FSDP2 ... (dsrecipes.distributed.data_parallel)
 
 Why this order: module-swapping steps (1-4) run on the whole, unsharded model, so tensor
 parallelism shards the injected modules' parameters, Ulysses wraps the attention function the
@@ -45,6 +46,7 @@ from torch import nn
 from dsrecipes.distributed.activation_checkpoint import apply_activation_checkpointing
 from dsrecipes.distributed.data_parallel import DataParallelStrategy, GradientLayout, build_strategy
 from dsrecipes.distributed.expert_parallel import ExpertParallel, setup_expert_parallel
+from dsrecipes.distributed.float8 import apply_float8
 from dsrecipes.distributed.parallel_dims import ParallelDims
 from dsrecipes.distributed.pipeline_parallel import PipelineParallel
 from dsrecipes.distributed.sequence_parallel import SequenceParallel
@@ -101,6 +103,7 @@ def parallelize(model: nn.Module, dims: ParallelDims, cfg, precision, device: to
         applied.append(f"pipeline: {dims.pp} ranks, schedule {cfg.parallel.pp_schedule}, this rank's blocks "
                        f"{[list(r) for r in pipeline.block_ranges]}")
     expert_parallel = _expert_parallel(model, dims, cfg.moe, applied)
+    applied.extend(apply_float8(model, cfg.fp8))  # float8 linears: before FSDP2 (float8 all-gather) and compile
     _compile(model, cfg, applied)
     layout = GradientLayout(expert_parallel=expert_parallel, pipeline=pipeline)
     strategy = build_strategy(cfg.zero, dims, precision, device, layout, optimizer=_optimizer_name(cfg))

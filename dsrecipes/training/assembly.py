@@ -14,6 +14,7 @@ Used by the recipe Trainer and by `dsrecipes.initialize`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import warnings
 
@@ -21,6 +22,7 @@ import torch
 from torch import nn
 
 from dsrecipes.distributed.expert_parallel import split_expert_param_groups
+from dsrecipes.distributed.float8 import float8_post_step
 from dsrecipes.distributed.parallel_dims import ParallelDims
 from dsrecipes.distributed.parallelize import ParallelPlan, parallelize
 from dsrecipes.distributed.utils import is_distributed
@@ -99,7 +101,7 @@ def build_engine(
         lr_scheduler = lr_scheduler(optimizer)
     layout = describe_layout(plan, cfg, precision, micro_batches=batch.gradient_accumulation_steps)
     log.info("layout: %s", layout)
-    return Engine(
+    engine = Engine(
         plan,
         optimizer,
         lr_scheduler,
@@ -112,6 +114,9 @@ def build_engine(
         rank=torch.distributed.get_rank() if is_distributed() else 0,
         layout=layout,
     )
+    if cfg.fp8.precompute_float8_dynamic_scale_for_fsdp:
+        engine.post_step_hooks.append(functools.partial(float8_post_step, plan.module, cfg.fp8))
+    return engine
 
 
 def _optimizer_config(cfg, dims: ParallelDims):

@@ -75,6 +75,8 @@ class Engine:
         self._loss_context = tp_loss_parallel if plan.loss_parallel else contextlib.nullcontext
         # where each phase of a step runs, for profilers (wall-clock breakdown, flops profiler); free when unobserved
         self.phases = StepPhases()
+        # called after every optimizer step that was taken (e.g. fp8's FSDP2 scale precompute, dsrecipes.distributed.float8)
+        self.post_step_hooks: list[Callable[[], None]] = []
 
     @property
     def module(self) -> nn.Module:
@@ -201,6 +203,8 @@ class Engine:
                 strategy.scale_grads(1.0 / combined_scale)
             self.optimizer.step()
             strategy.after_step()
+            for hook in self.post_step_hooks:
+                hook()
             if self.lr_scheduler is not None:
                 self.lr_scheduler.step()
         strategy.zero_grad()
