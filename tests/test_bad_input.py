@@ -179,6 +179,9 @@ ERRORS = [
     # comms_logger (dsrecipes.distributed.comms_config)
     (["comms_logger=enabled", "comms_logger.prof_ops=[allreduce]"],
      ["comms_logger.prof_ops=['allreduce']", "unknown op name(s) ['allreduce']", "valid: all_reduce"]),
+    # compile (dsrecipes.distributed.torch_compile)
+    (["compile=blocks", "compile.backend=tensorrt"],
+     ["compile.backend='tensorrt'", "is not an installed torch.compile backend", "inductor"]),
     # fp8 (dsrecipes.distributed.float8; the CPU refusal: tests/test_float8.py)
     (["fp8=rowwise", "fp8.enable_fsdp_float8_all_gather=true"],
      ["fp8.enable_fsdp_float8_all_gather=true", "needs fp8=tensorwise", "fp8.recipe=rowwise"]),

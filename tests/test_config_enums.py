@@ -31,7 +31,7 @@ CHOICES = {
     "data.source": ["builtin", "files", "hub"],
     "optimizer.impl": ["auto", "fused", "foreach", "for_loop"],
     "lr_scheduler.warmup_type": ["linear", "log"],
-    "precision.dtype": ["fp32", "bf16", "fp16"],
+    "precision.dtype": ["fp32", "bf16", "fp16", "auto"],
     "precision.nonfinite_grads": ["error", "skip"],
     "logger.wandb_mode": ["auto", "offline", "online", "disabled"],
     "logger.level": ["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
@@ -161,7 +161,7 @@ def test_initialize_rejects_a_bad_value_before_building_anything():
 
     import dsrecipes
 
-    message = r"(?s)Invalid value 'fp8', expected one of \[fp32, bf16, fp16\].*full_key: precision.dtype"
+    message = r"(?s)Invalid value 'fp8', expected one of \[fp32, bf16, fp16, auto\].*full_key: precision.dtype"
     with pytest.raises(ValueError, match=message):
         dsrecipes.initialize(model=torch.nn.Linear(2, 2), config={"precision": {"dtype": "fp8"}})
 

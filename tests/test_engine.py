@@ -163,7 +163,8 @@ def test_config_typos_and_bad_values_fail_with_the_key(tmp_path):
         dsrecipes.initialize(model=TwoLayerRegressor(), config={"optimizer": {"lrr": 1.0}})
     with pytest.raises(ValidationError, match="trainer.max_steps"):
         dsrecipes.initialize(model=TwoLayerRegressor(), config={"trainer": {"max_steps": "many"}})
-    with pytest.raises(ValidationError, match=r"(?s)Invalid value 'fp8', expected one of \[fp32, bf16, fp16\].*precision.dtype"):
+    choices = r"\[fp32, bf16, fp16, auto\]"
+    with pytest.raises(ValidationError, match=rf"(?s)Invalid value 'fp8', expected one of {choices}.*precision.dtype"):
         dsrecipes.initialize(model=TwoLayerRegressor(), config={"precision": {"dtype": "fp8"}})
     bad_yaml = tmp_path / "bad.yaml"
     bad_yaml.write_text("trainer:\n  max_stepz: 3\n")

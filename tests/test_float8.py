@@ -16,6 +16,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 from torch import nn
 
+from dsrecipes.config.compatibility import check_compatibility
 from dsrecipes.config.store import compose
 from dsrecipes.config.validate import validate_recipe
 from dsrecipes.distributed.float8 import (
@@ -109,11 +110,11 @@ def test_combinations_that_cannot_work_are_refused():
 
     tp = recipe(parallel__tp=2)
     with pytest.raises(ValueError, match="parallel.tp=2 is not supported: tensor-parallel float8 needs torchao's"):
-        check_float8_compatibility(tp, _dims(tp, 2))
+        check_compatibility(tp, _dims(tp, 2))
     pruning = recipe(compression__sparse_pruning=copy.deepcopy(base.compression.sparse_pruning))
     pruning.compression.sparse_pruning.enabled = True
     with pytest.raises(ValueError, match="compression.sparse_pruning.enabled=true is not supported"):
-        check_float8_compatibility(pruning, _dims(pruning, 1))
+        check_compatibility(pruning, _dims(pruning, 1))
     for zero, world, strategy in ((0, 2, "ddp"), (3, 1, "none")):
         root = recipe(fp8__enable_fsdp_float8_all_gather=True, zero__stage=zero)
         with pytest.raises(ValueError, match=f"needs the FSDP2 strategy .* this recipe uses {strategy}"):

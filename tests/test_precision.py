@@ -133,7 +133,7 @@ def test_min_scale_error_or_warning():
     "precision, message",
     [
         # Enum fields: rejected when the config dict is merged onto the schema, naming the key and the choices
-        ({"dtype": "fp8"}, r"Invalid value 'fp8', expected one of \[fp32, bf16, fp16\]\s+full_key: precision\.dtype"),
+        ({"dtype": "fp8"}, r"Invalid value 'fp8', expected one of \[fp32, bf16, fp16, auto\]\s+full_key: precision\.dtype"),
         ({"dtype": "fp32", "master_weights": True}, r"master_weights=true needs dtype bf16 or fp16"),
         ({"dtype": "fp16", "loss_scale_window": 0}, r"precision\.loss_scale_window=0 must be > 0"),
         ({"dtype": "bf16", "nonfinite_grads": "ignore"},
@@ -153,3 +153,25 @@ def test_plain_string_precision_values_are_checked_by_the_validator():
         validate_precision_config(PrecisionConfig(dtype="fp8"))
     with pytest.raises(ValueError, match="precision.nonfinite_grads='ignore' is not valid; choose one of: error, skip"):
         validate_precision_config(PrecisionConfig(nonfinite_grads="ignore"))
+
+
+def test_auto_precision_picks_bf16_only_where_the_device_is_fast_at_it(monkeypatch):
+    """precision=auto: fp32 on this CPU (no AMX tiles), bf16 autocast where fast_bf16 says so, logged with the reason."""
+    import torch
+
+    from dsrecipes.config import validate_recipe
+    from dsrecipes.config.store import compose
+    from dsrecipes.training import precision as precision_module
+    from dsrecipes.training.config import PrecisionConfig
+
+    root, _ = validate_recipe(compose(["precision=auto", "trainer.device=cpu"]))
+    fast, why = precision_module.fast_bf16(torch.device("cpu"))
+    assert root.precision.dtype == ("bf16" if fast else "fp32") and why
+    monkeypatch.setattr(precision_module, "fast_bf16", lambda device: (True, "fake AMX"))
+    cfg = PrecisionConfig(dtype="auto", master_weights=True)
+    assert precision_module.resolve_auto_precision(cfg, torch.device("cpu")) == "precision.dtype=auto -> bf16 on cpu: fake AMX"
+    assert (cfg.dtype, cfg.master_weights) == ("bf16", True)
+    monkeypatch.setattr(precision_module, "fast_bf16", lambda device: (False, "no AMX"))
+    cfg = PrecisionConfig(dtype="auto", master_weights=True)
+    precision = precision_module.Precision(cfg, torch.device("cpu"))  # the library path resolves it too
+    assert (precision.name, precision.master_weights, precision.use_autocast) == ("fp32", False, False)

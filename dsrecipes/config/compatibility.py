@@ -193,6 +193,23 @@ def _compile_full_parallel(root, dims):
     return None
 
 
+def _fp8_tp(root, dims):
+    if root.fp8.enabled and dims.tp > 1:
+        return (f"fp8={root.fp8.recipe} with parallel.tp={dims.tp} is not supported: tensor-parallel float8 needs "
+                "torchao's Float8ColwiseParallel / Float8RowwiseParallel styles, which "
+                "dsrecipes.distributed.tensor_parallel does not use; use parallel.tp=1 or fp8=none")
+    return None
+
+
+def _fp8_compression(root, dims):
+    enabled = _compression_enabled(root)
+    if root.fp8.enabled and enabled:
+        return (f"fp8={root.fp8.recipe} with compression.{enabled[0]}.enabled=true is not supported: compression "
+                "quantizes and masks the same linear layers through hooks and module swaps that the Float8Linear "
+                "swap would drop; use fp8=none for compression recipes")
+    return None
+
+
 REFUSED: tuple[Refusal, ...] = (
     Refusal("pp with sp", "not implemented yet", _pp(lambda r: r.parallel.sp > 1, "parallel.sp")),
     Refusal("pp with MoE", "not implemented yet", _pp(lambda r: r.moe.enabled, "moe.num_experts")),
@@ -226,6 +243,9 @@ REFUSED: tuple[Refusal, ...] = (
             _onebit_model_parallel),
     Refusal("compile=full with any parallel layout (dp, tp, pp, sp, ep > 1)", "one whole-model graph would trace "
             "the layout's hooks; compile=blocks composes with every layout", _compile_full_parallel),
+    Refusal("fp8 with tp", "tensor-parallel float8 needs torchao's float8 TP styles (not wired in yet)", _fp8_tp),
+    Refusal("fp8 with compression", "compression's hooks and module swaps sit on the linears Float8Linear replaces",
+            _fp8_compression),
 )
 
 SUPPORTED: tuple[Supported, ...] = (

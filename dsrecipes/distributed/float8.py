@@ -134,20 +134,12 @@ def validate_float8_config(cfg: Float8Config, device_type: str | torch.device) -
 
 
 def check_float8_compatibility(root, dims) -> None:
-    """Combinations of fp8 with other groups that cannot work (ValueError), and the ones that run untested by
-    torchao (a warning). root: the RootConfig; dims: its ParallelDims."""
+    """fp8's own keys against the layout (ValueError), and combinations torchao runs untested (a warning).
+    root: the RootConfig; dims: its ParallelDims. fp8 with whole groups (tp, compression) that cannot work is
+    in the compatibility matrix (dsrecipes.config.compatibility)."""
     cfg = root.fp8
     if not cfg.enabled:
         return
-    if dims.tp > 1:
-        raise ValueError(f"fp8={cfg.recipe} with parallel.tp={dims.tp} is not supported: tensor-parallel float8 "
-                         "needs torchao's Float8ColwiseParallel / Float8RowwiseParallel styles, which "
-                         "dsrecipes.distributed.tensor_parallel does not use; use parallel.tp=1 or fp8=none")
-    enabled_compression = [k for k, v in vars(root.compression).items() if getattr(v, "enabled", False)]
-    if enabled_compression:
-        raise ValueError(f"fp8={cfg.recipe} with compression.{enabled_compression[0]}.enabled=true is not supported: "
-                         "compression quantizes and masks the same linear layers through hooks and module swaps "
-                         "that the Float8Linear swap would drop; use fp8=none for compression recipes")
     if cfg.enable_fsdp_float8_all_gather:
         from dsrecipes.distributed.data_parallel import choose_strategy
 
