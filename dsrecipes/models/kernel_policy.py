@@ -162,7 +162,7 @@ def policy_from_kernel_rows(rows: Iterable[Mapping], hardware: str, date: str, s
         chosen_pass = "fwd+bwd" if "fwd+bwd" in passes else ("fwd" if "fwd" in passes else None)
         chosen = [r for r in op_rows if str(r.get("pass")) == chosen_pass]
         if not chosen:
-            policy[op] = OpPolicy("torch", source=f"not in the kernel table ({source}): never measured")
+            policy[op] = OpPolicy("torch", source="never measured (not in the kernel table)")
             continue
         ratios, baselines = [], set()
         for r in chosen:
