@@ -20,6 +20,7 @@ Only torch and triton may be imported here (this package must not depend on the 
 
 from __future__ import annotations
 
+import functools
 import warnings
 
 import torch
@@ -138,6 +139,7 @@ def check_max_cols(op: str, n_cols: int, limit: int = MAX_FUSED_COLS) -> None:
         raise ValueError(f"{op}: the last dimension must be <= {limit} (one row per block), got {n_cols}")
 
 
+@functools.cache  # called on every launch with a few distinct widths: keep it off the host path
 def row_tile(n_cols: int, max_tile_elems: int = 4096) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps) for a row-wise kernel over rows of `n_cols` elements.
 
@@ -150,6 +152,12 @@ def row_tile(n_cols: int, max_tile_elems: int = 4096) -> tuple[int, int, int]:
     return block_m, block_n, num_warps
 
 
+@functools.cache
+def _sm_count(index: int) -> int:
+    """The streaming-multiprocessor count of CUDA device `index` (asked once per device, not per launch)."""
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
 def reduction_programs(device: torch.device, n_tiles: int) -> int:
     """How many programs a kernel that also reduces across rows (weight grads) should launch.
 
@@ -157,7 +165,7 @@ def reduction_programs(device: torch.device, n_tiles: int) -> int:
     interpreter few, since each program costs Python time. Never more than the number of tiles.
     """
     if device.type == "cuda":
-        n = 2 * torch.cuda.get_device_properties(device).multi_processor_count
+        n = 2 * _sm_count(device.index if device.index is not None else torch.cuda.current_device())
     else:
         n = 2
     return max(1, min(n, n_tiles))

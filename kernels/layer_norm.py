@@ -23,13 +23,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from dsrecipes.kernels._utils import (
+    cdiv,
     check_float_dtype,
     check_max_cols,
     jit,
     reduction_programs,
     row_tile,
     tl,
-    triton,
     use_triton,
 )
 from torch import nn
@@ -138,6 +138,8 @@ def _layer_norm_bwd_kernel(
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
     """[..., N] -> [M, N] with unit column stride (a view when possible)."""
+    if t.dim() == 2 and t.stride(-1) == 1:  # already rows: no reshape call on the hot path
+        return t
     t2 = t.reshape(-1, t.shape[-1])
     return t2 if t2.stride(-1) == 1 else t2.contiguous()
 
@@ -148,9 +150,8 @@ def _layer_norm_fwd(x2, weight, bias, eps, r2):
     block_m, block_n, num_warps = row_tile(N)
     y = torch.empty_like(x2)
     s = torch.empty_like(r2) if r2 is not None else None
-    mean = torch.empty(M, dtype=torch.float32, device=x2.device)
-    rstd = torch.empty(M, dtype=torch.float32, device=x2.device)
-    grid = (triton.cdiv(M, block_m),)
+    mean, rstd = torch.empty((2, M), dtype=torch.float32, device=x2.device).unbind(0)  # one allocation
+    grid = (cdiv(M, block_m),)
     _layer_norm_fwd_kernel[grid](
         x2, r2 if r2 is not None else x2, weight if weight is not None else x2, bias if bias is not None else x2,
         y, s if s is not None else y, mean, rstd,
@@ -166,7 +167,7 @@ def _layer_norm_bwd(dy2, dso2, x2, weight, has_bias, mean, rstd, x_dtype, r_dtyp
     """Launch the backward; returns dx, d_residual (None without residual), dweight, dbias."""
     M, N = x2.shape
     block_m, block_n, num_warps = row_tile(N)
-    n_prog = reduction_programs(x2.device, triton.cdiv(M, block_m))
+    n_prog = reduction_programs(x2.device, cdiv(M, block_m))
     dx = torch.empty((M, N), dtype=x_dtype, device=x2.device)
     # Written by the kernel, not aliased to dx: x.grad and residual.grad must not share storage.
     dr = torch.empty((M, N), dtype=r_dtype, device=x2.device) if r_dtype is not None else None
@@ -181,7 +182,10 @@ def _layer_norm_bwd(dy2, dso2, x2, weight, has_bias, mean, rstd, x_dtype, r_dtyp
         HAS_DSO=dso2 is not None, STORE_DR=dr is not None, HAS_W=weight is not None, HAS_B=has_bias,
         BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps,
     )
-    dw = dw_part.sum(0).to(weight.dtype) if weight is not None else None
+    dw = None
+    if weight is not None:
+        dw = dw_part.sum(0)
+        dw = dw if weight.dtype == torch.float32 else dw.to(weight.dtype)
     db = db_part.sum(0) if has_bias else None
     return dx, dr, dw, db
 
@@ -212,7 +216,7 @@ class LayerNormFunction(torch.autograd.Function):
         dy2 = _rows(dy) if dy is not None else torch.zeros_like(x2, dtype=ctx.x_dtype)
         dso2 = _rows(ds_out) if ds_out is not None else None
         dx, dr, dw, db = _layer_norm_bwd(dy2, dso2, x2, weight, ctx.has_bias, mean, rstd, ctx.x_dtype, ctx.r_dtype)
-        if db is not None:
+        if db is not None and ctx.bias_dtype != torch.float32:
             db = db.to(ctx.bias_dtype)
         dx = dx.view(ctx.shape)
         dr = dr.view(ctx.shape) if dr is not None else None

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import torch
 from dsrecipes.kernels._utils import (
+    cdiv,
     check_float_dtype,
     check_max_cols,
     jit,
     reduction_programs,
     row_tile,
     tl,
-    triton,
     use_triton,
 )
 from torch import nn
@@ -121,6 +121,8 @@ def _rms_norm_bwd_kernel(
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
     """[..., N] -> [M, N] with unit column stride (a view when possible)."""
+    if t.dim() == 2 and t.stride(-1) == 1:  # already rows: no reshape call on the hot path
+        return t
     t2 = t.reshape(-1, t.shape[-1])
     return t2 if t2.stride(-1) == 1 else t2.contiguous()
 
@@ -132,7 +134,7 @@ def _rms_norm_fwd(x2, weight, eps, r2):
     y = torch.empty_like(x2)
     s = torch.empty_like(r2) if r2 is not None else None
     rstd = torch.empty(M, dtype=torch.float32, device=x2.device)
-    grid = (triton.cdiv(M, block_m),)
+    grid = (cdiv(M, block_m),)
     _rms_norm_fwd_kernel[grid](
         x2, r2 if r2 is not None else x2, weight if weight is not None else x2,
         y, s if s is not None else y, rstd,
@@ -148,7 +150,7 @@ def _rms_norm_bwd(dy2, dso2, x2, weight, rstd, x_dtype, r_dtype):
     """Launch the backward; returns dx, d_residual (None without residual), dweight."""
     M, N = x2.shape
     block_m, block_n, num_warps = row_tile(N)
-    n_prog = reduction_programs(x2.device, triton.cdiv(M, block_m))
+    n_prog = reduction_programs(x2.device, cdiv(M, block_m))
     dx = torch.empty((M, N), dtype=x_dtype, device=x2.device)
     # Written by the kernel, not aliased to dx: x.grad and residual.grad must not share storage.
     dr = torch.empty((M, N), dtype=r_dtype, device=x2.device) if r_dtype is not None else None
@@ -161,7 +163,10 @@ def _rms_norm_bwd(dy2, dso2, x2, weight, rstd, x_dtype, r_dtype):
         HAS_DSO=dso2 is not None, STORE_DR=dr is not None, HAS_W=weight is not None,
         BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps,
     )
-    dw = dw_part.sum(0).to(weight.dtype) if weight is not None else None
+    dw = None
+    if weight is not None:
+        dw = dw_part.sum(0)
+        dw = dw if weight.dtype == torch.float32 else dw.to(weight.dtype)
     return dx, dr, dw
 
 

@@ -50,6 +50,19 @@ from dsrecipes.utils.dtypes import DTYPES
 
 IMPLS = BENCH_IMPLS  # the generate group's BenchImpl values (generate.bench_impls)
 DECODE_CHART = BarChart("decode throughput", "decode tokens/s", {"decode_tok_s": ""}, labels=("impl", "batch"))
+# Peak memory bandwidth in GB/s (vendor datasheets), matched in order against torch.cuda.get_device_name():
+# the batch-1 decode roofline's denominator when --hbm-gbps is not given.
+HBM_GBPS = (("H200", 4800.0), ("H100 PCIe", 2000.0), ("H100 NVL", 3900.0), ("H100", 3350.0))
+
+
+def known_hbm_gbps(device_name: str | None) -> float | None:
+    """The memory bandwidth of a known GPU by name (H200 4800, H100 SXM 3350 GB/s), else None."""
+    for key, gbps in HBM_GBPS:
+        if device_name and key in device_name:
+            return gbps
+    return None
+
+
 GPU_ONLY = {"kernels": "the Triton kernels need a GPU; on CPU they would run their torch references",
             "graph": "CUDA graphs need a GPU", "int8_graph": "CUDA graphs need a GPU"}
 
@@ -244,7 +257,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--impls", nargs="+", default=list(IMPLS))
-    parser.add_argument("--hbm-gbps", type=float, default=None, help="device memory bandwidth (H100 SXM 3350, H200 4800)")
+    parser.add_argument("--hbm-gbps", type=float, default=None,
+                        help="device memory bandwidth in GB/s (default: detected for H100 SXM 3350, H200 4800)")
     parser.add_argument("--out", default=None, help="folder for inference.csv/json/md (default: a temporary folder)")
     args = parser.parse_args(argv)
     cuda = torch.cuda.is_available()
@@ -258,8 +272,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         model = model_from_name(name, args.vocab_size or (50304 if name == "gpt_1_3b" else 320), None)
     if not cuda:
         torch.set_num_threads(max(1, torch.get_num_threads()))
+    hbm_gbps = args.hbm_gbps or (known_hbm_gbps(torch.cuda.get_device_name()) if cuda else None)
     rows = run_benchmark(model, args.batch, args.prompt_len, args.new_tokens, dtype, device, args.repeats,
-                         args.impls, args.hbm_gbps)
+                         args.impls, hbm_gbps)
     table = print_table(rows, f"inference: {name} ({model.num_params() / 1e6:.1f}M params), {device}, "
                               f"{str(dtype).replace('torch.', '')}, prompt {args.prompt_len}, {args.new_tokens} new tokens")
     out = Path(args.out or tempfile.mkdtemp(prefix="dsrecipes_bench_"))

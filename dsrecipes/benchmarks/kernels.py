@@ -35,6 +35,7 @@ import gc
 import json
 import math
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -491,6 +492,39 @@ def print_table(rows: list[dict], meta: dict) -> None:
     print_uncut(make_console(), results_table(rows, meta))
 
 
+def run_ops(ops: list[str], c: Ctx, use_compile: bool, deadline: float | None = None) -> tuple[list[dict], list[str]]:
+    """(rows, ops not started): every case of each op in `ops`, in order; an op is not started once
+    time.monotonic() has passed `deadline` (a caller's time budget, e.g. dsrecipes.benchmarks.gpu_suite)."""
+    rows: list[dict] = []
+    not_started: list[str] = []
+    for op in ops:
+        if deadline is not None and time.monotonic() > deadline:
+            not_started.append(op)
+            continue
+        for bench in CASES[op](c):
+            rows += run_bench(bench, c, use_compile=use_compile)
+            del bench
+            if c.device.type == "cuda":
+                torch._dynamo.reset()
+                gc.collect()
+                torch.cuda.empty_cache()
+    return rows, not_started
+
+
+def run_meta(c: Ctx, dtype: str) -> dict:
+    """The device, dtype and library versions a kernel table was measured with (kernels.json's header)."""
+    cuda = c.device.type == "cuda"
+    meta = {"device": c.device.type, "device_name": torch.cuda.get_device_name(c.device) if cuda else "cpu",
+            "dtype": dtype, "quick": c.quick, "torch": torch.__version__}
+    try:
+        import triton
+
+        meta["triton"] = triton.__version__
+    except ImportError:
+        meta["triton"] = None
+    return meta
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ops", nargs="+", default=list(CASES), choices=list(CASES), metavar="OP",
@@ -511,24 +545,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         print("--quick: running a tiny CPU smoke instead (the reference vs eager, no Triton, no torch.compile).")
     c = Ctx(torch.device("cuda" if cuda else "cpu"), DTYPES[args.dtype], args.quick)
     torch.manual_seed(args.seed)
-    rows: list[dict] = []
-    for op in args.ops:
-        for bench in CASES[op](c):
-            rows += run_bench(bench, c, use_compile=cuda and not args.no_compile)
-            del bench
-            if cuda:
-                torch._dynamo.reset()
-                gc.collect()
-                torch.cuda.empty_cache()
-
-    meta = {"device": c.device.type, "device_name": torch.cuda.get_device_name(c.device) if cuda else "cpu",
-            "dtype": args.dtype, "quick": args.quick, "torch": torch.__version__}
-    try:
-        import triton
-
-        meta["triton"] = triton.__version__
-    except ImportError:
-        meta["triton"] = None
+    rows, _ = run_ops(args.ops, c, use_compile=cuda and not args.no_compile)
+    meta = run_meta(c, args.dtype)
     out = Path(args.out or tempfile.mkdtemp(prefix="dsrecipes_kernels_"))
     print_table(rows, meta)
     write_outputs(rows, meta, out)

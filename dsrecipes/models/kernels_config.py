@@ -1,6 +1,7 @@
 """The `kernels` config group: which implementation the model's hot ops run on.
 
-    kernels.backend: auto   # triton where the model sits on a CUDA device and triton imports, else torch
+    kernels.backend: auto   # on CUDA (triton importable): per op, what the measured policy marks faster
+                            # (dsrecipes/models/kernel_policy.json, see kernel_policy.py); elsewhere torch
     kernels.backend: torch  # the plain-torch modules (SDPA, torch norms, F.cross_entropy)
     kernels.backend: triton # dsrecipes.kernels' fused ops, swapped in by dsrecipes.models.kernel_injection
 
@@ -41,7 +42,9 @@ def validate_kernels_config(cfg: KernelsConfig) -> None:
 
 
 def resolve_kernels_backend(backend: str, device: torch.device | str | None = None) -> str:
-    """"torch" or "triton". auto = triton when the model's device (else: any CUDA device) is CUDA and triton imports."""
+    """"torch" or "triton": whether `backend` may inject any Triton op on `device`. auto = "triton" when the model's
+    device (else: any CUDA device) is CUDA and triton imports; *which* ops it then injects is the per-op
+    policy's choice (dsrecipes.models.kernel_policy.choose_ops)."""
     validate_kernels_config(KernelsConfig(backend=backend))
     if backend != "auto":
         return str(backend)
