@@ -1,7 +1,9 @@
 """compile=blocks / full reproduces the eager run (CPU, inductor's C++ backend), and bad compile input fails early.
 
 Equivalence: the layout tests' recipe (tests/helpers/equivalence.py: gpt_debug, 10 steps, accumulation
-2, clipping) through the real CLI, against the shared eager single-process run. Inductor fuses the
+2, clipping) through the real CLI, against the shared eager single-process run: world 1, with activation
+checkpointing, compile=full, world 2 under DDP, under ZeRO-3 and with tensor parallelism (tp 2); MoE
+against its own eager run. Inductor fuses the
 elementwise work of each block (layer norm, GELU, residual adds) into generated C++ loops whose
 float summation order differs from ATen's kernels, so compiled runs are not bitwise equal: losses
 within 1e-4 absolute and exported parameters within 2e-4 over the 10 steps (measured differences
@@ -32,6 +34,7 @@ LAYOUTS = {
     "full_world1": ["launcher.nproc_per_node=1", "trainer.train_micro_batch_size_per_gpu=8", "compile=full"],
     "blocks_ddp": ["launcher.nproc_per_node=2", "trainer.train_micro_batch_size_per_gpu=4", "zero.stage=0"],
     "blocks_zero3": ["launcher.nproc_per_node=2", "trainer.train_micro_batch_size_per_gpu=4", "zero.stage=3"],
+    "blocks_tp2": ["launcher.nproc_per_node=2", "trainer.train_micro_batch_size_per_gpu=8", "parallel.tp=2"],
 }
 
 
@@ -50,6 +53,20 @@ def test_compiled_run_reproduces_the_eager_single_process_run(tmp_path, datasets
     line = run_layout(tmp_path / layout)
     expected = "compile: full model" if "compile=full" in overrides else "compile: 4 block(s) compiled separately"
     assert expected in line, line
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_compiled_moe_reproduces_eager_moe(tmp_path, datasets_cache):
+    """MoE blocks (top-2 gating, capacity, dispatch and the experts' ModuleList inside the compiled block)."""
+    base = common(datasets_cache) + ["launcher.nproc_per_node=1", "trainer.train_micro_batch_size_per_gpu=8",
+                                     "moe=top2", "moe.num_experts=4"]
+    eager_losses, eager_params = run_and_read(tmp_path, "eager", base)
+    losses, params = run_and_read(tmp_path, "compiled", base + ["compile=blocks"])
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(eager_losses), rtol=0, atol=LOSS_TOLERANCE)
+    for name in eager_params:
+        torch.testing.assert_close(params[name], eager_params[name], rtol=0, atol=PARAM_TOLERANCE, msg=name)
+    assert "compile: 4 block(s)" in run_layout(tmp_path / "compiled")
 
 
 # ---------------------------------------------------------------------------------------------------

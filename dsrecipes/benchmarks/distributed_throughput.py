@@ -1,6 +1,7 @@
 """Distributed training throughput: dsrecipes vs a hand-written PyTorch loop vs DeepSpeed, per ZeRO stage.
 
     python -m dsrecipes.benchmarks.distributed_throughput --world-size 2 --stage 0 1 2 3 --steps 30
+    python -m dsrecipes.benchmarks.distributed_throughput --rounds 3 --frameworks dsrecipes dsrecipes_compile deepspeed
     python -m dsrecipes.benchmarks.distributed_throughput --world-size 8 --stage 2 3 --model gpt2_124m \\
         --seq 1024 --micro-batch 8 --grad-accum 2 --steps 60 --out bench/
 
@@ -10,6 +11,8 @@ the same order, constant learning rate) is trained, for each --stage, by:
 
   dsrecipes     the real CLI, `python -m dsrecipes launcher.nproc_per_node=W zero.stage=S ...`, in a
                 subprocess; throughput is read from the run's metrics.jsonl.
+  dsrecipes_compile  the same with `compile=blocks` (each block torch.compile'd; the first window,
+                which holds the compilation, is not counted).
   hand-written  a minimal loop in W processes (torch.multiprocessing, spawn): stage 0 DDP, stage 1
                 ZeroRedundancyOptimizer + DDP, stage 2 FSDP2 fully_shard(reshard_after_forward=False)
                 per block and at the root, stage 3 fully_shard.
@@ -32,6 +35,10 @@ With --rounds R every framework runs R times per stage, interleaved, the order r
 rounds are kept in the CSV), peak memory the maximum. On small shared machines single runs vary by
 more than the differences measured; use --rounds 3 or more there.
 
+The machine's fp32 matmul peak is measured in the same run (a square torch.mm on all cores, best of
+several) and each dsrecipes row reports its model FLOP/s (tokens/s x the GPT's training FLOPs per
+token) as a fraction of it.
+
 Prints one table with the ratios dsrecipes/hand-written and dsrecipes/DeepSpeed and writes
 distributed_throughput.csv, .json, .md (the table) and .png (tokens/s per stage and framework) to --out.
 """
@@ -53,7 +60,9 @@ from pathlib import Path
 
 from dsrecipes.benchmarks.results import BarChart, write_rows
 
-FRAMEWORKS = ("dsrecipes", "handwritten", "deepspeed")
+FRAMEWORKS = ("dsrecipes", "dsrecipes_compile", "handwritten", "deepspeed")
+DEFAULT_FRAMEWORKS = ("dsrecipes", "handwritten", "deepspeed")
+OURS = ("dsrecipes", "dsrecipes_compile")
 HANDWRITTEN_MECHANISM = {
     0: "DDP",
     1: "ZeroRedundancyOptimizer+DDP",
@@ -86,7 +95,42 @@ def median_tokens_per_s(windows: list[dict]) -> tuple[float, float]:
 
 
 # --------------------------------------------------------------------------- (a) dsrecipes
-def dsrecipes_command(args, stage: int, run_dir: Path) -> list[str]:
+def matmul_peak_gflops(size: int = 1024, repeats: int = 5) -> float:
+    """The machine's fp32 matmul GFLOP/s: the best of `repeats` timed [size x size] @ [size x size] torch.mm
+    batches on every core torch uses (CUDA: the current device)."""
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    a, b = (torch.randn(size, size, device=device) for _ in range(2))
+    best = float("inf")
+    for _ in range(repeats + 1):  # the first is a warm-up
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(8):
+            torch.mm(a, b)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - start) / 8)
+    return 2 * size**3 / best / 1e9
+
+
+def model_flops_per_token(args) -> float:
+    """Training FLOPs per token (forward + backward) of the benchmarked GPT at --seq, from its config."""
+    from omegaconf import OmegaConf
+
+    from dsrecipes.config.store import compose
+    from dsrecipes.models.gpt import GPT
+
+    root = OmegaConf.to_object(compose([f"model={args.model}", f"model.max_seq_len={args.seq}"]))
+    root.model.vocab_size = root.model.vocab_size or 256  # the byte tokenizer's vocabulary
+    import torch
+
+    with torch.device("meta"):
+        return GPT(root.model).flops_per_token(args.seq)
+
+
+def dsrecipes_command(args, stage: int, run_dir: Path, compiled: bool = False) -> list[str]:
     overrides = [
         f"model={args.model}", f"model.max_seq_len={args.seq}", f"trainer.max_steps={args.steps}",
         f"trainer.train_micro_batch_size_per_gpu={args.micro_batch}",
@@ -100,6 +144,8 @@ def dsrecipes_command(args, stage: int, run_dir: Path) -> list[str]:
         overrides.append(f"data.max_bytes={args.max_bytes}")
     if args.cache_dir:
         overrides.append(f"data.cache_dir={args.cache_dir}")
+    if compiled:
+        overrides.append("compile=blocks")
     return [sys.executable, "-m", "dsrecipes", *overrides, *args.extra]
 
 
@@ -332,9 +378,10 @@ def measure(kind: str, stage: int, args, workdir: Path, round_index: int = 0) ->
     spec = {"world_size": args.world_size, "model": args.model, "seq": args.seq, "micro_batch": args.micro_batch,
             "grad_accum": args.grad_accum, "steps": args.steps, "log_interval": args.log_interval,
             "max_bytes": args.max_bytes, "cache_dir": args.cache_dir}
-    if kind == "dsrecipes":
-        run_dir = workdir / f"dsrecipes_stage{stage}_round{round_index}"
-        spec.update(run_dir=str(run_dir), cwd=str(workdir), command=dsrecipes_command(args, stage, run_dir))
+    if kind in OURS:
+        run_dir = workdir / f"{kind}_stage{stage}_round{round_index}"
+        command = dsrecipes_command(args, stage, run_dir, compiled=kind == "dsrecipes_compile")
+        spec.update(run_dir=str(run_dir), cwd=str(workdir), command=command)
     result_path = workdir / f"{kind}_stage{stage}_round{round_index}.json"
     proc = subprocess.run(
         [sys.executable, "-m", "dsrecipes.benchmarks.distributed_throughput", "--_child", kind, str(stage),
@@ -386,7 +433,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--grad-accum", type=int, default=1)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--log-interval", type=int, default=5)
-    parser.add_argument("--frameworks", nargs="+", default=list(FRAMEWORKS), choices=FRAMEWORKS)
+    parser.add_argument("--frameworks", nargs="+", default=list(DEFAULT_FRAMEWORKS), choices=FRAMEWORKS)
     parser.add_argument("--max-bytes", type=int, default=None, help="cap on the corpus (data.max_bytes)")
     parser.add_argument("--cache-dir", default=None, help="datasets cache (data.cache_dir)")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds allowed per run")
@@ -400,6 +447,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     out = Path(args.out or tempfile.mkdtemp(prefix="dsrecipes_dist_bench_")).resolve()
     out.mkdir(parents=True, exist_ok=True)
     have_deepspeed = deepspeed_available()
+    peak_gflops = matmul_peak_gflops()
+    flops_per_token = model_flops_per_token(args)
+    print(f"fp32 matmul peak of this machine: {peak_gflops:,.1f} GFLOP/s; {flops_per_token / 1e6:.2f} MFLOP per "
+          "trained token", flush=True)
     rows = []
     for stage in args.stage:
         runs: dict[str, list[dict]] = {kind: [] for kind in args.frameworks}
@@ -414,7 +465,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         results = {kind: combine_rounds(r) for kind, r in runs.items()}
         row = {"world_size": args.world_size, "stage": stage, "model": args.model, "seq": args.seq,
                "micro_batch": args.micro_batch, "grad_accum": args.grad_accum, "steps": args.steps,
-               "handwritten_mechanism": HANDWRITTEN_MECHANISM[stage]}
+               "handwritten_mechanism": HANDWRITTEN_MECHANISM[stage], "matmul_peak_gflops": peak_gflops}
         for kind in FRAMEWORKS:
             r = results.get(kind, {"error": "not run"})
             row[f"{kind}_tokens_per_s"] = r.get("tokens_per_s")
@@ -422,10 +473,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
             row[f"{kind}_peak_mb"] = peak_mb(r)
             row[f"{kind}_final_loss"] = r.get("final_loss")
             row[f"{kind}_error"] = r.get("error")
-        ours = row["dsrecipes_tokens_per_s"]
-        for kind, key in (("handwritten", "vs_handwritten"), ("deepspeed", "vs_deepspeed")):
-            theirs = row[f"{kind}_tokens_per_s"]
-            row[key] = ours / theirs if ours and theirs else None
+        for ours_kind, prefix in (("dsrecipes", ""), ("dsrecipes_compile", "compile_")):
+            ours = row[f"{ours_kind}_tokens_per_s"]
+            for kind, key in (("handwritten", "vs_handwritten"), ("deepspeed", "vs_deepspeed")):
+                theirs = row[f"{kind}_tokens_per_s"]
+                row[prefix + key] = ours / theirs if ours and theirs else None
+            row[f"{prefix}pct_of_matmul_peak"] = (100 * ours * flops_per_token / (peak_gflops * 1e9)) if ours else None
         rows.append(row)
 
     table = print_table(rows, args)
@@ -445,8 +498,12 @@ def print_table(rows: list[dict], args):
     unit = "peak MB/rank (" + ("CUDA alloc" if rows and _on_cuda() else "RSS") + ")"
     table = Table(title=f"{args.model}, world {args.world_size}, {args.micro_batch}x{args.grad_accum}x"
                         f"{args.world_size} x {args.seq} tokens/step, {args.steps} steps")
-    for column in ("stage", "dsrecipes tok/s", "hand tok/s", "DeepSpeed tok/s", f"dsrecipes {unit}", "hand MB",
-                   "DeepSpeed MB", "x hand", "x DeepSpeed"):
+    compiled = "dsrecipes_compile" in args.frameworks
+    columns = ["stage", "dsrecipes tok/s", "hand tok/s", "DeepSpeed tok/s", f"dsrecipes {unit}", "hand MB",
+               "DeepSpeed MB", "x hand", "x DeepSpeed", "% fp32 peak"]
+    if compiled:
+        columns += ["compile tok/s", "compile x DeepSpeed", "compile % fp32 peak"]
+    for column in columns:
         table.add_column(column, justify="right")
 
     def num(value, fmt):
@@ -458,6 +515,9 @@ def print_table(rows: list[dict], args):
             str(r["stage"]), num(r["dsrecipes_tokens_per_s"], ",.0f"), num(r["handwritten_tokens_per_s"], ",.0f"),
             ds_tps, num(r["dsrecipes_peak_mb"], ",.0f"), num(r["handwritten_peak_mb"], ",.0f"),
             num(r["deepspeed_peak_mb"], ",.0f"), num(r["vs_handwritten"], ".3f"), num(r["vs_deepspeed"], ".3f"),
+            num(r["pct_of_matmul_peak"], ".1f"),
+            *([num(r["dsrecipes_compile_tokens_per_s"], ",.0f"), num(r["compile_vs_deepspeed"], ".3f"),
+               num(r["compile_pct_of_matmul_peak"], ".1f")] if compiled else []),
         )
     print_uncut(make_console(), table)
     return table
