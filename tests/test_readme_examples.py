@@ -64,6 +64,10 @@ SKIP = [
                                        "joined torchrun path runs below with mode=generate at 2 ranks)"),
     (r"^python -m dsrecipes\.benchmarks\.inference .*--hbm-gbps", "needs a GPU: a 1.3B model measured against HBM "
                                                                   "bandwidth"),
+    (r"\bfp8=(tensorwise|rowwise)", "needs a CUDA GPU with compute capability >= 8.9: refused on CPU before any work "
+                                    "(tests/test_float8.py checks the refusal and the conversion on CPU)"),
+    (r"^python -m dsrecipes\.benchmarks\.gpu_suite --out", "needs a GPU (about 8 minutes on an H100/H200); its --smoke "
+                                                           "example below runs, as does tests/test_gpu_suite.py"),
 ]
 
 # (regex, reason): multi-worker recipes whose layout another test already runs across processes. Each
@@ -82,6 +86,8 @@ VALIDATE_ONLY = [
     (r"optimizer=(onebitadam|zerooneadam|onebitlamb)", "2 workers; the 1-bit optimizers at world 2: tests/test_onebit.py "
                                                        "(and the communication benchmark's README example)"),
     (r"zero\.zero_quantized_weights=true", "2 workers; ZeRO++ at world 2: tests/test_zeropp.py"),
+    (r"compile=blocks zero\.stage=3 launcher\.nproc_per_node=2", "2 workers; compile=blocks under ZeRO-3 (and DDP, tp 2, "
+                                                                  "with checkpointing) at world 2: tests/test_torch_compile.py"),
     (r"comms_logger=enabled zero\.stage=2", "2 workers; the comms logger in a world-2 Trainer: tests/test_comms_logger.py "
                                              "(and through the CLI: the communication benchmark's README example)"),
 ]
