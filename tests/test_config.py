@@ -54,7 +54,7 @@ def test_every_experiment_composes_and_validates(experiment):
 def test_required_experiments_exist():
     assert {"gpt_tiny", "gpt_zero3"} <= set(options("experiment"))
     cfg = compose(["+experiment=gpt_zero3"])
-    assert cfg.zero.stage == 3 and cfg.precision.dtype == "bf16"
+    assert cfg.zero.stage == 3 and cfg.precision.dtype == "auto"  # bf16 where the device is fast at it
 
 
 @pytest.mark.parametrize("group", [g for g in CONFIG_GROUPS])
