@@ -17,7 +17,6 @@ import importlib.util
 import json
 import os
 import platform
-import shutil
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -202,8 +201,9 @@ def _flash_sdpa() -> tuple[str, str]:
 
 
 def _torch_compile() -> tuple[str, str]:
-    compiler = shutil.which(os.environ.get("CXX", "")) if os.environ.get("CXX") else None
-    compiler = compiler or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
+    from dsrecipes.distributed.torch_compile import cpp_compiler  # the lookup compile=... is validated with
+
+    compiler = cpp_compiler()
     if torch.cuda.is_available():
         ok = importlib.util.find_spec("triton") is not None
         return ("yes" if ok else "no"), "inductor on the GPU needs triton" + ("" if ok else " (not installed)")

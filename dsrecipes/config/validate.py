@@ -129,8 +129,9 @@ def validate_engine_config(cfg: RootConfig, world_size: int) -> BatchSizes:
     batch = resolve_batch_sizes(
         t.train_batch_size, t.train_micro_batch_size_per_gpu, t.gradient_accumulation_steps, dp_world_size
     )
-    warn_fp16_on_cpu(cfg, resolve_device(t.device))
-    validate_float8_config(cfg.fp8, resolve_device(t.device))  # fp8: CUDA >= 8.9 and torchao, before any work
+    device = resolve_device(t.device)
+    warn_fp16_on_cpu(cfg, device)
+    validate_float8_config(cfg.fp8, device)  # fp8: CUDA >= 8.9 and torchao, before any work
     check_float8_compatibility(cfg, dims)
     _positive("trainer.max_steps", t.max_steps)
     _positive("trainer.log_interval", t.log_interval)
@@ -203,7 +204,8 @@ def validate_recipe(cfg: RootConfig | DictConfig, dp_world_size: int | None = No
     or WORLD_SIZE); the data-parallel size is derived from it and the `parallel` degrees.
     """
     root = to_root(cfg)
-    auto_precision = resolve_auto_precision(root.precision, resolve_device(root.trainer.device))
+    device = resolve_device(root.trainer.device)
+    auto_precision = resolve_auto_precision(root.precision, device)
     if auto_precision:
         log.info(auto_precision)
     check_ranges(root)
@@ -217,7 +219,7 @@ def validate_recipe(cfg: RootConfig | DictConfig, dp_world_size: int | None = No
     _choice("logger.wandb_mode", root.logger.wandb_mode, WANDB_MODES)
     validate_kernels_config(root.kernels)
     validate_activation_checkpoint_config(root.activation_checkpointing)
-    validate_compile_config(root.compile, resolve_device(root.trainer.device).type)
+    validate_compile_config(root.compile, device.type)
     world = dp_world_size or data_parallel_world_size()
     validate_launcher_config(root.launcher)
     check_launcher_backend(root.launcher, world)

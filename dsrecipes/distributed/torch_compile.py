@@ -28,6 +28,7 @@ Not compiled: the optimizer step. dsrecipes' optimizers already run torch's fuse
 
 from __future__ import annotations
 
+import os
 import shutil
 from dataclasses import dataclass
 
@@ -73,8 +74,6 @@ def installed_backends() -> list[str]:
 
 def cpp_compiler() -> str | None:
     """The C++ compiler inductor's CPU backend would use (CXX, else g++ / c++ / clang++ on PATH)."""
-    import os
-
     candidates = [os.environ["CXX"]] if os.environ.get("CXX") else []
     for name in (*candidates, "g++", "c++", "clang++"):
         found = shutil.which(name)

@@ -6,7 +6,7 @@ the gathered lists, a multi-tensor (`torch._foreach_*`) one and a per-tensor loo
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -30,14 +30,7 @@ class MultiTensorOptimizer(torch.optim.Optimizer):
                 loss = closure()
         for group in self.param_groups:
             params, grads, states = [], [], []
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if p.grad.is_sparse:
-                    raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
-                state = self.state[p]
-                if not state:
-                    self.init_state(p, state)
+            for p, state in params_with_grads(self, group):
                 params.append(p)
                 grads.append(p.grad)
                 states.append(state)
@@ -48,3 +41,17 @@ class MultiTensorOptimizer(torch.optim.Optimizer):
                 foreach = all(p.is_cuda for p in params)
             (self.update_foreach if foreach else self.update_loop)(params, grads, states, group)
         return loss
+
+
+def params_with_grads(optimizer, group: dict) -> Iterator[tuple[torch.Tensor, dict]]:
+    """(parameter, state) of every parameter of `group` with a dense gradient, in order, its state created by
+    optimizer.init_state(p, state) on first use; a sparse gradient is refused (the fused updates are dense)."""
+    for p in group["params"]:
+        if p.grad is None:
+            continue
+        if p.grad.is_sparse:
+            raise RuntimeError(f"{type(optimizer).__name__} does not support sparse gradients")
+        state = optimizer.state[p]
+        if not state:
+            optimizer.init_state(p, state)
+        yield p, state

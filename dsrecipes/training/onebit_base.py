@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from dsrecipes.distributed.compressed_allreduce import CompressionErrors, compressed_allreduce
+from dsrecipes.training.multi_tensor_optimizer import params_with_grads
 
 __all__ = ["OneBitOptimizer", "check_onebit_hyperparameters"]
 
@@ -125,14 +126,7 @@ class OneBitOptimizer(torch.optim.Optimizer):
     def params_to_step(self, group: dict) -> Iterator[tuple[torch.Tensor, dict]]:
         """(parameter, state) of every parameter of `group` with a dense gradient, its state created on
         first use and its step count advanced; a sparse gradient is refused."""
-        for p in group["params"]:
-            if p.grad is None:
-                continue
-            if p.grad.is_sparse:
-                raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
-            state = self.state[p]
-            if not state:
-                self.init_state(p, state)
+        for p, state in params_with_grads(self, group):
             state["step"] += 1
             yield p, state
 
