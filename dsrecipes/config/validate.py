@@ -144,7 +144,8 @@ def validate_engine_config(cfg: RootConfig, world_size: int) -> BatchSizes:
     validate_precision_config(cfg.precision)
     _positive("checkpoint.interval", cfg.checkpoint.interval, allow_zero=True)
     _positive("checkpoint.keep_last", cfg.checkpoint.keep_last, allow_zero=True)
-    if cfg.zero.stage > 0 and dp_world_size == 1 and not dims.model_parallel:
+    offload = "none" != cfg.zero.offload_optimizer or "none" != cfg.zero.offload_param
+    if cfg.zero.stage > 0 and dp_world_size == 1 and not dims.model_parallel and not offload:
         warnings.warn(
             f"zero.stage={cfg.zero.stage} with a data-parallel world size of 1: there is nothing to shard, "
             "the run trains as stage 0",

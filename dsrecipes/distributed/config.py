@@ -9,7 +9,7 @@ Keys DeepSpeed has and dsrecipes does not are rejected by the schema.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dsrecipes.utils.config_enum import ConfigEnum, config_enum, enum_values
 
@@ -17,10 +17,12 @@ ZERO_STAGES = (0, 1, 2, 3)  # zero.stage stays an int, checked by validate_zero_
 
 
 class OffloadDevice(ConfigEnum):
-    """zero.offload_optimizer / zero.offload_param: keep on the accelerator (none) or offload to the CPU."""
+    """zero.offload_optimizer / zero.offload_param: keep on the accelerator (none), offload to the CPU, or
+    to NVMe swap files under zero.nvme_path (ZeRO-Infinity; stage 3)."""
 
     none = "none"
     cpu = "cpu"
+    nvme = "nvme"
 
 
 # parallel.pp_schedule ("1f1b" is no identifier: the functional form names each member by its value)
@@ -63,11 +65,28 @@ LAUNCHER_BACKENDS = enum_values(LauncherBackend)
 
 
 @dataclass
+class AioConfig:
+    """zero.aio: DeepSpeed's `aio` block (its keys and defaults) for NVMe offload's swap-file I/O
+    (dsrecipes.distributed.offload.aio says how each maps onto the thread pool)."""
+
+    block_size: int = 1048576  # bytes per block (a multiple of 4096: O_DIRECT's alignment)
+    queue_depth: int = 8  # blocks per vectored read/write call
+    thread_count: int = 1  # I/O threads
+    single_submit: bool = False  # true: one block per call
+    overlap_events: bool = True  # false: wait for every read/write at once (no prefetch, no write-behind)
+
+
+@dataclass
 class ZeroConfig:
     """stage 0: replicate; 1: shard optimizer states; 2: + gradients; 3: + parameters.
 
     offload_optimizer / offload_param = cpu: FSDP2's CPUOffloadPolicy (sharded parameters, their
     gradients and the optimizer step live on the CPU); stages 2-3 only (stage 2 then runs on FSDP2).
+    = nvme (ZeRO-Infinity, stage 3; dsrecipes.distributed.offload): as cpu, and the optimizer states /
+    the parameter shards live in swap files under nvme_path, streamed through host buffer pools:
+    buffer_count (optimizer, DeepSpeed's offload_optimizer.buffer_count) and param_buffer_count
+    (offload_param.buffer_count) buffers of buffer_size elements each (offload_param.buffer_size, which
+    also bounds the optimizer's swap units); pin_memory pins the pools on CUDA; aio: the I/O engine.
     hybrid_shard_size: shard within groups of this many ranks and replicate across groups (HSDP);
     0 = shard across all data-parallel ranks.
 
@@ -90,6 +109,12 @@ class ZeroConfig:
     zero_quantized_gradients: bool = False
     zero_quantized_gradients_bits: int = 8  # 8 | 4 (dsrecipes' key, not DeepSpeed's)
     zero_hpz_partition_size: int = 1
+    nvme_path: str | None = None  # directory for NVMe offload's swap files (scratch: removed at exit)
+    buffer_count: int = 4  # optimizer-state pool buffers (>= 2 x state tensors per parameter to overlap I/O)
+    param_buffer_count: int = 5  # parameter pool buffers
+    buffer_size: int = 100_000_000  # elements per pool buffer (>= the largest parameter shard)
+    pin_memory: bool = True  # pinned pools on CUDA (ignored on CPU)
+    aio: AioConfig = field(default_factory=AioConfig)
 
 
 @dataclass
@@ -147,6 +172,35 @@ def validate_zero_config(cfg: ZeroConfig, prefix: str = "zero") -> None:
     if cfg.hybrid_shard_size < 0:
         raise ValueError(f"{prefix}.hybrid_shard_size={cfg.hybrid_shard_size} must be >= 0")
     validate_zeropp_config(cfg, prefix)
+    validate_nvme_keys(cfg, prefix)
+
+
+def uses_nvme(cfg: ZeroConfig) -> bool:
+    return "nvme" in (cfg.offload_optimizer, cfg.offload_param)
+
+
+def validate_nvme_keys(cfg: ZeroConfig, prefix: str = "zero") -> None:
+    """NVMe offload's keys on their own (the path and the buffers against the model: offload.plan)."""
+    for key in ("offload_optimizer", "offload_param"):
+        if getattr(cfg, key) == "nvme" and cfg.stage < 3:
+            raise ValueError(f"{prefix}.{key}=nvme needs {prefix}.stage=3 (ZeRO-Infinity offloads the shards of "
+                             f"stage 3, as in DeepSpeed); got stage {cfg.stage}")
+    if not uses_nvme(cfg):
+        return
+    if not cfg.nvme_path:
+        raise ValueError(f"{prefix}.offload_optimizer/offload_param=nvme needs {prefix}.nvme_path (a directory on a "
+                         f"fast local disk for the swap files), e.g. {prefix}.nvme_path=/local_nvme")
+    for key, low in (("buffer_count", 1), ("param_buffer_count", 1), ("buffer_size", 1)):
+        if getattr(cfg, key) < low:
+            raise ValueError(f"{prefix}.{key}={getattr(cfg, key)} must be >= {low}")
+    aio = cfg.aio
+    if aio.block_size < 4096 or aio.block_size % 4096:
+        raise ValueError(f"{prefix}.aio.block_size={aio.block_size} must be a positive multiple of 4096 bytes "
+                         "(O_DIRECT's alignment)")
+    if not 1 <= aio.queue_depth <= 1024:
+        raise ValueError(f"{prefix}.aio.queue_depth={aio.queue_depth} must be in 1..1024 (blocks per call)")
+    if aio.thread_count < 1:
+        raise ValueError(f"{prefix}.aio.thread_count={aio.thread_count} must be >= 1")
 
 
 def validate_zeropp_config(cfg: ZeroConfig, prefix: str = "zero") -> None:

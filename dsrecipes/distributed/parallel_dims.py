@@ -31,6 +31,7 @@ import warnings
 from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 WORLD_DIMS = ("pp", "dp_replicate", "dp_shard", "sp", "tp")
@@ -122,6 +123,11 @@ class ParallelDims:
     def world_mesh(self) -> DeviceMesh:
         """The (pp, dp_replicate, dp_shard, sp, tp) mesh over every rank (built on first use)."""
         if "world" not in self._meshes:
+            if self.world_size == 1 and not dist.is_initialized():
+                # a single process that still needs a mesh (FSDP2 at one rank: CPU / NVMe offload) gets its
+                # own one-rank group, with no launcher or environment variables
+                backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+                dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
             shape = (self.pp, self.dp_replicate, self.dp_shard, self.sp, self.tp)
             self._meshes["world"] = init_device_mesh(self.device_type, shape, mesh_dim_names=WORLD_DIMS)
         return self._meshes["world"]

@@ -64,7 +64,8 @@ def full_model_state(engine) -> dict:
     plan = engine.plan
     if plan.pipeline is not None:  # every stage's tensors, gathered from the pipeline group
         return plan.pipeline.full_state_dict()
-    state = engine.strategy.full_state_dict()
+    with engine.strategy.states_in_memory(writes=False):
+        state = engine.strategy.full_state_dict()
     if plan.expert_parallel is not None:
         state = plan.expert_parallel.gather_full(state, engine.strategy.unwrapped)
     return state
@@ -85,7 +86,8 @@ def save(engine, save_dir: str | os.PathLike, tag: str, client_state: dict | Non
     tmp = begin_checkpoint(save_dir, tag, engine.is_writer, expected_checkpoint_bytes(engine, save_dir))
     error = None
     try:
-        _write_states(engine, tmp)
+        with engine.strategy.states_in_memory(writes=False):
+            _write_states(engine, tmp)
     except (OSError, CheckpointException) as failure:  # CheckpointException (DCP) is a BaseException
         error = _describe_failure(failure)
     raise_if_any_rank_failed(error, save_dir, tag, tmp, engine.is_writer)
@@ -145,10 +147,11 @@ def expected_checkpoint_bytes(engine, save_dir: Path) -> int:
 def load(engine, load_dir: str | os.PathLike, tag: str | None, load_optimizer_states: bool) -> tuple[Path, dict]:
     path = resolve_checkpoint_dir(load_dir, tag)
     state = read_checkpoint(path, COMPLETE_MARKER)
-    if (path / DCP_DIR).exists():
-        _load_sharded(engine, path, load_optimizer_states)
-    else:
-        _load_full(engine, path, load_optimizer_states)
+    with engine.strategy.states_in_memory(writes=True):
+        if (path / DCP_DIR).exists():
+            _load_sharded(engine, path, load_optimizer_states)
+        else:
+            _load_full(engine, path, load_optimizer_states)
     engine.load_counters_state(state, load_optimizer_states)
     rng_file = path / f"rng_rank{engine.rank}.pt"
     set_rng_state(read_checkpoint(path, rng_file.name if rng_file.exists() else "rng_rank0.pt"))

@@ -266,6 +266,9 @@ class Trainer:
             loggers = getattr(self, "loggers", None)
             if loggers is not None:
                 loggers.close()
+            engine = getattr(self, "engine", None)
+            if engine is not None:
+                engine.strategy.close()  # e.g. NVMe offload's swap files
 
     def _log_interrupted(self) -> None:
         """The run's last line when a signal stops it: the step reached and where to resume from."""
@@ -386,6 +389,7 @@ class Trainer:
         }
         if "perf/mfu" in last_train:
             metrics["perf/mfu"] = last_train["perf/mfu"]
+        metrics.update(self.engine.strategy.offload_metrics())  # nvme/*: swap-file traffic (rank 0's)
         return {
             "name": self.cfg.name,
             "run_dir": str(self.run_dir),

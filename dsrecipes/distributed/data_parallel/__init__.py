@@ -2,13 +2,13 @@
 
 | strategy | mechanism | chosen when (first row that matches) |
 |---|---|---|
-| none | nothing to replicate or shard | one data-parallel rank (dp x sp = 1) |
+| none | nothing to replicate or shard | one data-parallel rank (dp x sp = 1), without offload |
 | allreduce | one flat gradient all-reduce per step, no wrapper | pipeline parallelism (a schedule runs the stages) |
 | onebit | DDP until the 1-bit optimizer's freeze, then its compressed momentum all-reduce (data_parallel/onebit.py) | optimizer onebitadam / zerooneadam / onebitlamb with zero.stage=0 |
 | ddp | DistributedDataParallel | zero.stage=0 |
 | zero1 | DDP + ZeroRedundancyOptimizer | zero.stage=1 |
 | zero2 | replicated parameters, bucketed gradient reduce-scatter, sharded optimizer (DeepSpeed's layout) | zero.stage=2 over plain data parallelism, without qgZ |
-| fsdp2 | FSDP2 fully_shard (ZeRO++'s qwZ/qgZ/hpZ as its custom comms) | zero.stage=3, or stage 2 with tp/sp/ep, hybrid sharding, offload or qgZ (zero.zero_quantized_gradients) |
+| fsdp2 | FSDP2 fully_shard (ZeRO++'s qwZ/qgZ/hpZ as its custom comms; CPU / NVMe offload) | zero.stage=3, or stage 2 with tp/sp/ep, hybrid sharding, offload or qgZ (zero.zero_quantized_gradients); offload at one rank too |
 
 Adding a mechanism (compressed all-reduce, quantized ZeRO collectives, NVMe placement ...):
 
@@ -47,7 +47,7 @@ STRATEGIES: dict[str, type[DataParallelStrategy]] = {
 
 
 def _offload(zero) -> bool:
-    return zero.offload_optimizer == "cpu" or zero.offload_param == "cpu"
+    return zero.offload_optimizer != "none" or zero.offload_param != "none"
 
 
 def _plain_data_parallel(zero, dims) -> bool:
@@ -63,7 +63,8 @@ class Choice:
 
 
 CHOICE: tuple[Choice, ...] = (
-    Choice("none", "one data-parallel rank (dp x sp = 1)", lambda zero, dims: dims.dp_sp == 1),
+    Choice("none", "one data-parallel rank (dp x sp = 1), without offload",
+           lambda zero, dims: dims.dp_sp == 1 and not _offload(zero)),
     Choice("allreduce", "pipeline parallelism", lambda zero, dims: dims.pp > 1),
     Choice("onebit", "optimizer onebitadam / zerooneadam / onebitlamb with zero.stage=0",
            lambda zero, dims: zero.stage == 0, ONEBIT_OPTIMIZERS),

@@ -20,6 +20,7 @@ mechanisms but decide how per-rank norms add up.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
@@ -183,6 +184,18 @@ class DataParallelStrategy:
 
     def after_load(self) -> None:
         """After sharded (DCP) state was loaded into state_module: bring the module's parameters up to date."""
+
+    def states_in_memory(self, writes: bool) -> contextlib.AbstractContextManager:
+        """Context for a checkpoint save (writes=False) or load (True): every parameter and optimizer state in
+        memory for its duration (NVMe offload swaps them in; nothing to do elsewhere)."""
+        return contextlib.nullcontext()
+
+    def close(self) -> None:
+        """At the end of the run (errors included): release what the mechanism holds outside the process."""
+
+    def offload_metrics(self) -> dict[str, float]:
+        """Run-summary figures of an offload mechanism (NVMe swap traffic); none elsewhere."""
+        return {}
 
     # ------------------------------------------------------------------ reporting
     def describe(self) -> str:

@@ -6,6 +6,8 @@
   across (HSDP);
 * `zero.offload_optimizer/offload_param=cpu`: FSDP2's CPUOffloadPolicy (sharded parameters, their
   gradients and the optimizer step on the CPU);
+* `=nvme` (ZeRO-Infinity): CPUOffloadPolicy too, and the optimizer states / parameter shards swapped
+  to files under zero.nvme_path (dsrecipes.distributed.offload);
 * mixed precision is FSDP2's MixedPrecisionPolicy: parameters all-gathered in bf16/fp16, gradients
   reduced in fp32, the sharded fp32 parameters being the master weights;
 * ZeRO++ (quantized_collectives.py): qwZ / qgZ as FSDP2 custom all-gather / reduce-scatter on every
@@ -20,6 +22,7 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
+from dsrecipes.distributed.config import uses_nvme
 from dsrecipes.distributed.data_parallel import quantized_collectives as zeropp
 from dsrecipes.distributed.data_parallel.base import DataParallelStrategy, ModelStateBytes
 
@@ -42,9 +45,11 @@ class FSDP2Strategy(DataParallelStrategy):
     def keeps_module_masters(self) -> bool:
         return False  # the sharded fp32 parameters are the masters
 
+    nvme = None  # dsrecipes.distributed.offload.nvme.NVMeOffload with zero.offload_* = nvme
+
     @property
     def offload(self) -> bool:
-        return self.zero.offload_param == "cpu" or self.zero.offload_optimizer == "cpu"
+        return self.zero.offload_param != "none" or self.zero.offload_optimizer != "none"
 
     def wrap(self, model: nn.Module, ignored_params: set[nn.Parameter] | None = None) -> nn.Module:
         precision = self.precision
@@ -59,8 +64,37 @@ class FSDP2Strategy(DataParallelStrategy):
         for unit in [*repeated_blocks(model), model]:
             fully_shard(unit, **kwargs)
             zeropp.install(unit, self.zero)
+        if uses_nvme(self.zero):
+            from dsrecipes.distributed.offload.nvme import NVMeOffload
+
+            rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+            self.nvme = NVMeOffload(self.zero, rank, pin_memory=self.zero.pin_memory and self.device.type == "cuda")
+            self.nvme.attach_model(model)
         self.unwrapped = self.module = model
         return model
+
+    def adopt_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        if self.nvme is not None:
+            optimizer = self.nvme.wrap_optimizer(optimizer)
+        return super().adopt_optimizer(optimizer)
+
+    def states_in_memory(self, writes: bool):
+        if self.nvme is None:
+            return super().states_in_memory(writes)
+        return self.nvme.in_memory(writes)
+
+    def full_state_dict(self) -> dict:
+        if self.nvme is None:
+            return super().full_state_dict()
+        with self.states_in_memory(writes=False):  # at one rank the values are views of the swapped shards
+            return {name: value.clone() for name, value in super().full_state_dict().items()}
+
+    def close(self) -> None:
+        if self.nvme is not None:
+            self.nvme.close()
+
+    def offload_metrics(self) -> dict[str, float]:
+        return self.nvme.metrics() if self.nvme is not None else {}
 
     def load_full_state(self, model_state: dict, optimizer_state_loader) -> None:
         if optimizer_state_loader is not None:
@@ -76,6 +110,8 @@ class FSDP2Strategy(DataParallelStrategy):
         layout = (f"hybrid: shard over {self.dims.dp_shard * self.dims.sp}, replicate over {self.dims.dp_replicate}"
                   if self.dims.dp_replicate > 1 else f"over {self.dims.dp_shard * self.dims.sp} ranks")
         offload = ", CPU offload" if self.offload else ""
+        if self.nvme is not None:
+            offload = f", CPU offload, {self.nvme.describe()}"
         zeropp_clause = zeropp.describe(self.zero, self.dims.dp_shard * self.dims.sp)
         return f"FSDP2 (zero.stage={self.zero.stage}): {what} ({layout}){offload}{zeropp_clause}"
 
