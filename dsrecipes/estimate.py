@@ -2,6 +2,12 @@
 
     python -m dsrecipes.estimate model=llama_7b zero.stage=3 world_size=64
     python -m dsrecipes.estimate model=gpt_1_3b precision=bf16_master world_size=8 vocab_size=50304
+    python -m dsrecipes.estimate model=gpt2_124m zero.stage=3 zero.offload_optimizer=nvme zero.offload_param=nvme \
+        zero.buffer_size=20000000 world_size=2
+
+With zero.offload_optimizer / offload_param set (cpu or nvme, stage 3) a second table places the
+ZeRO-3 model states per rank on the device, in host memory and on NVMe (swap files and buffer pools,
+as ZeRO-Infinity's estimator does; dsrecipes.distributed.offload.plan).
 
 Takes the recipe's overrides (the model is built on the meta device: instant, no memory) plus
 world_size=N (default 1) and vocab_size=V (when the model's is null; default 50304).
@@ -39,7 +45,8 @@ def main(argv: list[str] | None = None) -> list:
     model_cfg = cfg.model
     model_cfg.vocab_size = model_cfg.vocab_size or vocab_size
     with torch.device("meta"):
-        num_params = GPT(model_cfg).num_params()
+        gpt = GPT(model_cfg)
+    num_params = gpt.num_params()
     rows = [
         estimate_model_states(
             num_params, world_size, stage, cfg.precision.dtype, cfg.precision.master_weights,
@@ -60,7 +67,33 @@ def main(argv: list[str] | None = None) -> list:
             f"{row.optimizer_states / GIB:.2f}", f"{row.total / GIB:.2f}", f"{row.deepspeed_total / GIB:.2f}",
         )
     print_table(make_console(), table)
+    if {str(cfg.zero.offload_optimizer), str(cfg.zero.offload_param)} != {"none"}:
+        print_table(make_console(), offload_table(gpt, cfg, world_size))
     return rows
+
+
+def offload_table(gpt, cfg, world_size: int) -> Table:
+    """ZeRO-3 with CPU / NVMe offload: per-rank bytes on the device, in host memory and on NVMe."""
+    from dsrecipes.distributed.offload.plan import plan_offload
+    from dsrecipes.profiling.memory_estimator import optimizer_state_bytes
+    from dsrecipes.training.optimizers import param_groups
+
+    zero = cfg.zero
+    groups = param_groups(gpt, 0.0, bool(getattr(cfg.optimizer, "no_decay_bias_and_norm", True)))
+    shapes = [tuple(p.shape) for group in groups for p in group["params"]]
+    states = optimizer_state_bytes(cfg.optimizer.name, getattr(cfg.optimizer, "momentum", 0.0)) // 4
+    try:
+        plan = plan_offload(shapes, world_size, states, str(zero.offload_optimizer), str(zero.offload_param),
+                            zero.buffer_count, zero.param_buffer_count, zero.buffer_size)
+    except ValueError as error:  # a buffer smaller than a shard: the message names zero.buffer_size
+        raise SystemExit(f"dsrecipes.estimate: {error}") from None
+    table = Table(title=f"zero.stage=3 with offload_optimizer={zero.offload_optimizer}, "
+                        f"offload_param={zero.offload_param}: per rank ({world_size} rank(s))")
+    for column in ("device GiB", "host GiB", "NVMe GiB", "optimizer pool MiB", "parameter pool MiB"):
+        table.add_column(column, justify="right")
+    table.add_row(f"{plan.device / GIB:.3f}", f"{plan.host / GIB:.3f}", f"{plan.nvme / GIB:.3f}",
+                  f"{plan.optimizer_pool / 2**20:.1f}", f"{plan.param_pool / 2**20:.1f}")
+    return table
 
 
 if __name__ == "__main__":

@@ -210,6 +210,22 @@ def _fp8_compression(root, dims):
     return None
 
 
+def _nvme_layout(root, dims):
+    zero = root.zero
+    nvme = [key for key in ("offload_optimizer", "offload_param") if getattr(zero, key) == "nvme"]
+    if not nvme:
+        return None
+    for key, on in (("parallel.tp", dims.tp > 1), ("parallel.sp", dims.sp > 1), ("parallel.pp", dims.pp > 1),
+                    ("moe.ep_size", dims.ep > 1), ("zero.hybrid_shard_size", dims.dp_replicate > 1),
+                    ("zero.zero_quantized_weights", zero.zero_quantized_weights),
+                    ("zero.zero_hpz_partition_size", zero.zero_hpz_partition_size > 1)):
+        if on:
+            return (f"zero.{nvme[0]}=nvme with {key} is not supported yet: NVMe offload swaps the shards of plain "
+                    "ZeRO-3 data parallelism (one FSDP2 mesh axis, FSDP2's own all-gather); use "
+                    f"zero.{nvme[0]}=cpu with this layout")
+    return None
+
+
 REFUSED: tuple[Refusal, ...] = (
     Refusal("pp with sp", "not implemented yet", _pp(lambda r: r.parallel.sp > 1, "parallel.sp")),
     Refusal("pp with MoE", "not implemented yet", _pp(lambda r: r.moe.enabled, "moe.num_experts")),
@@ -244,6 +260,8 @@ REFUSED: tuple[Refusal, ...] = (
     Refusal("compile=full with any parallel layout (dp, tp, pp, sp, ep > 1)", "one whole-model graph would trace "
             "the layout's hooks; compile=blocks composes with every layout", _compile_full_parallel),
     Refusal("fp8 with tp", "tensor-parallel float8 needs torchao's float8 TP styles (not wired in yet)", _fp8_tp),
+    Refusal("NVMe offload with tp / sp / pp / ep, hybrid sharding, qwZ or hpZ", "not implemented yet (plain "
+            "ZeRO-3 data parallelism only); CPU offload composes with them", _nvme_layout),
     Refusal("fp8 with compression", "compression's hooks and module swaps sit on the linears Float8Linear replaces",
             _fp8_compression),
 )

@@ -19,6 +19,7 @@ from dsrecipes.compression.config import validate_compression_config
 from dsrecipes.config.compatibility import check_compatibility
 from dsrecipes.config.inactive import warn_inactive_keys
 from dsrecipes.config.never_fires import warn_never_firing
+from dsrecipes.config.nvme_checks import validate_nvme_recipe
 from dsrecipes.config.schema import RootConfig, validate_kernels_config
 from dsrecipes.data.config import validate_data_config
 from dsrecipes.data_efficiency.config import validate_data_efficiency_config
@@ -234,6 +235,7 @@ def validate_recipe(cfg: RootConfig | DictConfig, dp_world_size: int | None = No
     validate_profiling_config(root.flops_profiler, root.profiler, root.trainer.max_steps)
     validate_comms_logger_config(root.comms_logger)
     check_compatibility(root, dims)
+    validate_nvme_recipe(root, dims)
     batch = validate_engine_config(root, world)
     warn_inactive_keys(root)
     warn_never_firing(root)

@@ -34,7 +34,7 @@ from dsrecipes.config.ds_import.rules import (
     refused_when_on,
 )
 from dsrecipes.config.ds_import.translation import Translation
-from dsrecipes.config.ds_import.zero import read_zero
+from dsrecipes.config.ds_import.zero import AIO_TABLE, read_zero
 from dsrecipes.distributed.comms_config import COMM_OPS, canonical_op
 
 _LOG = NoEffect("a log / timing option; dsrecipes logs its own metrics (train/*, perf/*, mem/*)")
@@ -222,7 +222,7 @@ TOP_LEVEL: dict[str, Rule] = {
     "disable_python_gc": NoEffect("a speed option"),
     "vocabulary_size": NoEffect("DeepSpeed only warns when it is not a multiple of 8; the model sets the vocabulary"),
     "checkpoint": Sub(CHECKPOINT_TABLE, "checkpoint"),
-    "datastates": _CHECKPOINT_IO, "nebula": _CHECKPOINT_IO, "aio": NoEffect("used by NVMe offload only"),
+    "datastates": _CHECKPOINT_IO, "nebula": _CHECKPOINT_IO, "aio": Sub(AIO_TABLE, "aio"),
     "data_types": Sub(DATA_TYPES_TABLE, "data_types"),
     "dataloader_drop_last": RefuseUnless("dsrecipes.initialize's DataLoader keeps the last partial micro-batch "
                                          "(DeepSpeed's default); build your own DataLoader(drop_last=True)",

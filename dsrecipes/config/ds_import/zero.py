@@ -1,14 +1,17 @@
 """DeepSpeed's `zero_optimization` block -> the `zero` group.
 
-Mapped: stage, offload_optimizer / offload_param (device cpu; also the deprecated cpu_offload and
-cpu_offload_param flags), and ZeRO++ onto the same-named zero keys: zero_quantized_weights (qwZ),
+Mapped: stage, offload_optimizer / offload_param (device cpu or nvme; also the deprecated cpu_offload
+and cpu_offload_param flags; NVMe's nvme_path, buffer_count, buffer_size and pin_memory onto zero.nvme_path,
+zero.buffer_count / zero.param_buffer_count, zero.buffer_size, zero.pin_memory; the top-level `aio`
+block onto zero.aio in top_level.py), and ZeRO++ onto the same-named zero keys: zero_quantized_weights (qwZ),
 zero_quantized_gradients (qgZ; dsrecipes quantizes to int8 by default, DeepSpeed to int4:
 zero.zero_quantized_gradients_bits=4 matches it) and zero_hpz_partition_size (hpZ, > 1: FSDP2's
-secondary partition, reshard_after_forward=<size>; 0 and 1 are DeepSpeed's "off"). Refused: NVMe
-offload, quantized frozen weights (zero_quantized_nontrainable_weights), ZenFlow's asynchronous
-updates, and the keys DeepSpeed 0.19.7 removed (MiCS, LoCo). Every other key is a speed or memory
-knob of DeepSpeed's own partitioner (buckets, overlap, prefetching, persistence thresholds):
-accepted, no effect, since FSDP2 and ZeroRedundancyOptimizer do their own bucketing. "auto" bucket sizes (Hugging Face fills
+secondary partition, reshard_after_forward=<size>; 0 and 1 are DeepSpeed's "off"). Refused: two
+different nvme_path values (dsrecipes has one swap directory), aio.use_gds, quantized frozen
+weights (zero_quantized_nontrainable_weights), ZenFlow's asynchronous updates, and the keys
+DeepSpeed 0.19.7 removed (MiCS, LoCo). Every other key is a speed or memory knob of
+DeepSpeed's own partitioner (buckets, overlap, prefetching, persistence thresholds): accepted, no
+effect, since FSDP2 and ZeroRedundancyOptimizer do their own bucketing. "auto" bucket sizes (Hugging Face fills
 reduce_bucket_size with hidden_size^2, stage3_prefetch_bucket_size with 0.9 hidden_size^2,
 stage3_param_persistence_threshold with 10 hidden_size) have no effect either.
 """
@@ -27,28 +30,63 @@ _STAGE3 = NoEffect("a ZeRO-3 prefetch / persistence knob of DeepSpeed's partitio
 _SAVE16 = NoEffect("dsrecipes always exports a consolidated model at the end (checkpoint.export_safetensors) and its "
                    "sharded checkpoints load at any world size")
 _OFFLOAD_SPEED = NoEffect("a speed option of DeepSpeed's offload engine")
-_NVME = NoEffect("used by NVMe offload only")
+_FLAG = one_of("the value", {True: True, False: False})
+_PIPELINED = NoEffect("dsrecipes' NVMe optimizer always reads the next swap unit and writes the previous one while a "
+                      "unit steps (zero.aio.overlap_events=false turns the overlap off)")
 
 
 def _offload_device(kind: str) -> Rule:
-    def convert(value: Any) -> str:
-        if value == "nvme":
-            raise ValueError(f"NVMe offload of the {kind} is not supported (ZeRO-Infinity); use device cpu")
-        return one_of("device", {"none": "none", "cpu": "cpu", None: "none"})(value)
+    return To(f"zero.offload_{kind}", one_of("device", {"none": "none", "cpu": "cpu", "nvme": "nvme", None: "none"}))
 
-    return To(f"zero.offload_{kind}", convert)
+
+def _count(value: Any) -> int:
+    """A positive element or buffer count; DeepSpeed configs often write 1e8 (a float in JSON)."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError("must be a positive integer")
+    return value
+
+
+def _nvme_path(t: Translation, key: str, value: Any) -> None:
+    if value is None:
+        t.ignored(key, value, "not set")
+        return
+    if not isinstance(value, str):
+        t.refused(key, value, "must be a directory path")
+        return
+    earlier = t.get("zero.nvme_path")
+    if earlier is not None and earlier != value:
+        t.refused(key, value, f"differs from the other offload block's nvme_path ({earlier}); dsrecipes keeps every "
+                  "swap file in one directory, zero.nvme_path")
+        return
+    t.mapped(key, value, "zero.nvme_path", value)
 
 
 OFFLOAD_OPTIMIZER_TABLE: dict[str, Rule] = {
-    "device": _offload_device("optimizer"), "nvme_path": _NVME, "buffer_count": _NVME,
-    "pin_memory": _OFFLOAD_SPEED, "pipeline_read": _NVME, "pipeline_write": _NVME, "fast_init": _NVME,
+    "device": _offload_device("optimizer"), "nvme_path": Custom(_nvme_path),
+    "buffer_count": To("zero.buffer_count", _count), "pin_memory": To("zero.pin_memory", _FLAG),
+    "pipeline_read": _PIPELINED, "pipeline_write": _PIPELINED,
+    "fast_init": NoEffect("the swap file is preallocated with posix_fallocate; nothing else to initialise"),
     "ratio": NoEffect("partial offload (Twin-Flow) splits where the optimizer step runs, not what it computes; "
                       "dsrecipes offloads the whole step"),
     "super_offload": _OFFLOAD_SPEED, "cpuadam_cores_perc": _OFFLOAD_SPEED,
 }
 OFFLOAD_PARAM_TABLE: dict[str, Rule] = {
-    "device": _offload_device("param"), "nvme_path": _NVME, "buffer_count": _NVME, "buffer_size": _NVME,
-    "max_in_cpu": _NVME, "pin_memory": _OFFLOAD_SPEED,
+    "device": _offload_device("param"), "nvme_path": Custom(_nvme_path),
+    "buffer_count": To("zero.param_buffer_count", _count), "buffer_size": To("zero.buffer_size", _count),
+    "max_in_cpu": NoEffect("dsrecipes keeps no host cache of swapped parameters beyond the units in use and the "
+                           "zero.param_buffer_count x zero.buffer_size pool"),
+    "pin_memory": To("zero.pin_memory", _FLAG),
+}
+
+
+AIO_TABLE: dict[str, Rule] = {  # DeepSpeed's top-level `aio` block (swap_tensor/aio_config.py)
+    "block_size": To("zero.aio.block_size", _count), "queue_depth": To("zero.aio.queue_depth", _count),
+    "intra_op_parallelism": To("zero.aio.thread_count", _count, note="the I/O engine's threads"),
+    "thread_count": To("zero.aio.thread_count", _count, note="older DeepSpeed spelling of intra_op_parallelism"),
+    "single_submit": To("zero.aio.single_submit", _FLAG), "overlap_events": To("zero.aio.overlap_events", _FLAG),
+    "use_gds": RefuseUnless("GPUDirect Storage is not used: dsrecipes' swap files move through host buffers"),
 }
 
 
@@ -68,7 +106,7 @@ def _hpz(t: Translation, key: str, value: Any) -> None:
         t.refused(key, value, "must be a non-negative integer")
 
 
-_ZEROPP_FLAG = one_of("the value", {True: True, False: False})
+_ZEROPP_FLAG = _FLAG
 
 
 def _legacy_offload(kind: str) -> Rule:

@@ -25,6 +25,9 @@ checkpoint written with NVMe offload resumes with CPU offload and the other way 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -34,6 +37,27 @@ from torch.distributed.tensor import DTensor
 from dsrecipes.distributed.offload.aio import ALIGNMENT, AsyncIO, Request, aligned_buffer
 from dsrecipes.distributed.offload.plan import pack_units, unit_numel
 from dsrecipes.distributed.offload.swap_file import SwapFile
+
+
+def release_free_memory() -> None:
+    """Hand freed heap pages back to the OS (glibc's malloc_trim; a no-op elsewhere).
+
+    A unit's first-step states are allocated by the optimizer and freed once written; glibc keeps freed
+    multi-MiB chunks in its heap (its mmap threshold grows after the first frees), and small allocations
+    made in between fragment it, so without this the resident set would grow by a unit per unit over the
+    first step, i.e. with the model, although nothing is held.
+    """
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim():
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
 
 
 def local(tensor: torch.Tensor) -> torch.Tensor:
@@ -196,7 +220,7 @@ class NVMeOptimizer(torch.optim.Optimizer):
                 self.param_swapper.acquire(unit.params)
             for request in reads.pop(n):
                 request.wait()
-            self._install(unit, slot)
+            installed = self._install(unit, slot)
             if n + 1 < len(units):  # prefetch the next unit while this one steps
                 if self.slots > 1:
                     reads[n + 1] = self._read_states(units[n + 1], (n + 1) % self.slots)
@@ -206,8 +230,11 @@ class NVMeOptimizer(torch.optim.Optimizer):
             if not self._learnt:
                 self._learn_kinds(unit)
             if self.kinds:
+                fresh = any(id(p) not in installed for p in unit.params if self.state.get(p))
                 self._evict(unit, slot)
                 self._write(unit, slot)
+                if fresh:  # the optimizer allocated this unit's states itself (their first step): give them back
+                    release_free_memory()
             if self.param_swapper is not None:
                 self.param_swapper.release(unit.params, dirty=True)
         self._drain()
@@ -236,17 +263,24 @@ class NVMeOptimizer(torch.optim.Optimizer):
             if self.state.get(p):
                 self._stepped.add(id(p))
 
-    def _install(self, unit: SwapUnit, slot: int) -> None:
-        """Put the slot's buffers (just read) into the optimizer state of the unit's stepped parameters."""
+    def _install(self, unit: SwapUnit, slot: int) -> set[int]:
+        """Put the slot's buffers (just read) into the optimizer state of the unit's stepped parameters;
+        returns the ids of those parameters."""
+        installed: set[int] = set()
+        if not self.kinds:
+            return installed
         views = self._views(unit, slot)
         for i, p in enumerate(unit.params):
             if id(p) in self._stepped:
+                installed.add(id(p))
                 for k, (key, _) in enumerate(self.kinds):
                     self.state[p][key] = _like(p, views[k][i])
+        return installed
 
-    def _evict(self, unit: SwapUnit, slot: int) -> None:
+    def _evict(self, unit: SwapUnit, slot: int, rebind: bool = False) -> None:
         """Copy the unit's states into the slot's buffers (where the step did not update them in place) and
-        drop them from memory."""
+        drop them from memory. rebind: leave the state dicts as they are (a state_dict() taken while resident
+        may hold them) and give each parameter a new one without the swapped tensors."""
         self._free_slot(slot)  # at the first step the slot's buffers may still be being written
         views = self._views(unit, slot)
         for i, p in enumerate(unit.params):
@@ -254,12 +288,21 @@ class NVMeOptimizer(torch.optim.Optimizer):
             if not state:
                 continue
             for k, (key, _) in enumerate(self.kinds):
-                value = state.pop(key, None)
+                value = state.get(key)
                 if value is None:
                     continue
                 value = local(value)
                 if value.data_ptr() != views[k][i].data_ptr():
                     views[k][i].copy_(value)
+            self._forget(p, rebind)
+
+    def _forget(self, p: torch.Tensor, rebind: bool) -> None:
+        swapped = {key for key, _ in self.kinds}
+        if rebind:
+            self.state[p] = {k: v for k, v in self.state[p].items() if k not in swapped}
+        else:
+            for key in swapped:
+                self.state[p].pop(key, None)
 
     # ------------------------------------------------------------------ checkpoints
     @contextlib.contextmanager
@@ -276,13 +319,13 @@ class NVMeOptimizer(torch.optim.Optimizer):
                 self._swap_all_out()
             else:
                 self._drop_all()
+            release_free_memory()
 
     def _drop_all(self) -> None:
         for unit in self.units:
             for p in unit.params:
-                state = self.state.get(p)
-                for key, _ in self.kinds if state else ():
-                    state.pop(key, None)
+                if self.state.get(p):
+                    self._forget(p, rebind=True)
 
     def _swap_all_in(self) -> None:
         if not self.kinds:
@@ -307,7 +350,7 @@ class NVMeOptimizer(torch.optim.Optimizer):
                 if self.state.get(p):
                     self._stepped.add(id(p))
             if self.kinds:
-                self._evict(unit, 0)
+                self._evict(unit, 0, rebind=True)
                 self._write(unit, 0)
                 self._free_slot(0)
 
