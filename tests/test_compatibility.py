@@ -64,6 +64,9 @@ CASES = {
                                               "optimizer=onebitadam with zero.stage=1 is not supported"),
     "1-bit optimizers with tp / pp / sp / ep": (["optimizer=onebitlamb", "parallel.sp=2"], 2,
                                                 "optimizer=onebitlamb with parallel.sp=2 is not supported yet"),
+    "NVMe offload with tp / sp / pp / ep, hybrid sharding, qwZ or hpZ": (
+        ["zero.stage=3", "zero.offload_param=nvme", "zero.nvme_path=/tmp", "parallel.tp=2"], 4,
+        "zero.offload_param=nvme with parallel.tp is not supported yet"),
     "compile=full with any parallel layout (dp, tp, pp, sp, ep > 1)": (
         ["compile=full", "parallel.tp=2"], 2, "compile=full with parallel.tp=2 is not supported"),
     "fp8 with tp": (["fp8=tensorwise", "parallel.tp=2"], 2, "fp8=tensorwise with parallel.tp=2 is not supported"),

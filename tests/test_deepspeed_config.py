@@ -262,7 +262,7 @@ REFUSED = [
     ({"zero_optimization": {"stage": 3, "zero_hpz_partition_size": -2}}, "zero_optimization.zero_hpz_partition_size"),
     ({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/x"},
                             "offload_optimizer": {"device": "nvme", "nvme_path": "/y"}}},
-     "zero_optimization.offload_param.nvme_path"),
+     "zero_optimization.offload_optimizer.nvme_path"),
     ({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "disk"}}},
      "zero_optimization.offload_optimizer.device"),
     ({"aio": {"use_gds": True}}, "aio.use_gds"),

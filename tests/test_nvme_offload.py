@@ -232,7 +232,7 @@ def test_bad_nvme_settings_fail_validation_naming_the_key(tmp_path):
             "zero.offload_optimizer=nvme needs zero.stage=3",
         (*nvme, "zero.offload_param=nvme", "zero.buffer_size=1000"): "raise zero.buffer_size to at least",
         (*nvme, "zero.offload_optimizer=nvme", "zero.buffer_count=1"): "zero.buffer_count=1 is less than the 2",
-        (*nvme, "zero.offload_optimizer=nvme", "zero.aio.block_size=1000"): "multiple of 4096",
+        (*nvme, "zero.offload_optimizer=nvme", "zero.aio.block_size=5000"): "multiple of 4096",
         (*nvme, "zero.offload_optimizer=nvme", "parallel.tp=2"): "zero.offload_optimizer=nvme with parallel.tp",
     })
 

@@ -467,6 +467,37 @@ lr_scheduler:
   gamma: 0.7
 """)
 
+CASES["nvme_offload_zero3"] = ({
+    "train_micro_batch_size_per_gpu": 2,
+    "zero_optimization": {"stage": 3,
+                          "offload_optimizer": {"device": "nvme", "nvme_path": "/local_nvme", "buffer_count": 6},
+                          "offload_param": {"device": "nvme", "nvme_path": "/local_nvme", "buffer_count": 7,
+                                            "buffer_size": 2e7, "pin_memory": False}},
+    "aio": {"block_size": 262144, "queue_depth": 16, "intra_op_parallelism": 2, "thread_count": 2,
+            "single_submit": True, "overlap_events": False},
+}, """
+# @package _global_
+trainer:
+  train_batch_size: null
+  train_micro_batch_size_per_gpu: 2
+  gradient_accumulation_steps: null
+zero:
+  stage: 3
+  offload_optimizer: nvme
+  offload_param: nvme
+  nvme_path: /local_nvme
+  buffer_count: 6
+  param_buffer_count: 7
+  buffer_size: 20000000
+  pin_memory: false
+  aio:
+    block_size: 262144
+    queue_depth: 16
+    thread_count: 2
+    single_submit: true
+    overlap_events: false
+""")
+
 CASES["adamw_torch_classes"] = ({
     "optimizer": {"type": "AdamW", "params": {"lr": 4e-4, "betas": [0.9, 0.98], "eps": 1e-6, "weight_decay": 0.02}},
     "scheduler": {"type": "ExponentialLR", "params": {"gamma": 0.99}},
