@@ -25,7 +25,7 @@ from dsrecipes.data.config import validate_data_config
 from dsrecipes.data_efficiency.config import validate_data_efficiency_config
 from dsrecipes.distributed.activation_checkpoint import validate_activation_checkpoint_config
 from dsrecipes.distributed.comms_config import validate_comms_logger_config
-from dsrecipes.distributed.config import check_launcher_backend, validate_launcher_config, validate_zero_config
+from dsrecipes.distributed.config import check_launcher_backend, offloads, validate_launcher_config, validate_zero_config
 from dsrecipes.distributed.float8 import check_float8_compatibility, validate_float8_config
 from dsrecipes.distributed.parallel_dims import ParallelDims
 from dsrecipes.distributed.sequence_parallel import validate_sequence_parallel_recipe
@@ -145,8 +145,7 @@ def validate_engine_config(cfg: RootConfig, world_size: int) -> BatchSizes:
     validate_precision_config(cfg.precision)
     _positive("checkpoint.interval", cfg.checkpoint.interval, allow_zero=True)
     _positive("checkpoint.keep_last", cfg.checkpoint.keep_last, allow_zero=True)
-    offload = "none" != cfg.zero.offload_optimizer or "none" != cfg.zero.offload_param
-    if cfg.zero.stage > 0 and dp_world_size == 1 and not dims.model_parallel and not offload:
+    if cfg.zero.stage > 0 and dp_world_size == 1 and not dims.model_parallel and not offloads(cfg.zero):
         warnings.warn(
             f"zero.stage={cfg.zero.stage} with a data-parallel world size of 1: there is nothing to shard, "
             "the run trains as stage 0",

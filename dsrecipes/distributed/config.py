@@ -175,6 +175,11 @@ def validate_zero_config(cfg: ZeroConfig, prefix: str = "zero") -> None:
     validate_nvme_keys(cfg, prefix)
 
 
+def offloads(cfg: ZeroConfig) -> bool:
+    """Whether anything is offloaded (to the CPU or NVMe): the run then holds its shards on FSDP2's CPU policy."""
+    return cfg.offload_optimizer != "none" or cfg.offload_param != "none"
+
+
 def uses_nvme(cfg: ZeroConfig) -> bool:
     return "nvme" in (cfg.offload_optimizer, cfg.offload_param)
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from dsrecipes.distributed.config import offloads
 from dsrecipes.distributed.data_parallel.allreduce import BoundaryAllReduceStrategy
 from dsrecipes.distributed.data_parallel.base import DataParallelStrategy, GradientLayout, ModelStateBytes
 from dsrecipes.distributed.data_parallel.ddp import DDPStrategy
@@ -46,12 +47,8 @@ STRATEGIES: dict[str, type[DataParallelStrategy]] = {
 }
 
 
-def _offload(zero) -> bool:
-    return zero.offload_optimizer != "none" or zero.offload_param != "none"
-
-
 def _plain_data_parallel(zero, dims) -> bool:
-    return not (dims.model_parallel or dims.ep > 1 or _offload(zero) or dims.dp_replicate > 1)
+    return not (dims.model_parallel or dims.ep > 1 or offloads(zero) or dims.dp_replicate > 1)
 
 
 @dataclass(frozen=True)
@@ -64,7 +61,7 @@ class Choice:
 
 CHOICE: tuple[Choice, ...] = (
     Choice("none", "one data-parallel rank (dp x sp = 1), without offload",
-           lambda zero, dims: dims.dp_sp == 1 and not _offload(zero)),
+           lambda zero, dims: dims.dp_sp == 1 and not offloads(zero)),
     Choice("allreduce", "pipeline parallelism", lambda zero, dims: dims.pp > 1),
     Choice("onebit", "optimizer onebitadam / zerooneadam / onebitlamb with zero.stage=0",
            lambda zero, dims: zero.stage == 0, ONEBIT_OPTIMIZERS),

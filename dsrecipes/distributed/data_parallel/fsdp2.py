@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
-from dsrecipes.distributed.config import uses_nvme
+from dsrecipes.distributed.config import offloads, uses_nvme
 from dsrecipes.distributed.data_parallel import quantized_collectives as zeropp
 from dsrecipes.distributed.data_parallel.base import DataParallelStrategy, ModelStateBytes
 
@@ -49,7 +49,7 @@ class FSDP2Strategy(DataParallelStrategy):
 
     @property
     def offload(self) -> bool:
-        return self.zero.offload_param != "none" or self.zero.offload_optimizer != "none"
+        return offloads(self.zero)
 
     def wrap(self, model: nn.Module, ignored_params: set[nn.Parameter] | None = None) -> nn.Module:
         precision = self.precision
