@@ -68,7 +68,7 @@ def run(cfg: DictConfig) -> dict | float:
         run_dir = hydra_cfg.runtime.output_dir
         overrides = list(hydra_cfg.overrides.task)
         sweep_name = Path(hydra_cfg.sweep.dir).name if hydra_cfg.mode == RunMode.MULTIRUN else None
-        if joined or nproc > 1:
+        if joined or nproc > 1 or cfg.launcher.nnodes > 1:
             config = OmegaConf.to_container(cfg, resolve=True)
             if joined:
                 summary = worker_main(config, run_dir, overrides, sweep_name)

@@ -10,7 +10,8 @@ ZeRO-3 model states per rank on the device, in host memory and on NVMe (swap fil
 as ZeRO-Infinity's estimator does; dsrecipes.distributed.offload.plan).
 
 Takes the recipe's overrides (the model is built on the meta device: instant, no memory) plus
-world_size=N (default 1) and vocab_size=V (when the model's is null; default 50304).
+world_size=N (default 1), ranks_per_node=G (what `node` means in zero.zero_hpz_partition_size; default
+min(world_size, 8)) and vocab_size=V (when the model's is null; default 50304).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from omegaconf import OmegaConf
 from rich.table import Table
 
 from dsrecipes.config.store import compose
+from dsrecipes.distributed.config import resolve_node_sized_keys
 from dsrecipes.models import GPT
 from dsrecipes.profiling.memory_estimator import estimate_model_states
 from dsrecipes.utils.console import make_console, print_table
@@ -31,10 +33,12 @@ GIB = 2**30
 
 def main(argv: list[str] | None = None) -> list:
     args = list(sys.argv[1:] if argv is None else argv)
-    world_size, vocab_size, overrides = 1, 50304, []
+    world_size, vocab_size, per_node, overrides = 1, 50304, 0, []
     for arg in args:
         if arg.startswith("world_size="):
             world_size = int(arg.split("=", 1)[1])
+        elif arg.startswith("ranks_per_node="):
+            per_node = int(arg.split("=", 1)[1])
         elif arg.startswith("vocab_size="):
             vocab_size = int(arg.split("=", 1)[1])
         else:
@@ -42,6 +46,7 @@ def main(argv: list[str] | None = None) -> list:
     if world_size < 1:
         raise SystemExit(f"world_size={world_size} must be >= 1")
     cfg = OmegaConf.to_object(compose(overrides))
+    resolve_node_sized_keys(cfg.zero, per_node or min(world_size, 8))
     model_cfg = cfg.model
     model_cfg.vocab_size = model_cfg.vocab_size or vocab_size
     with torch.device("meta"):

@@ -3,6 +3,13 @@
     python -m dsrecipes +experiment=gpt_zero3                  # spawns launcher.nproc_per_node workers
     torchrun --nproc-per-node 8 -m dsrecipes +experiment=gpt_zero3   # joins: RANK/WORLD_SIZE are set
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 -m dsrecipes ...
+    python -m dsrecipes launcher.nnodes=2 launcher.node_rank=0 launcher.rdzv_endpoint=HOST:29500 ...  # on each node
+
+With launcher.nnodes > 1 every node's `python -m dsrecipes` starts its workers through the same agent
+torchrun uses, joined by a c10d rendezvous at launcher.rdzv_endpoint that node_rank 0 hosts. Each
+node's launching process resolved a run directory of its own; the workers take node 0's, and a node
+whose own directory ended up unused removes it (it holds only Hydra's copy of the config). Global
+ranks follow the rendezvous' order of the nodes (torch sorts them by address), not node_rank.
 
 The launching process composes and validates the recipe once, resolves the run directory once and
 hands every worker a plain resolved config (never Hydra state). The agent is the machinery behind
@@ -23,6 +30,8 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from dsrecipes.distributed.environment import adopt_slurm_environment, under_launcher  # noqa: F401 (re-exported)
+
+RUN_DIR_KEY = "run_dir"  # what workers without rank 0 return: the run directory the job used
 
 
 def backend_for(configured: str) -> str:
@@ -78,9 +87,28 @@ def join_launcher_group(backend: str = "auto", timeout_s: int = 600) -> bool:
     return True
 
 
+def agreed_run_dir(run_dir: str, node_rank: int) -> str:
+    """The run directory every rank uses: the one launcher.node_rank 0's launching process resolved (each node's
+    resolved its own). Node 0 hosts the rendezvous, so it stays for the whole job, through restarts that may give
+    global rank 0 to another node."""
+    entries: list = [None] * dist.get_world_size()
+    dist.all_gather_object(entries, (node_rank, run_dir))
+    return min(entries, key=lambda entry: entry[0])[1]
+
+
+def restarted() -> bool:
+    """Whether any rank runs a restarted attempt. Asked of every rank: a node that replaced a lost one starts its
+    agent's restart count at 0 while the surviving nodes' agents count 1, and all must resume alike."""
+    count = torch.tensor([int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))])
+    dist.all_reduce(count, op=dist.ReduceOp.MAX)
+    return int(count) > 0
+
+
 @record
-def worker_main(config: dict, run_dir: str, overrides: list[str], sweep_name: str | None) -> dict | None:
-    """Body of one worker: join the group, train, leave. Returns the summary on rank 0.
+def worker_main(config: dict, run_dir: str, overrides: list[str], sweep_name: str | None,
+                report_run_dir: bool = False) -> dict | None:
+    """Body of one worker: join the group, train, leave. Returns the summary on rank 0; elsewhere None, or with
+    report_run_dir (spawned workers) {RUN_DIR_KEY: the run directory the job uses}.
 
     A user error (dsrecipes.utils.errors) ends the worker with one line and status 2, SIGINT/SIGTERM
     with 128 + the signal (dsrecipes.utils.interrupts); anything else keeps its traceback.
@@ -101,13 +129,14 @@ def worker_main(config: dict, run_dir: str, overrides: list[str], sweep_name: st
     try:
         init_distributed(launcher.get("backend", "auto"), launcher.get("collective_timeout_s", 600))
         cfg = load_config(OmegaConf.create(config))
-        if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
-            cfg.trainer.resume = "auto"  # a restarted worker continues from the newest checkpoint
+        if restarted():
+            cfg.trainer.resume = "auto"  # restarted workers continue from the newest checkpoint
         root, batch = validate_recipe(cfg, dp_world_size=dist.get_world_size())
         rank = dist.get_rank()
+        run_dir = agreed_run_dir(run_dir, int(launcher.get("node_rank", 0)))
         summary = Trainer(root, run_dir, batch, overrides=overrides, rank=rank, sweep_name=sweep_name).fit()
         finished = True
-        return summary if rank == 0 else None
+        return summary if rank == 0 else ({RUN_DIR_KEY: run_dir} if report_run_dir else None)
     except BaseException as error:
         if received_signal() is not None:  # stopping: a peer's collective may have failed first
             sys.exit(exit_code(received_signal()))
@@ -134,24 +163,58 @@ def _start_method(config: dict) -> str:
     return method
 
 
+def rendezvous(launcher: dict) -> dict:
+    """The elastic agent's rendezvous settings for launcher.nnodes / node_rank / rdzv_endpoint / rdzv_id.
+
+    One node: a private c10d store on a free local port. Several: the c10d rendezvous at rdzv_endpoint,
+    hosted by node_rank 0 (`is_host`, so two "nodes" on one machine do not both try to host it), under
+    the job's rdzv_id, which every node shares.
+    """
+    nnodes = int(launcher.get("nnodes", 1))
+    if nnodes == 1:
+        return {"min_nodes": 1, "max_nodes": 1, "run_id": f"dsrecipes-{uuid.uuid4().hex[:8]}",
+                "rdzv_endpoint": "localhost:0", "rdzv_configs": {}}
+    return {"min_nodes": nnodes, "max_nodes": nnodes, "run_id": str(launcher["rdzv_id"]),
+            "rdzv_endpoint": str(launcher["rdzv_endpoint"]),
+            "rdzv_configs": {"is_host": int(launcher.get("node_rank", 0)) == 0}}
+
+
 def spawn_workers(nproc: int, max_restarts: int, config: dict, run_dir: str, overrides: list[str], sweep_name) -> dict:
-    """Start `nproc` local workers with the elastic agent; returns rank 0's summary."""
+    """Start `nproc` local workers with the elastic agent (on each of launcher.nnodes nodes); returns rank 0's
+    summary, or on a node without rank 0 None."""
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     launch_config = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
         nproc_per_node=nproc,
-        run_id=f"dsrecipes-{uuid.uuid4().hex[:8]}",
         rdzv_backend="c10d",
-        rdzv_endpoint="localhost:0",
+        **rendezvous(config.get("launcher", {})),
         max_restarts=max_restarts,
         monitor_interval=0.1,
         start_method=_start_method(config),
         shutdown_timeout=10,  # on SIGINT/SIGTERM, workers that have not stopped 10 s later are killed
     )
+    if int(config.get("launcher", {}).get("nnodes", 1)) > 1:
+        # Each attempt's workers get a fresh TCPStore (hosted by rank 0) instead of the agents' shared one, whose
+        # keys outlive an attempt and are scoped by a restart count that a replacement node's agent restarts at 0.
+        os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     # The agent logs each failed worker with a traceback of its own process-joining code; the worker's
     # own error reaches the user anyway (one line for a user error, the ChildFailedError's root cause else).
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
-    results = elastic_launch(launch_config, worker_main)(config, run_dir, overrides, sweep_name)
-    return results[0]
+    results = elastic_launch(launch_config, worker_main)(config, run_dir, overrides, sweep_name, True)
+    # rank 0 returns the summary (which names the run directory too), the other ranks {RUN_DIR_KEY: ...}
+    agreed = next((r[RUN_DIR_KEY] for r in results.values() if isinstance(r, dict) and RUN_DIR_KEY in r), run_dir)
+    remove_unused_run_dir(run_dir, agreed)
+    return results.get(0)
+
+
+def remove_unused_run_dir(own: str, agreed: str) -> None:
+    """The run directory this process resolved, if the job used another node's instead and this one holds nothing
+    but Hydra's files (.hydra/, the launcher's log)."""
+    import shutil
+    from pathlib import Path
+
+    path = Path(own)
+    if not path.is_dir() or path.resolve() == Path(agreed).resolve():
+        return
+    if all(entry.name == ".hydra" or entry.suffix == ".log" for entry in path.iterdir()):
+        shutil.rmtree(path, ignore_errors=True)

@@ -48,16 +48,21 @@ def check_train_job(cfg: DictConfig) -> tuple[Any, Any, int, bool]:
     validate_launcher_config(cfg.launcher)
     joined = under_launcher()
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    nnodes = 1 if joined else cfg.launcher.nnodes
+    if joined and cfg.launcher.nnodes > 1:
+        warnings.warn(f"launcher.nnodes={cfg.launcher.nnodes} has no effect under an outside launcher (torchrun's "
+                      "--nnodes, or srun's allocation, sets the nodes)", stacklevel=2)
     nproc = int(os.environ["WORLD_SIZE"]) if joined else resolve_nproc(cfg.launcher, cfg.zero, gpus)
-    check_launcher_backend(cfg.launcher, nproc)
-    kept = None if joined else keep_recipe_batch(cfg, nproc, gpus)  # may set cfg.trainer's batch triple
+    world = nproc * nnodes  # every node starts the same number of workers (as torchrun's --nproc-per-node)
+    check_launcher_backend(cfg.launcher, world)
+    kept = None if joined else keep_recipe_batch(cfg, world, gpus)  # may set cfg.trainer's batch triple
     if kept:
         warnings.warn(kept, stacklevel=2)
-    if cfg.launcher.max_restarts > 0 and (joined or nproc == 1):
+    if cfg.launcher.max_restarts > 0 and (joined or world == 1):
         where = "under an outside launcher (use its own restart option, e.g. torchrun --max-restarts)" if joined else \
             "with one process, which trains in this process (restarts are for spawned workers)"
         warnings.warn(f"launcher.max_restarts={cfg.launcher.max_restarts} has no effect {where}", stacklevel=2)
-    root, batch = validate_recipe(cfg, dp_world_size=nproc)
+    root, batch = validate_recipe(cfg, dp_world_size=world, node_size=None if joined else nproc)
     return root, batch, nproc, joined
 
 

@@ -25,9 +25,15 @@ from dsrecipes.data.config import validate_data_config
 from dsrecipes.data_efficiency.config import validate_data_efficiency_config
 from dsrecipes.distributed.activation_checkpoint import validate_activation_checkpoint_config
 from dsrecipes.distributed.comms_config import validate_comms_logger_config
-from dsrecipes.distributed.config import check_launcher_backend, offloads, validate_launcher_config, validate_zero_config
+from dsrecipes.distributed.config import (
+    check_launcher_backend,
+    offloads,
+    resolve_node_sized_keys,
+    validate_launcher_config,
+    validate_zero_config,
+)
 from dsrecipes.distributed.float8 import check_float8_compatibility, validate_float8_config
-from dsrecipes.distributed.parallel_dims import ParallelDims
+from dsrecipes.distributed.parallel_dims import ParallelDims, ranks_per_node
 from dsrecipes.distributed.sequence_parallel import validate_sequence_parallel_recipe
 from dsrecipes.distributed.torch_compile import validate_compile_config
 from dsrecipes.models.config import validate_model_config
@@ -109,9 +115,9 @@ def data_parallel_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def parallel_dims(cfg: RootConfig, world_size: int) -> ParallelDims:
+def parallel_dims(cfg: RootConfig, world_size: int, node_size: int | None = None) -> ParallelDims:
     """The run's layout: raises naming parallel.* / zero.* / moe.ep_size when the degrees do not fit the world size."""
-    return ParallelDims.from_config(cfg, world_size)
+    return ParallelDims.from_config(cfg, world_size, node_size=node_size)
 
 
 def validate_engine_config(cfg: RootConfig, world_size: int) -> BatchSizes:
@@ -121,6 +127,7 @@ def validate_engine_config(cfg: RootConfig, world_size: int) -> BatchSizes:
     world_size / (parallel.tp x parallel.sp x parallel.pp).
     """
     t = cfg.trainer
+    resolve_node_sized_keys(cfg.zero, ranks_per_node(world_size))  # dsrecipes.initialize: `node` = LOCAL_WORLD_SIZE
     validate_zero_config(cfg.zero)
     dims = parallel_dims(cfg, world_size)
     from dsrecipes.distributed.config import check_zeropp_layout  # imported here: keeps the import block as it was
@@ -198,13 +205,20 @@ def validate_parallel_values(root: RootConfig, dims: ParallelDims) -> None:
         validate_tensor_parallel_values(root, dims.tp)
 
 
-def validate_recipe(cfg: RootConfig | DictConfig, dp_world_size: int | None = None) -> tuple[RootConfig, BatchSizes]:
+def validate_recipe(cfg: RootConfig | DictConfig, dp_world_size: int | None = None,
+                    node_size: int | None = None) -> tuple[RootConfig, BatchSizes]:
     """Every check a training recipe needs; returns the typed config and the batch sizes.
 
     dp_world_size: the number of processes the run will have (default: the current process group's
     or WORLD_SIZE); the data-parallel size is derived from it and the `parallel` degrees.
+    node_size: processes per node (default: LOCAL_WORLD_SIZE, else the whole world is one node); the
+    `node` values of zero.hybrid_shard_size / zero.zero_hpz_partition_size become this number.
     """
     root = to_root(cfg)
+    world = dp_world_size or data_parallel_world_size()
+    node_size = node_size or ranks_per_node(world)
+    for line in resolve_node_sized_keys(root.zero, node_size):
+        log.info(line)
     device = resolve_device(root.trainer.device)
     auto_precision = resolve_auto_precision(root.precision, device)
     if auto_precision:
@@ -221,10 +235,11 @@ def validate_recipe(cfg: RootConfig | DictConfig, dp_world_size: int | None = No
     validate_kernels_config(root.kernels)
     validate_activation_checkpoint_config(root.activation_checkpointing)
     validate_compile_config(root.compile, device.type)
-    world = dp_world_size or data_parallel_world_size()
     validate_launcher_config(root.launcher)
     check_launcher_backend(root.launcher, world)
-    dims = parallel_dims(root, world)
+    dims = parallel_dims(root, world, node_size)
+    for message in dims.node_warnings():
+        warnings.warn(message, stacklevel=2)
     validate_parallel_values(root, dims)
     validate_moe_config(root.moe, root.model, world)
     validate_data_efficiency_config(root.data_efficiency, root.model.n_layer, root.data.block_size,

@@ -88,7 +88,8 @@ class ZeroConfig:
     (offload_param.buffer_count) buffers of buffer_size elements each (offload_param.buffer_size, which
     also bounds the optimizer's swap units); pin_memory pins the pools on CUDA; aio: the I/O engine.
     hybrid_shard_size: shard within groups of this many ranks and replicate across groups (HSDP);
-    0 = shard across all data-parallel ranks.
+    0 = shard across all data-parallel ranks; `node` = one group per node (the ranks a node runs:
+    LOCAL_WORLD_SIZE, or launcher.nproc_per_node when python -m dsrecipes starts them).
 
     ZeRO++ (DeepSpeed's keys and defaults; FSDP2 custom comms, dsrecipes.distributed.data_parallel.
     quantized_collectives):
@@ -99,16 +100,17 @@ class ZeroConfig:
     zero_hpz_partition_size (hpZ, stage 3): after forward, keep a secondary copy of the parameters
         sharded within groups of this many ranks (FSDP2's reshard_after_forward=<int>), so backward's
         all-gathers stay inside the group; 0 or 1 = off, as in DeepSpeed. Must divide the shard size.
+        `node` = the ranks of one node (DeepSpeed's advice: hpZ partition size = GPUs per node).
     """
 
     stage: int = 0
     offload_optimizer: OffloadDevice = OffloadDevice.none
     offload_param: OffloadDevice = OffloadDevice.none
-    hybrid_shard_size: int = 0
+    hybrid_shard_size: int | str = 0  # or "node" (PER_NODE)
     zero_quantized_weights: bool = False
     zero_quantized_gradients: bool = False
     zero_quantized_gradients_bits: int = 8  # 8 | 4 (dsrecipes' key, not DeepSpeed's)
-    zero_hpz_partition_size: int = 1
+    zero_hpz_partition_size: int | str = 1  # or "node" (PER_NODE)
     nvme_path: str | None = None  # directory for NVMe offload's swap files (scratch: removed at exit)
     buffer_count: int = 4  # optimizer-state pool buffers (>= 2 x state tensors per parameter to overlap I/O)
     param_buffer_count: int = 5  # parameter pool buffers
@@ -145,6 +147,11 @@ class LauncherConfig:
     nproc_per_node: auto = one worker per GPU; without GPUs, 2 CPU workers for recipes that shard
     (zero.stage > 0) and 1 otherwise; or a number. Under torchrun / SLURM (RANK and WORLD_SIZE set)
     the processes join instead of spawning.
+
+    Multi-node (torchrun's --nnodes / --node-rank / --rdzv-endpoint / --rdzv-id, on the same elastic
+    agent): run `python -m dsrecipes launcher.nnodes=2 launcher.node_rank=R launcher.rdzv_endpoint=HOST:PORT`
+    on every node; node_rank 0 hosts the c10d rendezvous at HOST:PORT (HOST: node 0's address). The
+    rendezvous orders the nodes' global ranks; rdzv_id names the job (the same on every node).
     """
 
     nproc_per_node: str = "auto"
@@ -154,6 +161,10 @@ class LauncherConfig:
     # spawn | fork | forkserver (StartMethod). conf/launcher/default.yaml reads the default from the
     # DSRECIPES_START_METHOD environment variable (spawn when unset); the test suite sets fork.
     start_method: StartMethod = StartMethod.spawn
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str = ""  # HOST:PORT of node 0's rendezvous; needed when nnodes > 1
+    rdzv_id: str = "dsrecipes"  # the job's rendezvous id, the same on every node
 
 
 def validate_zero_config(cfg: ZeroConfig, prefix: str = "zero") -> None:
@@ -173,6 +184,29 @@ def validate_zero_config(cfg: ZeroConfig, prefix: str = "zero") -> None:
         raise ValueError(f"{prefix}.hybrid_shard_size={cfg.hybrid_shard_size} must be >= 0")
     validate_zeropp_config(cfg, prefix)
     validate_nvme_keys(cfg, prefix)
+
+
+PER_NODE = "node"  # zero.hybrid_shard_size / zero.zero_hpz_partition_size: one group per node
+NODE_SIZED_KEYS = ("hybrid_shard_size", "zero_hpz_partition_size")
+
+
+def resolve_node_sized_keys(cfg: ZeroConfig, node_size: int, prefix: str = "zero") -> list[str]:
+    """Replace `node` in zero.hybrid_shard_size / zero.zero_hpz_partition_size by the node's rank count.
+
+    Returns what changed ("zero.hybrid_shard_size=node -> 2"), for the run log. Any other string is
+    a ValueError naming the key and what it may be.
+    """
+    changed = []
+    for key in NODE_SIZED_KEYS:
+        value = getattr(cfg, key)
+        if isinstance(value, int):
+            continue
+        if str(value) != PER_NODE:
+            raise ValueError(f"{prefix}.{key}={value!r} is not valid; use a number of ranks or {PER_NODE!r} "
+                             f"(one group per node)")
+        setattr(cfg, key, node_size)
+        changed.append(f"{prefix}.{key}={PER_NODE} -> {node_size} (ranks per node)")
+    return changed
 
 
 def offloads(cfg: ZeroConfig) -> bool:
@@ -274,6 +308,28 @@ def validate_launcher_config(cfg: LauncherConfig, prefix: str = "launcher") -> N
         raise ValueError(f"{prefix}.max_restarts={cfg.max_restarts} must be >= 0")
     if cfg.collective_timeout_s <= 0:
         raise ValueError(f"{prefix}.collective_timeout_s={cfg.collective_timeout_s} must be > 0")
+    validate_multinode_keys(cfg, prefix)
+
+
+def validate_multinode_keys(cfg: LauncherConfig, prefix: str = "launcher") -> None:
+    """nnodes / node_rank / rdzv_endpoint consistent with each other, before any worker starts."""
+    if cfg.nnodes < 1:
+        raise ValueError(f"{prefix}.nnodes={cfg.nnodes} must be >= 1")
+    if not 0 <= cfg.node_rank < cfg.nnodes:
+        raise ValueError(f"{prefix}.node_rank={cfg.node_rank} is not valid with {prefix}.nnodes={cfg.nnodes}; "
+                         f"choose one of: {', '.join(map(str, range(cfg.nnodes)))}")
+    if cfg.nnodes == 1:
+        return
+    host, _, port = cfg.rdzv_endpoint.rpartition(":")
+    if not cfg.rdzv_endpoint:
+        raise ValueError(f"{prefix}.nnodes={cfg.nnodes} needs {prefix}.rdzv_endpoint=HOST:PORT, node 0's address and "
+                         f"a free port, the same on every node (e.g. {prefix}.rdzv_endpoint=node0:29500)")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{prefix}.rdzv_endpoint={cfg.rdzv_endpoint!r} is not valid; use HOST:PORT with a port "
+                         f"number in 1-65535 (e.g. node0:29500)")
+    if not cfg.rdzv_id or any(c.isspace() for c in cfg.rdzv_id):
+        raise ValueError(f"{prefix}.rdzv_id={cfg.rdzv_id!r} is not valid; use a name without spaces, the same on every "
+                         "node")
 
 
 def nccl_unavailable_reason() -> str | None:

@@ -21,12 +21,19 @@ Mesh names for `get_mesh`:
 | fsdp | dp_shard_sp, or (dp_replicate, dp_shard_sp) under hybrid sharding | FSDP2 |
 | ep, edp, expert | expert-parallel groups, their data-parallel peers, and the 2-D (edp, ep) mesh | MoE |
 
+Nodes: `node_size` is the number of ranks per node (LOCAL_WORLD_SIZE, as torchrun, srun and the
+elastic agent set it; one node when unknown). Global ranks fill nodes in order, so the innermost axes
+stay inside a node: `crossing_axes()` names the axes whose groups span nodes (tp or sp there means
+their per-layer collectives leave the node: a warning), and `zero.hybrid_shard_size=node` /
+`zero.zero_hpz_partition_size=node` size the shard groups to one node.
+
 Nothing else in dsrecipes calls init_device_mesh: the meshes (and their process groups) are made
 here, once per ParallelDims object, and the object is passed down from where the run is assembled.
 """
 
 from __future__ import annotations
 
+import os
 import warnings
 from dataclasses import dataclass, field
 
@@ -44,6 +51,14 @@ def _divisors(n: int) -> str:
     return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
 
 
+def ranks_per_node(world_size: int) -> int:
+    """Ranks on each node: LOCAL_WORLD_SIZE where a launcher set it (and it divides the world), else all of them."""
+    local = os.environ.get("LOCAL_WORLD_SIZE", "")
+    if local.isdigit() and 0 < int(local) <= world_size and world_size % int(local) == 0:
+        return int(local)
+    return world_size
+
+
 @dataclass(frozen=True)
 class ParallelDims:
     world_size: int
@@ -54,16 +69,26 @@ class ParallelDims:
     pp: int = 1
     ep: int = 1
     device_type: str = "cpu"
+    node_size: int = 0  # ranks per node; 0 = the whole world is one node
     _meshes: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
 
     # ------------------------------------------------------------------ construction and validation
     @classmethod
-    def from_config(cls, cfg, world_size: int, device_type: str = "cpu") -> ParallelDims:
-        """The layout of a recipe (its zero, parallel and moe groups) at `world_size` processes."""
+    def from_config(cls, cfg, world_size: int, device_type: str = "cpu", node_size: int | None = None) -> ParallelDims:
+        """The layout of a recipe (its zero, parallel and moe groups) at `world_size` processes, `node_size`
+        of them per node (default: LOCAL_WORLD_SIZE, else one node)."""
         par, moe = cfg.parallel, cfg.moe
-        return cls.from_degrees(world_size, zero_stage=cfg.zero.stage, hybrid_shard_size=cfg.zero.hybrid_shard_size,
+        dims = cls.from_degrees(world_size, zero_stage=cfg.zero.stage, hybrid_shard_size=cfg.zero.hybrid_shard_size,
                                 tp=par.tp, sp=par.sp, pp=par.pp, ep=moe.ep_size if moe.enabled else 1,
                                 device_type=device_type)
+        return dims.on_nodes(node_size or ranks_per_node(world_size))
+
+    def on_nodes(self, node_size: int) -> ParallelDims:
+        """The same layout, told that each node runs `node_size` consecutive ranks."""
+        if node_size < 1 or self.world_size % node_size:
+            raise ValueError(f"{node_size} ranks per node do not divide the world size {self.world_size}")
+        return ParallelDims(self.world_size, self.dp_replicate, self.dp_shard, self.tp, self.sp, self.pp, self.ep,
+                            self.device_type, 0 if node_size == self.world_size else node_size)
 
     @classmethod
     def from_degrees(cls, world_size: int, zero_stage: int = 0, hybrid_shard_size: int = 0, tp: int = 1, sp: int = 1,
@@ -114,9 +139,52 @@ class ParallelDims:
         return (rank % (self.world_size // self.pp)) // (self.sp * self.tp)
 
     def describe(self) -> str:
-        """world 8 = pp 2 x dp 2 (replicate 1 x shard 2) x sp 1 x tp 2, ep 1."""
-        return (f"world {self.world_size} = pp {self.pp} x dp {self.dp} (replicate {self.dp_replicate} x shard "
+        """world 8 = pp 2 x dp 2 (replicate 1 x shard 2) x sp 1 x tp 2, ep 1[; 2 nodes x 4 ranks: pp crosses nodes]."""
+        text = (f"world {self.world_size} = pp {self.pp} x dp {self.dp} (replicate {self.dp_replicate} x shard "
                 f"{self.dp_shard}) x sp {self.sp} x tp {self.tp}, ep {self.ep}")
+        return f"{text}; {self.describe_nodes()}" if self.nodes > 1 else text
+
+    # ------------------------------------------------------------------ nodes
+    @property
+    def nodes(self) -> int:
+        return self.world_size // self.node_size if self.node_size else 1
+
+    def crossing_axes(self) -> list[str]:
+        """The world-mesh axes (and `ep`) whose process groups hold ranks of more than one node."""
+        if not self.node_size:
+            return []
+        node = torch.arange(self.world_size) // self.node_size
+        shape = (self.pp, self.dp_replicate, self.dp_shard, self.sp, self.tp)
+        crossing = []
+        for index, axis in enumerate(WORLD_DIMS):
+            groups = node.reshape(shape).movedim(index, -1).reshape(-1, shape[index])
+            if shape[index] > 1 and bool((groups != groups[:, :1]).any()):
+                crossing.append(axis)
+        if self.ep > 1 and bool((node.reshape(-1, self.ep) != node.reshape(-1, self.ep)[:, :1]).any()):
+            crossing.append("ep")
+        return crossing
+
+    def describe_nodes(self) -> str:
+        """2 nodes x 4 ranks: dp_shard crosses nodes, tp inside a node (or: one node)."""
+        if self.nodes == 1:
+            return "one node"
+        crossing = self.crossing_axes()
+        inside = [axis for axis in (*WORLD_DIMS, "ep") if getattr(self, axis) > 1 and axis not in crossing]
+        text = f"{self.nodes} nodes x {self.node_size} ranks: "
+        text += f"{', '.join(crossing)} cross{'es' if len(crossing) == 1 else ''} nodes" if crossing else \
+            "no axis crosses nodes"
+        return text + (f", {', '.join(inside)} inside a node" if inside else "")
+
+    def node_warnings(self) -> list[str]:
+        """tp / sp / ep groups that span nodes: their collectives run in every layer, over the slower links between nodes."""
+        crossing = self.crossing_axes()
+        limits = {"tp": (f"parallel.tp={self.tp}", "parallel.tp", "tensor-parallel collectives"),
+                  "sp": (f"parallel.sp={self.sp} x parallel.tp={self.tp}", "parallel.sp x parallel.tp",
+                         "Ulysses all-to-alls"),
+                  "ep": (f"moe.ep_size={self.ep}", "moe.ep_size", "expert all-to-alls")}
+        return [f"{given} spans nodes ({self.node_size} ranks per node): its {what} run in every layer over the links "
+                f"between nodes; keep {keys} <= {self.node_size}"
+                for axis, (given, keys, what) in limits.items() if axis in crossing]
 
     # ------------------------------------------------------------------ meshes
     @property

@@ -19,6 +19,8 @@ LAYOUT_KEY = "run/layout"
 def describe_layout(plan, cfg, precision, micro_batches: int = 1) -> str:
     """One line for the run log; plan: the ParallelPlan, cfg: the RootConfig, precision: the run's Precision."""
     parts = [_axes(plan.dims)]
+    if plan.dims.nodes > 1:
+        parts.append(f"nodes: {plan.dims.describe_nodes()}")
     if plan.dims.pp > 1:
         parts.append(f"pipeline: {cfg.parallel.pp_schedule}, {micro_batches} micro-batches per step, "
                      f"partition by {cfg.parallel.pp_partition}")

@@ -186,6 +186,8 @@ RANGES: dict[str, Range] = {
     "parallel.sp": POSITIVE_INT,
     "launcher.max_restarts": COUNT,
     "launcher.collective_timeout_s": POSITIVE_INT,
+    "launcher.nnodes": POSITIVE_INT,
+    "launcher.node_rank": COUNT,
     # activation_checkpointing
     "activation_checkpointing.every_k": POSITIVE_INT,
     # moe
@@ -335,8 +337,9 @@ def _numeric(tp: Any) -> bool:
     args = [a for a in typing.get_args(tp) if a is not type(None)]
     if typing.get_origin(tp) in (list, tuple):
         return bool(args) and all(_numeric(a) for a in args)
-    if args and typing.get_origin(tp) is not None:  # X | None
-        return all(_numeric(a) for a in args)
+    if args and typing.get_origin(tp) is not None:  # X | None, or int | str (a number or a name such as "node")
+        numbers = [a for a in args if a is not str]
+        return bool(numbers) and all(_numeric(a) for a in numbers)
     return tp in (int, float)
 
 

@@ -1,0 +1,198 @@
+"""Multi-node runs, simulated on one machine: two launchers x 2 local ranks meeting at a c10d rendezvous on
+127.0.0.1 (tests/helpers/nodes.py), against the single-process reference of tests/test_distributed.py.
+
+The fast tests cover the node-aware layout (which axis crosses nodes, `node`-sized groups), the launcher.* keys
+and their errors. The slow ones train: ZeRO-3 under two torchrun agents, hybrid sharding with one shard group
+per node through `python -m dsrecipes launcher.nnodes=2`, that run's checkpoint resumed on one node, and a node
+killed mid-run that the job survives (max_restarts=1, a replacement node joins). Tolerances as in
+tests/helpers/equivalence.py: losses 2e-5, exported parameters 5e-5.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from dsrecipes.distributed.parallel_dims import ParallelDims
+from tests.helpers.cli import run_cli
+from tests.helpers.equivalence import STEPS, assert_matches_single_process, common
+from tests.helpers.nodes import free_port, kill_node, launcher_node_args, output, start_node, torchrun_node_args, wait_all
+
+
+# ---------------------------------------------------------------------------------------------- layout
+@pytest.mark.parametrize("degrees, node_size, crossing, inside", [
+    (dict(world_size=4, zero_stage=3), 2, ["dp_shard"], []),                                 # ZeRO-3 over both nodes
+    (dict(world_size=4, zero_stage=3, hybrid_shard_size=2), 2, ["dp_replicate"], ["dp_shard"]),  # HSDP, group = node
+    (dict(world_size=4, zero_stage=3, tp=2), 2, ["dp_shard"], ["tp"]),                      # TP inside, DP across
+    (dict(world_size=8, tp=2, pp=2), 4, ["pp"], ["dp_replicate", "tp"]),                    # stages across nodes
+    (dict(world_size=4, tp=4), 2, ["tp"], []),                                              # TP across: warned
+    (dict(world_size=4, ep=2), 2, ["dp_replicate"], ["ep"]),                                # experts inside a node
+])
+def test_layout_names_the_axes_that_cross_nodes(degrees, node_size, crossing, inside):
+    dims = ParallelDims.from_degrees(**degrees).on_nodes(node_size)
+    assert dims.crossing_axes() == crossing
+    text = dims.describe_nodes()
+    assert text.startswith(f"{dims.world_size // node_size} nodes x {node_size} ranks: {', '.join(crossing)} cross")
+    assert text.endswith(f", {', '.join(inside)} inside a node" if inside else "nodes")
+    assert bool(dims.node_warnings()) == ("tp" in crossing)
+
+
+def test_one_node_layouts_say_nothing_about_nodes():
+    dims = ParallelDims.from_degrees(4, zero_stage=3).on_nodes(4)
+    assert (dims.nodes, dims.crossing_axes(), dims.node_warnings()) == (1, [], [])
+    assert "node" not in dims.describe()
+
+
+def test_node_sized_groups_take_the_ranks_per_node(monkeypatch):
+    from dsrecipes.config import validate_recipe
+    from dsrecipes.config.store import compose
+
+    cfg = compose(["zero.stage=3", "zero.hybrid_shard_size=node"])
+    root, _ = validate_recipe(cfg, dp_world_size=8, node_size=4)
+    assert root.zero.hybrid_shard_size == 4
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # a worker under torchrun / the agent: its node's ranks
+    root, _ = validate_recipe(compose(["zero.stage=3", "zero.zero_hpz_partition_size=node"]), dp_world_size=4)
+    assert root.zero.zero_hpz_partition_size == 2
+    with pytest.raises(ValueError, match=r"zero.hybrid_shard_size='rack' is not valid; use a number of ranks or 'node'"):
+        validate_recipe(compose(["zero.stage=3", "zero.hybrid_shard_size=rack"]), dp_world_size=4)
+
+
+def test_tensor_parallel_across_nodes_is_warned():
+    from dsrecipes.config import validate_recipe
+    from dsrecipes.config.store import compose
+
+    with pytest.warns(UserWarning, match=r"parallel.tp=4 spans nodes \(2 ranks per node\).*keep parallel.tp <= 2"):
+        validate_recipe(compose(["parallel.tp=4", "zero.stage=3", "model=gpt_debug"]), dp_world_size=4, node_size=2)
+
+
+def test_rendezvous_settings_map_onto_the_elastic_agent():
+    from dsrecipes.launch import rendezvous
+
+    one = rendezvous({"nnodes": 1})
+    assert (one["min_nodes"], one["max_nodes"], one["rdzv_endpoint"]) == (1, 1, "localhost:0")
+    assert one["run_id"].startswith("dsrecipes-")
+    two = rendezvous({"nnodes": 2, "node_rank": 1, "rdzv_endpoint": "node0:29500", "rdzv_id": "job7"})
+    assert two == {"min_nodes": 2, "max_nodes": 2, "run_id": "job7", "rdzv_endpoint": "node0:29500",
+                   "rdzv_configs": {"is_host": False}}
+    assert rendezvous({"nnodes": 2, "node_rank": 0, "rdzv_endpoint": "n:1", "rdzv_id": "j"})["rdzv_configs"] == \
+        {"is_host": True}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["launcher.nnodes=2"], "launcher.nnodes=2 needs launcher.rdzv_endpoint=HOST:PORT"),
+    (["launcher.nnodes=2", "launcher.node_rank=2", "launcher.rdzv_endpoint=h:1"],
+     "launcher.node_rank=2 is not valid with launcher.nnodes=2; choose one of: 0, 1"),
+    (["launcher.nnodes=2", "launcher.rdzv_endpoint=node0"], "launcher.rdzv_endpoint='node0' is not valid; use HOST:PORT"),
+    (["launcher.nnodes=2", "launcher.rdzv_endpoint=node0:99999"], "with a port number in 1-65535"),
+    (["launcher.nnodes=0"], "launcher.nnodes=0 must be >= 1"),
+])
+def test_bad_multinode_keys_fail_before_any_worker_starts(tmp_path, args, message):
+    result = run_cli(["model=gpt_debug", "zero.stage=3", "launcher.nproc_per_node=2", *args], cwd=tmp_path, timeout=120)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not list(tmp_path.glob("outputs/*/*/logs"))  # no worker ran
+
+
+# ---------------------------------------------------------------------------------------------- runs
+def _run_dirs(cwd: Path) -> list[Path]:
+    return [path for path in cwd.glob("outputs/*/*") if path.is_dir()]
+
+
+def _losses(run_dir: Path) -> list[tuple[int, float]]:
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r["train/loss"]) for r in records if "train/loss" in r]
+
+
+def _read(run_dir: Path):
+    from dsrecipes.models import load_exported
+
+    return [loss for _, loss in _losses(run_dir)], load_exported(run_dir / "export")[0].state_dict()
+
+
+def _two_nodes(cwd: Path, node_args, overrides: list[str], timeout: int = 360, env_extra=None) -> Path:
+    """Both simulated nodes to the end; the one run directory they leave."""
+    cwd.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    nodes = [start_node(cwd, node_args(2, rank, port) + overrides, f"node{rank}", env_extra) for rank in (0, 1)]
+    codes = wait_all(nodes, timeout)
+    assert codes == [0, 0], "\n".join(output(cwd, f"node{rank}")[-3000:] for rank in (0, 1))
+    (run_dir,) = _run_dirs(cwd)  # one run directory: the other node's launcher removed its own
+    assert sorted(p.name for p in (run_dir / "logs").iterdir()) == [f"rank{r}.log" for r in range(4)]
+    return run_dir
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_two_torchrun_nodes_reproduce_single_process_at_zero3(tmp_path, datasets_cache, single_gpt):
+    run_dir = _two_nodes(tmp_path / "torchrun", torchrun_node_args, common(datasets_cache) + [
+        "zero.stage=3", "trainer.train_micro_batch_size_per_gpu=2"])
+    assert_matches_single_process(*_read(run_dir), *single_gpt)
+    layout = json.loads((run_dir / "summary.json").read_text())["layout"]
+    assert "nodes: 2 nodes x 2 ranks: dp_shard crosses nodes" in layout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_hybrid_shard_per_node_via_launcher_keys_and_its_checkpoint_resumes_on_one_node(
+        tmp_path, datasets_cache, single_gpt):
+    """`python -m dsrecipes launcher.nnodes=2 ...` on each node, HSDP with one shard group per node; the step-5
+    checkpoint (one shard file per rank) resumes at 1 node x 2 ranks with the same losses."""
+    base = common(datasets_cache) + ["zero.stage=3", "checkpoint.interval=5"]
+    run_dir = _two_nodes(tmp_path / "nodes", launcher_node_args, base + [
+        "zero.hybrid_shard_size=node", "trainer.train_micro_batch_size_per_gpu=2"])
+    losses, params = _read(run_dir)
+    assert_matches_single_process(losses, params, *single_gpt)
+    layout = json.loads((run_dir / "summary.json").read_text())["layout"]
+    assert "replicate 2 x shard 2" in layout
+    assert "nodes: 2 nodes x 2 ranks: dp_replicate crosses nodes, dp_shard inside a node" in layout
+    checkpoint = run_dir / "checkpoints" / "step_5"
+    assert sorted(p.name for p in (checkpoint / "dcp").glob("*.distcp")) == [f"__{r}_0.distcp" for r in range(4)]
+
+    cwd = tmp_path / "one_node"
+    cwd.mkdir()
+    result = run_cli(base + ["launcher.nproc_per_node=2", "trainer.train_micro_batch_size_per_gpu=4",
+                             f"trainer.resume={checkpoint}"], cwd=cwd, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    resumed, resumed_params = _read(_run_dirs(cwd)[0])
+    assert len(resumed) == STEPS - 5
+    torch.testing.assert_close(torch.tensor(resumed), torch.tensor(losses[5:]), rtol=0, atol=2e-5)
+    for name, tensor in params.items():
+        torch.testing.assert_close(resumed_params[name], tensor, rtol=0, atol=5e-5, msg=name)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_killed_node_is_replaced_and_the_job_ends_with_the_uninterrupted_losses(
+        tmp_path, datasets_cache, single_gpt):
+    """Node 1 (its launcher and both workers) is SIGKILLed after the step-5 checkpoint; node 0's agent restarts its
+    workers (launcher.max_restarts=1) and waits at the rendezvous, a replacement node 1 joins, every rank resumes
+    from step 5 and the run ends with the single process's losses."""
+    cwd = tmp_path / "kill"
+    cwd.mkdir()
+    port = free_port()
+    overrides = common(datasets_cache) + ["zero.stage=3", "trainer.train_micro_batch_size_per_gpu=2",
+                                          "checkpoint.interval=5", "launcher.max_restarts=1"]
+    node0 = start_node(cwd, launcher_node_args(2, 0, port) + overrides, "node0")
+    node1 = start_node(cwd, launcher_node_args(2, 1, port) + overrides, "node1")
+    deadline = time.monotonic() + 300
+    while not any((d / "checkpoints" / "latest").is_file() and (d / "checkpoints" / "latest").read_text().strip()
+                  == "step_5" for d in _run_dirs(cwd)):
+        assert time.monotonic() < deadline and node0.poll() is None and node1.poll() is None, output(cwd, "node0")
+        time.sleep(0.2)
+    kill_node(node1)
+    replacement = start_node(cwd, launcher_node_args(2, 1, port) + overrides, "node1_replacement")
+    codes = wait_all([node0, replacement], timeout=360)
+    assert codes == [0, 0], output(cwd, "node0")[-3000:] + output(cwd, "node1_replacement")[-3000:]
+
+    (run_dir,) = [d for d in _run_dirs(cwd) if (d / "metrics.jsonl").is_file()]
+    steps = _losses(run_dir)
+    assert [step for step, _ in steps[-5:]] == list(range(6, 11))  # the last attempt resumed after step 5
+    final = [loss for step, loss in steps if step == STEPS][-1]
+    assert final == pytest.approx(single_gpt[0][-1], abs=2e-5)
+    logs = "".join(p.read_text() for p in (run_dir / "logs").glob("rank*.log"))
+    assert "resumed from" in logs
