@@ -22,7 +22,6 @@ from __future__ import annotations
 import gc
 import logging
 import os
-import uuid
 from datetime import timedelta
 
 import torch
@@ -30,6 +29,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from dsrecipes.distributed.environment import adopt_slurm_environment, under_launcher  # noqa: F401 (re-exported)
+from dsrecipes.distributed.multinode import NodeReports, remove_unused_run_dir, rendezvous, rendezvous_error
 
 RUN_DIR_KEY = "run_dir"  # what workers without rank 0 return: the run directory the job used
 
@@ -87,23 +87,6 @@ def join_launcher_group(backend: str = "auto", timeout_s: int = 600) -> bool:
     return True
 
 
-def agreed_run_dir(run_dir: str, node_rank: int) -> str:
-    """The run directory every rank uses: the one launcher.node_rank 0's launching process resolved (each node's
-    resolved its own). Node 0 hosts the rendezvous, so it stays for the whole job, through restarts that may give
-    global rank 0 to another node."""
-    entries: list = [None] * dist.get_world_size()
-    dist.all_gather_object(entries, (node_rank, run_dir))
-    return min(entries, key=lambda entry: entry[0])[1]
-
-
-def restarted() -> bool:
-    """Whether any rank runs a restarted attempt. Asked of every rank: a node that replaced a lost one starts its
-    agent's restart count at 0 while the surviving nodes' agents count 1, and all must resume alike."""
-    count = torch.tensor([int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))])
-    dist.all_reduce(count, op=dist.ReduceOp.MAX)
-    return int(count) > 0
-
-
 @record
 def worker_main(config: dict, run_dir: str, overrides: list[str], sweep_name: str | None,
                 report_run_dir: bool = False) -> dict | None:
@@ -128,12 +111,15 @@ def worker_main(config: dict, run_dir: str, overrides: list[str], sweep_name: st
     finished = False
     try:
         init_distributed(launcher.get("backend", "auto"), launcher.get("collective_timeout_s", 600))
+        nodes = NodeReports(launcher, run_dir)
+        if report_run_dir:  # spawned by this package's launcher: its launcher.* keys set up the rendezvous
+            nodes.check_agree()
         cfg = load_config(OmegaConf.create(config))
-        if restarted():
+        if nodes.restarted:
             cfg.trainer.resume = "auto"  # restarted workers continue from the newest checkpoint
         root, batch = validate_recipe(cfg, dp_world_size=dist.get_world_size())
         rank = dist.get_rank()
-        run_dir = agreed_run_dir(run_dir, int(launcher.get("node_rank", 0)))
+        run_dir = nodes.run_dir
         summary = Trainer(root, run_dir, batch, overrides=overrides, rank=rank, sweep_name=sweep_name).fit()
         finished = True
         return summary if rank == 0 else ({RUN_DIR_KEY: run_dir} if report_run_dir else None)
@@ -163,22 +149,6 @@ def _start_method(config: dict) -> str:
     return method
 
 
-def rendezvous(launcher: dict) -> dict:
-    """The elastic agent's rendezvous settings for launcher.nnodes / node_rank / rdzv_endpoint / rdzv_id.
-
-    One node: a private c10d store on a free local port. Several: the c10d rendezvous at rdzv_endpoint,
-    hosted by node_rank 0 (`is_host`, so two "nodes" on one machine do not both try to host it), under
-    the job's rdzv_id, which every node shares.
-    """
-    nnodes = int(launcher.get("nnodes", 1))
-    if nnodes == 1:
-        return {"min_nodes": 1, "max_nodes": 1, "run_id": f"dsrecipes-{uuid.uuid4().hex[:8]}",
-                "rdzv_endpoint": "localhost:0", "rdzv_configs": {}}
-    return {"min_nodes": nnodes, "max_nodes": nnodes, "run_id": str(launcher["rdzv_id"]),
-            "rdzv_endpoint": str(launcher["rdzv_endpoint"]),
-            "rdzv_configs": {"is_host": int(launcher.get("node_rank", 0)) == 0}}
-
-
 def spawn_workers(nproc: int, max_restarts: int, config: dict, run_dir: str, overrides: list[str], sweep_name) -> dict:
     """Start `nproc` local workers with the elastic agent (on each of launcher.nnodes nodes); returns rank 0's
     summary, or on a node without rank 0 None."""
@@ -200,21 +170,14 @@ def spawn_workers(nproc: int, max_restarts: int, config: dict, run_dir: str, ove
     # The agent logs each failed worker with a traceback of its own process-joining code; the worker's
     # own error reaches the user anyway (one line for a user error, the ChildFailedError's root cause else).
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
-    results = elastic_launch(launch_config, worker_main)(config, run_dir, overrides, sweep_name, True)
+    try:
+        results = elastic_launch(launch_config, worker_main)(config, run_dir, overrides, sweep_name, True)
+    except Exception as error:
+        clear = rendezvous_error(error, config.get("launcher", {}))
+        if clear is None:
+            raise
+        raise clear from error
     # rank 0 returns the summary (which names the run directory too), the other ranks {RUN_DIR_KEY: ...}
     agreed = next((r[RUN_DIR_KEY] for r in results.values() if isinstance(r, dict) and RUN_DIR_KEY in r), run_dir)
     remove_unused_run_dir(run_dir, agreed)
     return results.get(0)
-
-
-def remove_unused_run_dir(own: str, agreed: str) -> None:
-    """The run directory this process resolved, if the job used another node's instead and this one holds nothing
-    but Hydra's files (.hydra/, the launcher's log)."""
-    import shutil
-    from pathlib import Path
-
-    path = Path(own)
-    if not path.is_dir() or path.resolve() == Path(agreed).resolve():
-        return
-    if all(entry.name == ".hydra" or entry.suffix == ".log" for entry in path.iterdir()):
-        shutil.rmtree(path, ignore_errors=True)

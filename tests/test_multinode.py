@@ -70,16 +70,15 @@ def test_tensor_parallel_across_nodes_is_warned():
 
 
 def test_rendezvous_settings_map_onto_the_elastic_agent():
-    from dsrecipes.launch import rendezvous
+    from dsrecipes.distributed.multinode import rendezvous
 
     one = rendezvous({"nnodes": 1})
     assert (one["min_nodes"], one["max_nodes"], one["rdzv_endpoint"]) == (1, 1, "localhost:0")
     assert one["run_id"].startswith("dsrecipes-")
     two = rendezvous({"nnodes": 2, "node_rank": 1, "rdzv_endpoint": "node0:29500", "rdzv_id": "job7"})
     assert two == {"min_nodes": 2, "max_nodes": 2, "run_id": "job7", "rdzv_endpoint": "node0:29500",
-                   "rdzv_configs": {"is_host": False}}
-    assert rendezvous({"nnodes": 2, "node_rank": 0, "rdzv_endpoint": "n:1", "rdzv_id": "j"})["rdzv_configs"] == \
-        {"is_host": True}
+                   "rdzv_configs": {"is_host": False, "join_timeout": 600}}
+    assert rendezvous({"nnodes": 2, "node_rank": 0, "rdzv_endpoint": "n:1", "rdzv_id": "j"})["rdzv_configs"]["is_host"]
 
 
 @pytest.mark.parametrize("args, message", [
@@ -196,3 +195,30 @@ def test_a_killed_node_is_replaced_and_the_job_ends_with_the_uninterrupted_losse
     assert final == pytest.approx(single_gpt[0][-1], abs=2e-5)
     logs = "".join(p.read_text() for p in (run_dir / "logs").glob("rank*.log"))
     assert "resumed from" in logs
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_rendezvous_mistakes_end_each_node_with_one_line(tmp_path):
+    """Two nodes both given node_rank 0: the second cannot host the rendezvous and says so at once; the first,
+    alone, gives up after launcher.rdzv_timeout_s naming the keys to set on every node."""
+    overrides = ["model=gpt_debug", "zero.stage=3", "launcher.rdzv_timeout_s=15"]
+    port = free_port()
+    first = start_node(tmp_path, launcher_node_args(2, 0, port) + overrides, "first")
+    while not _listening(port) and first.poll() is None:  # the first node hosts the rendezvous
+        time.sleep(0.2)
+    second = start_node(tmp_path, launcher_node_args(2, 0, port) + overrides, "second")
+    assert wait_all([second, first], timeout=200) == [2, 2]
+    said = output(tmp_path, "second")
+    assert f"launcher.node_rank=0 hosts the rendezvous at 127.0.0.1:{port}, but could not listen there" in said
+    said = output(tmp_path, "first")
+    assert f"not every node joined the rendezvous at launcher.rdzv_endpoint=127.0.0.1:{port} within " \
+           "launcher.rdzv_timeout_s=15" in said
+    assert "Traceback" not in said + output(tmp_path, "second")
+
+
+def _listening(port: int) -> bool:
+    import socket
+
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0

@@ -165,6 +165,7 @@ class LauncherConfig:
     node_rank: int = 0
     rdzv_endpoint: str = ""  # HOST:PORT of node 0's rendezvous; needed when nnodes > 1
     rdzv_id: str = "dsrecipes"  # the job's rendezvous id, the same on every node
+    rdzv_timeout_s: int = 600  # how long a node waits at the rendezvous for the others (torch's join_timeout)
 
 
 def validate_zero_config(cfg: ZeroConfig, prefix: str = "zero") -> None:

@@ -188,6 +188,7 @@ RANGES: dict[str, Range] = {
     "launcher.collective_timeout_s": POSITIVE_INT,
     "launcher.nnodes": POSITIVE_INT,
     "launcher.node_rank": COUNT,
+    "launcher.rdzv_timeout_s": POSITIVE_INT,
     # activation_checkpointing
     "activation_checkpointing.every_k": POSITIVE_INT,
     # moe
