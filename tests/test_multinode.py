@@ -2,9 +2,10 @@
 127.0.0.1 (tests/helpers/nodes.py), against the single-process reference of tests/test_distributed.py.
 
 The fast tests cover the node-aware layout (which axis crosses nodes, `node`-sized groups), the launcher.* keys
-and their errors. The slow ones train: ZeRO-3 under two torchrun agents, hybrid sharding with one shard group
-per node through `python -m dsrecipes launcher.nnodes=2`, that run's checkpoint resumed on one node, and a node
-killed mid-run that the job survives (max_restarts=1, a replacement node joins). Tolerances as in
+and their errors. The slow ones train: ZeRO-3 under two torchrun agents; through `python -m dsrecipes launcher.nnodes=2`, TP
+inside a node with DP across, one pipeline stage per node, and hybrid sharding with one shard group per node,
+whose checkpoint then resumes on one node; a node killed mid-run that the job survives (max_restarts=1, a
+replacement node joins); and the rendezvous mistakes' one-line errors. Tolerances as in
 tests/helpers/equivalence.py: losses 2e-5, exported parameters 5e-5.
 """
 
@@ -133,6 +134,20 @@ def test_two_torchrun_nodes_reproduce_single_process_at_zero3(tmp_path, datasets
     assert_matches_single_process(*_read(run_dir), *single_gpt)
     layout = json.loads((run_dir / "summary.json").read_text())["layout"]
     assert "nodes: 2 nodes x 2 ranks: dp_shard crosses nodes" in layout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("layout, crossing", [
+    (["parallel.tp=2", "zero.stage=3"], "dp_shard crosses nodes, tp inside a node"),   # TP inside a node, DP across
+    (["parallel.pp=2"], "pp crosses nodes, dp_replicate inside a node"),               # one pipeline stage per node
+])
+def test_model_parallel_layouts_across_two_nodes_reproduce_single_process(tmp_path, datasets_cache, single_gpt,
+                                                                          layout, crossing):
+    run_dir = _two_nodes(tmp_path / "nodes", launcher_node_args, common(datasets_cache) + layout + [
+        "trainer.train_micro_batch_size_per_gpu=4"])
+    assert_matches_single_process(*_read(run_dir), *single_gpt)
+    assert f"nodes: 2 nodes x 2 ranks: {crossing}" in json.loads((run_dir / "summary.json").read_text())["layout"]
 
 
 @pytest.mark.slow

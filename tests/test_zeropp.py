@@ -122,6 +122,56 @@ def test_quantized_all_gather_and_reduce_scatter_match_the_exact_collectives_wit
     run_distributed(_collectives, 2, timeout_s=100)
 
 
+def _two_hop_collectives(rank: int, world: int) -> None:
+    """World 4 as 2 nodes x 2 ranks: qgZ's 2-hop reduce-scatter against the exact one, and its bytes across nodes."""
+    from dsrecipes.distributed.data_parallel.quantized_collectives import two_hop_bound
+
+    dims = ParallelDims.from_degrees(world, zero_stage=3).on_nodes(2)
+    assert dims.shard_node_split() == (2, 2)
+    inside, across = dims.shard_node_groups()
+    assert dist.get_process_group_ranks(inside) == [rank // 2 * 2, rank // 2 * 2 + 1]
+    assert dist.get_process_group_ranks(across) == [rank % 2, rank % 2 + 2]
+    sent = []  # (group size, payload bytes) of every all-to-all
+    exchange = dist.all_to_all_single
+
+    def recording(output, input, group=None, **kwargs):
+        sent.append((dist.get_world_size(group), input.numel() * input.element_size()))
+        return exchange(output, input, group=group, **kwargs)
+
+    g = torch.Generator().manual_seed(20 + rank)
+    numel = 3001
+    for bits in (8, 4):
+        for op in (dist.ReduceOp.AVG, dist.ReduceOp.SUM):
+            grads = torch.randn(world * numel, generator=g)
+            exact = torch.empty(numel)
+            dist.reduce_scatter_single(exact, grads.clone(), op=op)
+            got = torch.empty(numel)
+            dist.all_to_all_single, sent[:] = recording, []
+            try:
+                QuantizedReduceScatter(bits, node_groups=(inside, across))(got, grads, dist.group.WORLD, op)
+                two_hop = list(sent)
+                sent.clear()
+                QuantizedReduceScatter(bits)(torch.empty(numel), grads, dist.group.WORLD, op)
+                one_hop = list(sent)
+            finally:
+                dist.all_to_all_single = exchange
+            largest = torch.tensor(grads.abs().max().item())
+            dist.all_reduce(largest, op=dist.ReduceOp.MAX)
+            bound = two_hop_bound(float(largest), 2, 2, bits) / (world if op == dist.ReduceOp.AVG else 1)
+            assert (got - exact).abs().max() <= bound * (1 + 1e-5), (bits, op)
+            assert [size for size, _ in two_hop] == [2, 2, 2, 2] and [size for size, _ in one_hop] == [4, 4]
+            # bytes leaving the node: 1-hop sends 2 of its 4 rows off-node, 2-hop 1 of the 2 rows of its second hop
+            off_node_one_hop = sum(nbytes for _, nbytes in one_hop) / 2
+            off_node_two_hop = sum(nbytes for _, nbytes in two_hop[2:]) / 2
+            assert off_node_two_hop == pytest.approx(off_node_one_hop / 2, rel=0.02), (bits, op)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_two_hop_quantized_reduce_scatter_stays_within_its_bound_and_halves_the_bytes_across_nodes():
+    run_distributed(_two_hop_collectives, 4, timeout_s=100)
+
+
 # ------------------------------------------------------------------------------------------------
 # training: gpt_debug under FSDP2 with and without ZeRO++
 # ------------------------------------------------------------------------------------------------
@@ -203,6 +253,26 @@ def test_zero3_with_qwz_or_qgz_tracks_plain_zero3(tmp_path):
     assert "qwZ on (int8 parameter all-gather, blocks of 4096)" in runs["qwz"]["describe"]
     assert "qgZ on (int8 all-to-all gradient reduce-scatter" in runs["qgz"]["describe"]
     assert "ZeRO++" not in runs["zero3"]["describe"]
+
+
+def _runs_on_two_nodes(rank: int, world: int, cases: dict, steps: int, out: str) -> None:
+    import os
+
+    os.environ["LOCAL_WORLD_SIZE"] = "2"  # 2 nodes x 2 ranks, as torchrun would tell each worker
+    _runs(rank, world, cases, steps, out)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_qgz_on_two_nodes_takes_two_hops_and_tracks_plain_zero3(tmp_path):
+    out = tmp_path / "runs.pt"
+    run_distributed(_runs_on_two_nodes, 4, {"zero3": {"stage": 3}, "qgz": {"stage": 3, "zero_quantized_gradients": True}},
+                    STEPS, str(out), timeout_s=180)
+    runs = torch.load(out)
+    plain = torch.tensor(runs["zero3"]["losses"])
+    assert plain[-1] < plain[0] - 0.3
+    torch.testing.assert_close(torch.tensor(runs["qgz"]["losses"]), plain, rtol=0, atol=5e-3)
+    assert "2-hop: inside each node over 2 ranks, then across 2 nodes" in runs["qgz"]["describe"]
 
 
 @pytest.mark.slow

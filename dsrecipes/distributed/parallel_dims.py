@@ -175,6 +175,34 @@ class ParallelDims:
             "no axis crosses nodes"
         return text + (f", {', '.join(inside)} inside a node" if inside else "")
 
+    def shard_node_split(self) -> tuple[int, int] | None:
+        """(nodes, members per node) of the FSDP shard axis (dp_shard x sp) when its groups span several nodes
+        with several members on each, in equal consecutive blocks (the layout of 2-hop collectives); else None."""
+        if not self.node_size:
+            return None
+        size = self.dp_shard * self.sp
+        node = (torch.arange(self.world_size) // self.node_size).reshape(
+            self.pp, self.dp_replicate, self.dp_shard * self.sp, self.tp).movedim(2, -1).reshape(-1, size)
+        local = int((node[0] == node[0, 0]).sum())
+        if local in (1, size) or size % local:
+            return None
+        blocks = node.reshape(node.shape[0], size // local, local)
+        if bool((blocks != blocks[..., :1]).any()):
+            return None
+        return size // local, local
+
+    def shard_node_groups(self) -> tuple[dist.ProcessGroup, dist.ProcessGroup] | None:
+        """(inside a node, across nodes) process groups splitting this rank's FSDP shard group, for qgZ's 2-hop
+        reduce-scatter; None where shard_node_split is None. Collective: every rank calls it, once."""
+        split = self.shard_node_split()
+        if split is None:
+            return None
+        if "shard_nodes" not in self._meshes:
+            self._meshes["shard_nodes"] = self.get_mesh("dp_shard_sp")._unflatten(
+                0, split, ("shard_node", "shard_local"))
+        mesh = self._meshes["shard_nodes"]
+        return mesh.get_group("shard_local"), mesh.get_group("shard_node")
+
     def node_warnings(self) -> list[str]:
         """tp / sp / ep groups that span nodes: their collectives run in every layer, over the slower links between nodes."""
         crossing = self.crossing_axes()

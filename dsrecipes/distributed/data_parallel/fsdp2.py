@@ -61,9 +61,10 @@ class FSDP2Strategy(DataParallelStrategy):
             offload_policy=CPUOffloadPolicy(pin_memory=self.device.type == "cuda") if self.offload else OffloadPolicy(),
             ignored_params=ignored_params or None,
         )
+        node_groups = self.dims.shard_node_groups() if self.zero.zero_quantized_gradients else None  # qgZ 2-hop
         for unit in [*repeated_blocks(model), model]:
             fully_shard(unit, **kwargs)
-            zeropp.install(unit, self.zero)
+            zeropp.install(unit, self.zero, node_groups)
         if uses_nvme(self.zero):
             from dsrecipes.distributed.offload.nvme import NVMeOffload
 
@@ -112,7 +113,7 @@ class FSDP2Strategy(DataParallelStrategy):
         offload = ", CPU offload" if self.offload else ""
         if self.nvme is not None:
             offload = f", CPU offload, {self.nvme.describe()}"
-        zeropp_clause = zeropp.describe(self.zero, self.dims.dp_shard * self.dims.sp)
+        zeropp_clause = zeropp.describe(self.zero, self.dims.dp_shard * self.dims.sp, self.dims.shard_node_split())
         return f"FSDP2 (zero.stage={self.zero.stage}): {what} ({layout}){offload}{zeropp_clause}"
 
     @classmethod

@@ -20,10 +20,15 @@ after the call and waits on it), so both classes issue blocking collectives and 
   sums them in fp32 into its output shard. The reduce op FSDP2 passes is honoured: SUM, or AVG
   (divide by the group size); FSDP2 picks AVG for fp32 gradients without a custom divide factor and
   SUM with its own pre/post division otherwise. PREMUL_SUM (a custom gradient divide factor, which
-  dsrecipes never sets) is refused. This is DeepSpeed's 1-hop form: the 2-hop form (all-to-all inside
-  a node, then across nodes) needs a node axis in the mesh, which dsrecipes' ParallelDims does not
-  have; under hybrid sharding the reduce-scatter over the shard group is quantized and FSDP2's
-  all-reduce across replicas stays fp32.
+  dsrecipes never sets) is refused. Under hybrid sharding the reduce-scatter over the shard group is
+  quantized and FSDP2's all-reduce across replicas stays fp32.
+  When the shard group spans nodes with several members on each (ParallelDims.shard_node_split:
+  N nodes x L members, from LOCAL_WORLD_SIZE), the reduce-scatter takes DeepSpeed's 2-hop form
+  instead: an all-to-all inside each node hands local member l the chunks of every destination
+  (m, l), which it dequantizes and sums over the node; the partial sums are requantized and an
+  all-to-all across nodes (the members with the same l) completes the sum. The bytes that cross
+  nodes fall L-fold, at the price of a second quantization of partial sums (error bound: see
+  `two_hop_bound`). One node, or one member per node: the 1-hop form.
 
 Quantization uses dsrecipes.kernels' int8 kernels (`quantize_int8` / `dequantize_int8`,
 granularity "group") on CUDA and their torch references elsewhere; int4 is plain torch (there is
@@ -138,11 +143,15 @@ class QuantizedAllGather(AllGather):
 class QuantizedReduceScatter(ReduceScatter):
     """qgZ: blockwise int8/int4 quantized gradient reduce-scatter as one all-to-all, summed in fp32."""
 
-    def __init__(self, bits: int = 8, block: int | None = None) -> None:
+    def __init__(self, bits: int = 8, block: int | None = None,
+                 node_groups: tuple[dist.ProcessGroup, dist.ProcessGroup] | None = None) -> None:
+        """node_groups: (inside a node, across nodes) groups splitting the shard group (ParallelDims.
+        shard_node_groups), for the 2-hop form; None: 1-hop."""
         if bits not in GRADIENT_BITS:
             raise ValueError(f"QuantizedReduceScatter: bits must be one of {GRADIENT_BITS}, got {bits}")
         self.bits = bits
         self.block = block or GRADIENT_BLOCK[bits]
+        self.node_groups = node_groups
 
     def allocate(self, size: Sequence[int | torch.SymInt], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return _empty(size, dtype, device)
@@ -172,15 +181,31 @@ class QuantizedReduceScatter(ReduceScatter):
             raise NotImplementedError(f"zero.zero_quantized_gradients: reduce op {op} is not supported (SUM and AVG "
                                       "are; a custom FSDP2 gradient divide factor uses PREMUL_SUM)")
         world, numel = group.size(), output_tensor.numel()
-        q, scale, _ = self.quantize(input_tensor.reshape(world, numel))
-        q_recv, scale_recv = torch.empty_like(q), torch.empty_like(scale)
-        dist.all_to_all_single(q_recv, q, group=group)  # row i goes to rank i; row j received from rank j
-        dist.all_to_all_single(scale_recv, scale, group=group)
-        reduced = self.dequantize(q_recv, scale_recv).sum(0)[:numel]
+        if self.node_groups is not None and self.node_groups[0].size() * self.node_groups[1].size() == world:
+            reduced = self._two_hops(input_tensor, numel)
+        else:
+            reduced = self._exchange(input_tensor.reshape(world, numel), group)[:numel]
         if average:
             reduced /= world
         output_tensor.copy_(reduced)
         return None
+
+    def _exchange(self, rows: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        """Row i (quantized) to member i of `group`; the fp32 sum of the rows received (padded length)."""
+        q, scale, _ = self.quantize(rows)
+        q_recv, scale_recv = torch.empty_like(q), torch.empty_like(scale)
+        dist.all_to_all_single(q_recv, q, group=group)  # row i goes to rank i; row j received from rank j
+        dist.all_to_all_single(scale_recv, scale, group=group)
+        return self.dequantize(q_recv, scale_recv).sum(0)
+
+    def _two_hops(self, input_tensor: torch.Tensor, numel: int) -> torch.Tensor:
+        """Shard-group member (n, l) of N nodes x L members: chunks for destinations (m, l') go to local member
+        l' first (summed over the node), then to node m (summed over the nodes)."""
+        inside, across = self.node_groups
+        local, nodes = inside.size(), across.size()
+        by_local = input_tensor.reshape(nodes, local, numel).transpose(0, 1).reshape(local, nodes * numel)
+        partial = self._exchange(by_local, inside)[:nodes * numel]  # this node's sums for (m, l), m = 0..N-1
+        return self._exchange(partial.reshape(nodes, numel), across)[:numel]
 
 
 def reshard_after_forward(zero) -> bool | int:
@@ -193,23 +218,35 @@ def reshard_after_forward(zero) -> bool | int:
     return zero.zero_hpz_partition_size if zero.zero_hpz_partition_size > 1 else True
 
 
-def install(module, zero) -> None:
-    """Set qwZ's all-gather and qgZ's reduce-scatter on one FSDPModule, as the ZeRO config asks."""
+def two_hop_bound(max_abs: float, local: int, nodes: int, bits: int) -> float:
+    """Largest error of one element of the 2-hop sum (SUM op) of gradients bounded by max_abs: each of the L
+    local chunks is off by at most half a step of its block (max_abs / steps), and each of the N partial sums,
+    bounded by L (max_abs + that error), by half a step of its own block."""
+    steps = 254 if bits == 8 else 14
+    first = local * max_abs / steps
+    return nodes * (first + local * max_abs * (1 + 1 / steps) / steps)
+
+
+def install(module, zero, node_groups=None) -> None:
+    """Set qwZ's all-gather and qgZ's reduce-scatter (2-hop over `node_groups` when given) on one FSDPModule."""
     if zero.zero_quantized_weights:
         module.set_custom_all_gather(QuantizedAllGather())
     if zero.zero_quantized_gradients:
-        module.set_custom_reduce_scatter(QuantizedReduceScatter(zero.zero_quantized_gradients_bits))
+        module.set_custom_reduce_scatter(QuantizedReduceScatter(zero.zero_quantized_gradients_bits,
+                                                                node_groups=node_groups))
 
 
-def describe(zero, shard_size: int) -> str:
-    """The run log's ZeRO++ clause ("" when none of qwZ / qgZ / hpZ is on)."""
+def describe(zero, shard_size: int, node_split: tuple[int, int] | None = None) -> str:
+    """The run log's ZeRO++ clause ("" when none of qwZ / qgZ / hpZ is on); node_split: qgZ's 2-hop layout."""
     parts = []
     if zero.zero_quantized_weights:
         parts.append(f"qwZ on (int8 parameter all-gather, blocks of {WEIGHT_BLOCK})")
     if zero.zero_quantized_gradients:
         bits = zero.zero_quantized_gradients_bits
+        hops = "1-hop" if node_split is None else \
+            f"2-hop: inside each node over {node_split[1]} ranks, then across {node_split[0]} nodes"
         parts.append(f"qgZ on (int{bits} all-to-all gradient reduce-scatter, blocks of {GRADIENT_BLOCK[bits]}, "
-                     "1-hop)")
+                     f"{hops})")
     size = zero.zero_hpz_partition_size
     if zero.stage == 3 and size > 1:
         secondary = ("the whole shard group: no secondary partition" if size >= shard_size
@@ -220,4 +257,4 @@ def describe(zero, shard_size: int) -> str:
 
 __all__ = ["GRADIENT_BITS", "GRADIENT_BLOCK", "QuantizedAllGather", "QuantizedReduceScatter", "WEIGHT_BLOCK",
            "dequantize_int4_blocks", "dequantize_int8_blocks", "describe", "install", "quantize_int4_blocks",
-           "quantize_int8_blocks", "reshard_after_forward"]
+           "quantize_int8_blocks", "reshard_after_forward", "two_hop_bound"]
