@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     from dsrecipes.cluster.hostfile import FILTER_FORM
     from dsrecipes.cluster.torchrun_commands import DEFAULT_MASTER_PORT, DEFAULT_RDZV_ID
 
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("hostfile", help="DeepSpeed hostfile: one `hostname slots=N` line per host, in rank order")
     parser.add_argument("-i", "--include", default="", help=f"only these slots: {FILTER_FORM}")
@@ -100,10 +100,11 @@ def launch_ssh(launch) -> int:
 def launch_pdsh(launch) -> int:
     from dsrecipes.cluster.torchrun_commands import pdsh_argv, pdsh_command
 
-    if shutil.which("pdsh") is None:
-        raise ValueError("--launch pdsh but pdsh is not installed here (not on PATH); install it, or use --launch ssh")
     print(f"{PROG}: {pdsh_command(launch)}", file=sys.stderr, flush=True)
-    return subprocess.run(pdsh_argv(launch), env={**os.environ, "PDSH_RCMD_TYPE": "ssh"}).returncode
+    try:
+        return subprocess.run(pdsh_argv(launch), env={**os.environ, "PDSH_RCMD_TYPE": "ssh"}).returncode
+    except KeyboardInterrupt:  # pdsh got the Ctrl-C too and stops its remote commands itself
+        return 130
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -112,6 +113,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = build_parser().parse_intermixed_args(argv)
     try:
+        if args.launch == "pdsh" and shutil.which("pdsh") is None:
+            raise ValueError("--launch pdsh but pdsh is not installed here (not on PATH); install it, or use --launch ssh")
         launch = plan(args, os.environ, os.getcwd(), os.path.expanduser("~"), default_torchrun())
         print(summary(launch), file=sys.stderr, flush=True)
         if args.launch == "ssh":

@@ -276,6 +276,16 @@ def test_bad_input_is_one_line_and_status_2_before_anything_runs(case, tmp_path,
     assert not (tmp_path / "ssh_calls").exists()
 
 
+def test_launch_pdsh_without_pdsh_says_so(tmp_path, fake_ssh):
+    write(tmp_path / "hosts", TWO_BY_FOUR)
+    env = {"PATH": str(fake_ssh), "HOME": str(tmp_path)}  # no pdsh on this PATH
+    result = subprocess.run([sys.executable, "-m", "dsrecipes.hostfile", "hosts", "--launch", "pdsh"], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip() == ("dsrecipes.hostfile: error: --launch pdsh but pdsh is not installed here (not on PATH); "
+                                     "install it, or use --launch ssh")
+
+
 def test_a_layout_that_does_not_fit_the_slots_stops_before_ssh(tmp_path, fake_ssh):
     write(tmp_path / "hosts", "worker-0 slots=1\nworker-1 slots=1\n")
     result = run_hostfile_cli(["hosts", "--launch", "ssh", "model=gpt_debug", "parallel.tp=4"], tmp_path, fake_ssh)

@@ -83,14 +83,14 @@ def compose_recipe(overrides: Sequence[str]):
 
 def check_layout(overrides: Sequence[str], nodes: Sequence[Node], source: str) -> Layout:
     """Compose and validate the recipe at the nodes' world size; the overrides and torchrun flags of the nodes."""
-    from dsrecipes.config.validate import validate_recipe
-
-    kept, mapped = split_overrides(overrides)
+    kept, mapped = split_overrides(overrides)  # first: a refused key needs no composing (seconds of imports)
     world = sum(len(node.slot_ids) for node in nodes)
     cfg = compose_recipe(overrides)
     if str(cfg.mode) != "train":
         raise ValueError(f"mode={cfg.mode}: dsrecipes.hostfile launches training (mode=train); start inference "
                          f"with torchrun on the nodes directly")
+    from dsrecipes.config.validate import validate_recipe
+
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # every worker runs the same checks and shows their warnings
