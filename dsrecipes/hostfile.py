@@ -64,7 +64,7 @@ def plan(args: argparse.Namespace, environ: Mapping[str, str], cwd: str, home: s
     from dsrecipes.cluster.hostfile import read_hostfile, select_nodes
     from dsrecipes.cluster.layout import check_layout
     from dsrecipes.cluster.remote_env import forwarded_env
-    from dsrecipes.cluster.torchrun_commands import Launch, processes_per_node
+    from dsrecipes.cluster.torchrun_commands import Launch, check_endpoint, processes_per_node
 
     if not 1 <= args.master_port <= 65535:
         raise ValueError(f"--master_port {args.master_port} is not a port; give 1-65535")
@@ -73,6 +73,7 @@ def plan(args: argparse.Namespace, environ: Mapping[str, str], cwd: str, home: s
     hosts = read_hostfile(args.hostfile)
     nodes = select_nodes(hosts, args.include, args.exclude, args.num_nodes, args.num_gpus, source=args.hostfile)
     processes_per_node(nodes, source=args.hostfile)
+    check_endpoint(args.master_addr or nodes[0].host, nodes)
     layout = check_layout(args.overrides, nodes, args.hostfile)
     return Launch(nodes=tuple(nodes), overrides=layout.overrides, cwd=cwd, master_addr=args.master_addr,
                   master_port=args.master_port, rdzv_id=args.rdzv_id, env=forwarded_env(environ, home, cwd),

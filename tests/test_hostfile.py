@@ -259,6 +259,8 @@ BAD_INPUTS = {
     "num_nodes_beyond_hostfile": (TWO_BY_FOUR, ["--num_nodes", "3"], ["--num_nodes 3 but hosts lists 2 host(s)"]),
     "unequal_slots": ("worker-0 slots=4\nworker-1 slots=2\n", [], ["the same number of processes on every node",
                                                                    "(worker-0: 4, worker-1: 2)"]),
+    "loopback_endpoint": ("localhost slots=1\nworker-1 slots=1\n", [],
+                          ["the rendezvous address localhost is this machine's loopback, which worker-1 cannot reach"]),
     "launcher_nproc": (TWO_BY_FOUR, ["launcher.nproc_per_node=4"], ["launcher.nproc_per_node=4: not used"]),
 }
 

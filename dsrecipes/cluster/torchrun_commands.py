@@ -19,6 +19,7 @@ The pdsh form mirrors DeepSpeed's PDSHRunner: one command for every host, pdsh p
 
 from __future__ import annotations
 
+import ipaddress
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -45,6 +46,25 @@ def processes_per_node(nodes: Sequence[Node], source: str = "hostfile") -> int:
 def rdzv_endpoint(addr: str, port: int) -> str:
     """HOST:PORT, an IPv6 address in brackets."""
     return f"[{addr}]:{port}" if ":" in addr and not addr.startswith("[") else f"{addr}:{port}"
+
+
+def is_loopback(host: str) -> bool:
+    """localhost or a loopback address (no name lookup: the check must not depend on this machine's DNS)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_endpoint(addr: str, nodes: Sequence[Node]) -> None:
+    """A loopback rendezvous address where some node is another machine can only hang: refused with a way out.
+    (DeepSpeed asks the first host for its address with `hostname -I`; here the first host's name is taken as it is.)"""
+    remote = [node.host for node in nodes if not is_loopback(node.host)]
+    if is_loopback(addr) and remote:
+        raise ValueError(f"the rendezvous address {addr} is this machine's loopback, which {', '.join(remote)} cannot "
+                         f"reach; give --master_addr with the first node's address on the network")
 
 
 @dataclass(frozen=True)
