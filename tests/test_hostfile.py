@@ -98,6 +98,22 @@ def test_same_hosts_and_slots_as_deepspeed(case, tmp_path, deepspeed_runner):
         chosen(select_nodes(read_hostfile(path), include, exclude, num_nodes, num_gpus))
 
 
+@pytest.mark.parametrize("text", ["worker-0 slots=4\nworker-1 slot=4\n", "a slots=2\nb slots=2\na slots=2\n", "# none\n"])
+def test_deepspeed_refuses_the_same_hostfiles(text, deepspeed_runner):
+    with pytest.raises(ValueError):
+        deepspeed_runner._parse_hostfile(text.splitlines())
+    with pytest.raises(ValueError):
+        parse_hostfile(text.splitlines())
+
+
+@pytest.mark.parametrize("text", ["worker-0 slots=0\n", "worker-0 slots=4x\n"])
+def test_refused_here_where_deepspeed_goes_on(text, deepspeed_runner):
+    """slots=0 (a host without processes) and slots=4x (read as 4 by DeepSpeed's regex): deliberate deviations."""
+    assert len(deepspeed_runner._parse_hostfile(text.splitlines())) == 1
+    with pytest.raises(ValueError, match="is not valid; slots must be a whole number >= 1"):
+        parse_hostfile(text.splitlines())
+
+
 def test_narrowed_nodes_are_the_ones_with_picked_slots():
     hosts = [("worker-0", 4), ("worker-1", 4)]
     assert [node.narrowed for node in select_nodes(hosts)] == [False, False]
