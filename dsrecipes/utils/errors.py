@@ -33,9 +33,10 @@ def user_error_message(error: BaseException) -> str:
     return str(error)
 
 
-def exit_on_user_error(error: BaseException, prefix: str = "") -> None:
-    """Print `dsrecipes: error: <message>` on stderr and exit 2 (re-raise when debugging)."""
+def exit_on_user_error(error: BaseException, prefix: str = "", program: str = "dsrecipes") -> None:
+    """Print `<program>: error: <message>` on stderr and exit 2 (re-raise when debugging); program names the
+    entry (e.g. dsrecipes.hostfile, whose argparse errors use the same prefix)."""
     if debugging():
         raise error
-    print(f"dsrecipes: error: {prefix}{user_error_message(error)}", file=sys.stderr, flush=True)
+    print(f"{program}: error: {prefix}{user_error_message(error)}", file=sys.stderr, flush=True)
     sys.exit(USER_ERROR_EXIT_CODE)
