@@ -124,8 +124,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return launch_pdsh(launch)
     except USER_ERRORS as error:
         exit_on_user_error(error, program=PROG)
-    for index in range(len(launch.nodes)):
-        print(node_command(launch, index), flush=True)
+    for index, node in enumerate(launch.nodes):  # a shell comment names the host of each command
+        print(f"# on {node.host} (node {index}):\n{node_command(launch, index)}", flush=True)
     return 0
 
 

@@ -201,6 +201,9 @@ def test_a_bad_deepspeed_env_line_names_file_and_line(tmp_path):
 def test_launcher_keys_become_torchrun_flags_or_are_refused():
     with pytest.raises(ValueError, match=r"launcher.nproc_per_node=2: not used under dsrecipes.hostfile: the hostfile's slots"):
         split_overrides(["zero.stage=2", "launcher.nproc_per_node=2"])
+    for key in ("nnodes=2", "node_rank=1", "rdzv_endpoint=h:1", "rdzv_id=x", "rdzv_timeout_s=9"):
+        with pytest.raises(ValueError, match=rf"launcher.{key}: not used under dsrecipes.hostfile: the hostfile's hosts"):
+            split_overrides([f"launcher.{key}"])
     nodes = select_nodes([("a", 1), ("b", 1)])
     layout = check_layout(["model=gpt_debug", "zero.stage=2", "launcher.max_restarts=2", "launcher.start_method=forkserver",
                            "launcher.collective_timeout_s=30"], nodes, "hosts")
@@ -222,10 +225,10 @@ def test_cli_prints_the_commands(tmp_path, monkeypatch, capsys):
     assert main(["hosts", "--include", "worker-0:1@worker-1:0", "--master_port", "29611", "model=gpt_debug", "zero.stage=2"]) == 0
     out, err = capsys.readouterr()
     torchrun = shlex.join(default_torchrun())
-    assert out.splitlines() == [
+    assert out.splitlines() == [line for rank, slot in ((0, 1), (1, 0)) for line in (
+        f"# on worker-{rank} (node {rank}):",
         f"NCCL_DEBUG=INFO CUDA_VISIBLE_DEVICES={slot} {torchrun} --nnodes 2 --node-rank {rank} --nproc-per-node 1 "
-        f"--rdzv-backend c10d --rdzv-endpoint worker-0:29611 --rdzv-id dsrecipes -m dsrecipes model=gpt_debug zero.stage=2"
-        for rank, slot in ((0, 1), (1, 0))]
+        f"--rdzv-backend c10d --rdzv-endpoint worker-0:29611 --rdzv-id dsrecipes -m dsrecipes model=gpt_debug zero.stage=2")]
     assert "dsrecipes.hostfile: 2 nodes x 1 process(es) = world 2; rendezvous worker-0:29611 (id dsrecipes)" in err
 
 

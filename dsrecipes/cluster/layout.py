@@ -12,6 +12,7 @@ instead, so its keys are sorted here:
 
 * launcher.nproc_per_node: refused; the hostfile's slots (and --num_gpus / --include / --exclude) set the
   processes per node, which is torchrun's --nproc-per-node;
+* launcher.nnodes / node_rank / rdzv_endpoint / rdzv_id / rdzv_timeout_s: refused; the hosts are the nodes;
 * launcher.max_restarts=N, launcher.start_method=M: the agent's settings, so they become torchrun's
   --max-restarts N / --start-method M (restarted workers resume from the newest checkpoint, as they do
   under dsrecipes' own agent) and are not passed to the workers, which would only warn they have no effect;
@@ -26,9 +27,13 @@ from dataclasses import dataclass
 
 from dsrecipes.cluster.hostfile import Node
 
+_NODES_FROM_HOSTFILE = ("the hostfile's hosts are the nodes, and the commands set torchrun's --nnodes, --node-rank "
+                        "and --rdzv-endpoint (--master_addr/--master_port, --rdzv_id); drop it")
 REFUSED = {
     "launcher.nproc_per_node": "the hostfile's slots set the processes per node (torchrun's --nproc-per-node); "
                                "drop it, or pick fewer slots with --num_gpus N or --include/--exclude",
+    **{f"launcher.{key}": _NODES_FROM_HOSTFILE for key in ("nnodes", "node_rank", "rdzv_endpoint", "rdzv_id",
+                                                          "rdzv_timeout_s")},
 }
 TORCHRUN_FLAGS = {"launcher.max_restarts": "--max-restarts", "launcher.start_method": "--start-method"}
 
@@ -94,7 +99,7 @@ def check_layout(overrides: Sequence[str], nodes: Sequence[Node], source: str) -
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # every worker runs the same checks and shows their warnings
-            validate_recipe(cfg, dp_world_size=world)
+            validate_recipe(cfg, dp_world_size=world, node_size=len(nodes[0].slot_ids))  # slots are equal
     except ValueError as error:
         raise ValueError(f"{describe_slots(nodes, source)}: {error}") from None
     flags: list[str] = []
