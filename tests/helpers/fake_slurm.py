@@ -26,7 +26,7 @@ from pathlib import Path
 _SRUN = r'''
 import os, signal, subprocess, sys, time
 
-VALUED = {"--nodes", "-N", "--ntasks", "-n", "--ntasks-per-node"}
+VALUED = {"--nodes", "-N", "--ntasks", "-n", "--ntasks-per-node", "--cpus-per-task", "-c"}
 args, opts = sys.argv[1:], {}
 while args and args[0].startswith("-"):
     flag = args.pop(0)
@@ -106,7 +106,7 @@ def job_environment(bin_dir: Path, nodes: int, tasks_per_node: int, extra: dict 
         PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}",
         SLURM_JOB_ID="4242", SLURM_JOB_NAME="dsrecipes", SLURM_JOB_NODELIST=",".join(hosts),
         SLURM_NNODES=str(nodes), SLURM_JOB_NUM_NODES=str(nodes), SLURM_NTASKS=str(nodes * tasks_per_node),
-        SLURM_NTASKS_PER_NODE=str(tasks_per_node), SLURM_NODEID="0", SLURM_PROCID="0", SLURM_LOCALID="0",
+        SLURM_NTASKS_PER_NODE=str(tasks_per_node), SLURM_CPUS_PER_TASK="1", SLURM_NODEID="0", SLURM_PROCID="0", SLURM_LOCALID="0",
         MASTER_PORT=str(free_port()),  # the templates' default 29500 might be taken by another test here
         OMP_NUM_THREADS="1", WANDB_MODE="offline", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
     )
