@@ -6,15 +6,18 @@
   workers, ZeRO-3, reproduces the single-process reference run (tests/helpers/equivalence.py); the
   srun-alone form at 2 nodes x 1 task trains as world 2. Both write one run directory.
 * Hydra's submitit launcher through its local executor (hydra/launcher=slurm_local): the job's two
-  tasks are the two ranks of one run.
+  tasks are the two ranks of one run; and through its SLURM executor (hydra/launcher=slurm) with the
+  fake sbatch/sacct: a sweep of two 2-node jobs, each one run at world 2.
 
-Not covered here: real srun/sbatch, nodes that are different machines (hostname resolution, network
-interfaces, a filesystem shared between nodes), GPUs, and the submitit SLURM executor itself.
+Not covered here: real sbatch/srun/sacct (queueing, GPU binding, the environment real SLURM gives a
+task beyond the variables faked here), nodes that are different machines (hostname resolution,
+network interfaces, a filesystem shared between nodes), GPUs and NCCL.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -27,7 +30,7 @@ from dsrecipes.cluster.slurm import TEMPLATES, main, template_text
 from dsrecipes.models import load_exported
 from tests.helpers.cli import run_cli
 from tests.helpers.equivalence import STEPS, assert_matches_single_process, common
-from tests.helpers.fake_slurm import fake_slurm_bin, job_environment
+from tests.helpers.fake_slurm import fake_slurm_bin, job_environment, stop_fake_jobs
 
 TINY = ["model=gpt_debug", "model.max_seq_len=64", "trainer.eval_batches=1", "trainer.sample_tokens=0",
         "trainer.progress_bar=false", "data.max_bytes=300000", "logger=jsonl"]
@@ -150,6 +153,32 @@ def test_submitit_local_preset_runs_a_two_task_job_as_world_2(tmp_path, datasets
     assert OmegaConf.load(job / ".hydra" / "config.yaml").zero.stage == 2
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_submitit_slurm_preset_sweeps_two_node_jobs_through_a_fake_sbatch(tmp_path, datasets_cache):
+    """hydra/launcher=slurm as submitted to SLURM (submitit's SLURM executor: sbatch, an array of 2 jobs, srun in
+    each), with the fake sbatch/srun/sacct: each job is 2 nodes x 1 task, trains as world 2 in its own directory,
+    and the two jobs, running at once, meet at different ports (submitit derives one from each job id)."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    bin_dir = fake_slurm_bin(tmp_path / "bin")
+    started = time.monotonic()
+    try:
+        result = run_cli(["-m", "hydra/launcher=slurm", "hydra.launcher.nodes=2", "hydra.launcher.tasks_per_node=1",
+                          "hydra.launcher.gpus_per_node=null", *TINY, f"data.cache_dir={datasets_cache}",
+                          "zero.stage=1,2", "trainer.max_steps=3"], cwd=tmp_path, timeout=240, fresh_interpreter=True,
+                         env_extra={"OMP_NUM_THREADS": "1", "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    finally:
+        stop_fake_jobs(bin_dir)
+    print(f"submitit SLURM sweep, 2 jobs x (2 nodes x 1 task), 3 steps: {time.monotonic() - started:.1f} s")
+    assert result.returncode == 0, result.stderr[-4000:]
+    (sweep,) = list(tmp_path.glob("outputs/multirun/*/*"))
+    for job, stage in (("0", "zero1"), ("1", "zero2")):
+        assert rank_logs(sweep / job) == ["rank0.log", "rank1.log"], job
+        summary = json.loads((sweep / job / "summary.json").read_text())
+        assert summary["layout"].startswith("world 2 ") and f"data parallel: {stage}" in summary["layout"], job
+    assert "#SBATCH --array=0-1" in next(sweep.glob(".submitit/*/*_submission.sh")).read_text()
+
+
 def test_submitit_local_preset_composes():
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     from dsrecipes.config.store import compose
@@ -163,14 +192,13 @@ def _clear_launcher_variables(monkeypatch) -> None:
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.setenv(key, "placeholder")  # so monkeypatch restores (removes) what the code sets
         monkeypatch.delenv(key)
-    for key in [k for k in __import__("os").environ if k.startswith(("SLURM_", "SUBMITIT_"))]:
+    for key in [k for k in os.environ if k.startswith(("SLURM_", "SUBMITIT_"))]:
         monkeypatch.delenv(key)
 
 
 def test_a_submitit_local_task_is_a_rank_of_its_job(monkeypatch):
     """Submitit's local executor sets SUBMITIT_LOCAL_* only (no SLURM_*): task 1 of 2 becomes rank 1 of world 2,
     meeting rank 0 on this host at a port derived from the job id (the same in every task of the job)."""
-    import os
     import socket
 
     from dsrecipes.distributed.environment import under_launcher
@@ -193,8 +221,6 @@ def test_a_submitit_local_task_is_a_rank_of_its_job(monkeypatch):
 
 
 def test_a_submitit_slurm_task_keeps_the_address_its_setup_exported(monkeypatch):
-    import os
-
     from dsrecipes.distributed.environment import under_launcher
 
     pytest.importorskip("submitit")

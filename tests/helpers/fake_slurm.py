@@ -10,6 +10,10 @@
   with --kill-on-bad-exit=1 the other tasks are stopped then (SIGTERM).
 * `scontrol show hostnames [LIST]` prints the names of a comma-separated node list, one a line
   (real nodelists are compressed, node[01-02]; the fake job uses plain names).
+* `sbatch SCRIPT` starts the script at once, here, in the background, as a job of the --nodes x
+  --ntasks-per-node its #SBATCH lines ask for (one job per index of --array), and prints
+  "Submitted batch job N"; `sacct -j N` reports its state and `scancel` does nothing: enough for
+  submitit's SLURM executor (Hydra's hydra/launcher=slurm) to submit and follow its jobs.
 * `python` and `torchrun` run this interpreter, so the templates start the dsrecipes under test.
 
 `job_environment(...)` is what sbatch puts in the batch script's environment for such an allocation.
@@ -19,6 +23,7 @@ Every "node" is this machine: the node names must resolve here (localhost, 127.0
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -26,24 +31,37 @@ from pathlib import Path
 _SRUN = r'''
 import os, signal, subprocess, sys, time
 
-VALUED = {"--nodes", "-N", "--ntasks", "-n", "--ntasks-per-node", "--cpus-per-task", "-c"}
+SHORT = {"-N": "--nodes", "-n": "--ntasks", "-c": "--cpus-per-task", "-o": "--output", "-e": "--error"}
+VALUED = {"--nodes", "--ntasks", "--ntasks-per-node", "--cpus-per-task", "--output", "--error"}
 args, opts = sys.argv[1:], {}
 while args and args[0].startswith("-"):
     flag = args.pop(0)
-    if "=" in flag:
-        flag, value = flag.split("=", 1)
-    else:
-        value = args.pop(0) if flag in VALUED else "1"
-    opts[flag] = value
+    flag, value = flag.split("=", 1) if "=" in flag else (flag, None)
+    flag = SHORT.get(flag, flag)
+    opts[flag] = value if value is not None else (args.pop(0) if flag in VALUED else "1")
 env = os.environ
-nodes = int(opts.get("--nodes", opts.get("-N", env["SLURM_NNODES"])))
+nodes = int(opts.get("--nodes", env["SLURM_NNODES"]))
 per_node = int(opts.get("--ntasks-per-node", env.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0]))
-ntasks = int(opts.get("--ntasks", opts.get("-n", nodes * per_node)))
+ntasks = int(opts.get("--ntasks", nodes * per_node))
 hosts = env["SLURM_JOB_NODELIST"].split(",")
+
+
+def task_file(flag, rank):  # --output/--error: %j job id, %A/%a array job id/index, %t task rank
+    pattern = opts.get(flag)
+    if pattern is None:
+        return None
+    for key, value in (("%A", env.get("SLURM_ARRAY_JOB_ID", "")), ("%a", env.get("SLURM_ARRAY_TASK_ID", "")),
+                       ("%j", env["SLURM_JOB_ID"]), ("%t", str(rank))):
+        pattern = pattern.replace(key, value)
+    # the job starts at once here, maybe before submitit has made the array job's folder (a queue leaves it time)
+    os.makedirs(os.path.dirname(pattern) or ".", exist_ok=True)
+    return open(pattern, "a")
+
+
 tasks = []
 for rank in range(ntasks):
     node = rank // per_node
-    tasks.append(subprocess.Popen(args, env=dict(
+    tasks.append(subprocess.Popen(args, stdout=task_file("--output", rank), stderr=task_file("--error", rank), env=dict(
         env, SLURM_PROCID=str(rank), SLURM_LOCALID=str(rank % per_node), SLURM_NODEID=str(node),
         SLURM_NTASKS=str(ntasks), SLURM_NPROCS=str(ntasks), SLURM_NNODES=str(nodes),
         SLURM_NTASKS_PER_NODE=str(per_node), SLURMD_NODENAME=hosts[node], SLURM_STEP_ID="0")))
@@ -72,12 +90,63 @@ print("\n".join(nodelist.split(",")))
 '''
 
 
+_SBATCH = r'''
+import os, re, subprocess, sys
+from pathlib import Path
+
+script = Path(sys.argv[-1])
+options = dict(re.findall(r"^#SBATCH --([\w-]+)=?(.*)$", script.read_text(), re.M))
+nodes, per_node = int(options.get("nodes", "1")), int(options.get("ntasks-per-node", "1"))
+hosts = ["localhost", "127.0.0.1"][:nodes]
+jobs = Path(__file__).parent / "jobs"
+jobs.mkdir(exist_ok=True)
+base = 5000 + 100 * len(list(jobs.glob("*.submitted")))
+(jobs / f"{base}.submitted").write_text(str(script))
+indices = [None]
+if "array" in options:  # --array=0-3%2, --array=0,2: one job per index
+    indices = [i for part in options["array"].split("%")[0].split(",")
+               for i in range(int(part.split("-")[0]), int(part.split("-")[-1]) + 1)]
+for k, index in enumerate(indices):
+    job_id = str(base + k)
+    env = dict(os.environ, SLURM_JOB_ID=job_id, SLURM_JOB_NODELIST=",".join(hosts), SLURM_NNODES=str(nodes),
+               SLURM_JOB_NUM_NODES=str(nodes), SLURM_NTASKS=str(nodes * per_node), SLURM_NTASKS_PER_NODE=str(per_node),
+               SLURM_CPUS_PER_TASK=options.get("cpus-per-task", "1"), SLURM_NODEID="0", SLURM_PROCID="0",
+               SLURM_LOCALID="0")
+    name = str(base)
+    if index is not None:
+        env.update(SLURM_ARRAY_JOB_ID=str(base), SLURM_ARRAY_TASK_ID=str(index))
+        name = f"{base}_{index}"
+    state = jobs / f"{name}.state"
+    state.write_text("RUNNING")
+    with open(jobs / f"{name}.out", "w") as out:  # the job outlives sbatch, in a process group of its own
+        job = subprocess.Popen(["bash", "-c", 'if bash "$0"; then s=COMPLETED; else s=FAILED; fi; echo $s > "$1"',
+                                str(script), str(state)], env=env, stdout=out, stderr=subprocess.STDOUT,
+                               start_new_session=True)
+    (jobs / f"{name}.pid").write_text(str(job.pid))
+print(f"Submitted batch job {base}")
+'''
+
+_SACCT = r'''
+import sys
+from pathlib import Path
+
+ids = [sys.argv[i + 1] for i, arg in enumerate(sys.argv) if arg == "-j"]
+print("JobID|State|NodeList")
+for state in sorted((Path(__file__).parent / "jobs").glob("*.state")):
+    if state.stem.split("_")[0] in ids:
+        print(f"{state.stem}|{state.read_text().strip()}|localhost")
+'''
+
+
 def fake_slurm_bin(folder: Path) -> Path:
     """Write srun, scontrol, python and torchrun into `folder` (see the module docstring); returns it."""
     folder.mkdir(parents=True, exist_ok=True)
     scripts = {
         "srun": f"#!{sys.executable}\n{_SRUN}",
         "scontrol": f"#!{sys.executable}\n{_SCONTROL}",
+        "sbatch": f"#!{sys.executable}\n{_SBATCH}",
+        "sacct": f"#!{sys.executable}\n{_SACCT}",
+        "scancel": "#!/bin/sh\nexit 0\n",
         "python": f'#!/bin/sh\nexec "{sys.executable}" "$@"\n',
         "torchrun": f'#!/bin/sh\nexec "{sys.executable}" -m torch.distributed.run "$@"\n',
     }
@@ -86,6 +155,15 @@ def fake_slurm_bin(folder: Path) -> Path:
         path.write_text(text)
         path.chmod(0o755)
     return folder
+
+
+def stop_fake_jobs(folder: Path) -> None:
+    """Kill whatever the fake sbatch in `folder` started that still runs (a test that failed or timed out)."""
+    for pid_file in (folder / "jobs").glob("*.pid"):
+        try:
+            os.killpg(int(pid_file.read_text()), signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def free_port() -> int:
