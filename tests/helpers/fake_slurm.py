@@ -100,7 +100,8 @@ nodes, per_node = int(options.get("nodes", "1")), int(options.get("ntasks-per-no
 hosts = ["localhost", "127.0.0.1"][:nodes]
 jobs = Path(__file__).parent / "jobs"
 jobs.mkdir(exist_ok=True)
-base = 5000 + 100 * len(list(jobs.glob("*.submitted")))
+# job ids differ between test runs (submitit derives the rendezvous port from the id: two runs at once must not meet)
+base = 1_000_000 + 1000 * (os.getpid() % 9000) + 100 * len(list(jobs.glob("*.submitted")))
 (jobs / f"{base}.submitted").write_text(str(script))
 indices = [None]
 if "array" in options:  # --array=0-3%2, --array=0,2: one job per index
