@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -44,9 +45,17 @@ def run_template(tmp_path: Path, name: str, nodes: int, tasks_per_node: int, ove
     script = cwd / "job.sbatch"
     script.write_text(template_text(name))
     env = job_environment(fake_slurm_bin(tmp_path / "bin"), nodes, tasks_per_node, extra_env)
-    result = subprocess.run(["bash", str(script), *overrides], cwd=cwd, env=env, capture_output=True, text=True,
-                            timeout=timeout)
-    return result, cwd
+    job = subprocess.Popen(["bash", str(script), *overrides], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = job.communicate(timeout=timeout)
+    finally:  # a job that timed out (or a test interrupted) leaves no srun, torchrun or worker behind
+        try:
+            os.killpg(job.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        job.wait()
+    return subprocess.CompletedProcess(job.args, job.returncode, stdout, stderr), cwd
 
 
 def only_run_dir(cwd: Path) -> Path:
