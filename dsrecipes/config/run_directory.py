@@ -96,7 +96,23 @@ def config_subdir(mode: str, output_dir: str) -> str | None:
     """
     if str(mode) in NO_RUN_DIR_MODES and is_working_dir(output_dir):
         return None
+    if _submitit_task_rank() > 0:  # every task of a multi-task submitit job runs Hydra's job: rank 0 records it
+        return None
     return HYDRA_SUBDIR
+
+
+def _submitit_task_rank() -> int:
+    """This process's global rank inside a submitit job (hydra/launcher=slurm, slurm_local); 0 elsewhere."""
+    import os
+
+    if not os.environ.get("SUBMITIT_EXECUTOR"):
+        return 0
+    try:
+        import submitit
+
+        return submitit.JobEnvironment().global_rank
+    except (ImportError, RuntimeError, KeyError, ValueError):
+        return 0
 
 
 def claim_run_dir(parent: str, stamp: str, name: str) -> str:
