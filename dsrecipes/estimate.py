@@ -130,6 +130,10 @@ def layout_table(layout: LayoutEstimate, cfg, num_params: int) -> Table:
     table = Table(title=f"model states per rank: {cfg.model.name}, {num_params / 1e9:.3f}B parameters, "
                         f"{layout.title()}, zero.stage={layout.stage} ({layout.strategy}{sharding}), "
                         f"{cfg.precision.dtype}, {cfg.optimizer.name}")
+    zero = cfg.zero
+    if {str(zero.offload_optimizer), str(zero.offload_param)} != {"none"}:
+        table.caption = (f"offload_optimizer={zero.offload_optimizer}, offload_param={zero.offload_param}: what is "
+                         "offloaded is counted here, in host memory rather than on the device")
     for column in ("pp rank", "parameters held (M)", "of them experts (M)", "parameters GiB", "gradients GiB",
                    "optimizer GiB", "total GiB"):
         table.add_column(column, justify="right")
