@@ -144,17 +144,30 @@ def _stage_owner(name: str) -> tuple[str, int | None]:
     return "last", None  # final_norm, lm_head
 
 
-def _rank_elements(gpt: nn.Module, dims: ParallelDims, cfg, pp_rank: int, tp_rank: int) -> tuple[int, int]:
+@dataclass(frozen=True)
+class _Placement:
+    """What decides where the model's parameters go, worked out once per estimate."""
+
+    stages_per_rank: int
+    ranges: list[range]  # the pipeline's block range of every stage
+    shard_dims: dict[str, int]  # parameter name -> the dimension tensor parallelism shards
+    experts: set[str]
+
+    @classmethod
+    def of(cls, gpt: nn.Module, dims: ParallelDims, par) -> _Placement:
+        per_rank = stages_per_rank(par.pp_schedule) if dims.pp > 1 else 1
+        ranges = partition_blocks(gpt, dims.pp * per_rank, par.pp_partition)
+        shard_dims = _tp_shard_dims(gpt, par.tp_sequence_parallel) if dims.tp > 1 else {}
+        return cls(per_rank, ranges, shard_dims, _expert_names(gpt))
+
+
+def _rank_elements(gpt: nn.Module, dims: ParallelDims, placement: _Placement, pp_rank: int,
+                   tp_rank: int) -> tuple[int, int]:
     """(dense, expert) parameter elements on the rank at (pp_rank, tp_rank)."""
-    par = cfg.parallel
-    per_rank = stages_per_rank(par.pp_schedule) if dims.pp > 1 else 1
-    num_stages = dims.pp * per_rank
-    ranges = partition_blocks(gpt, num_stages, par.pp_partition)
-    stage_ids = [pp_rank + k * dims.pp for k in range(per_rank)]
-    blocks = {i for s in stage_ids for i in ranges[s]}
-    has_first, has_last = 0 in stage_ids, num_stages - 1 in stage_ids
-    shard_dims = _tp_shard_dims(gpt, par.tp_sequence_parallel) if dims.tp > 1 else {}
-    experts = _expert_names(gpt)
+    # interleaved schedules: rank r runs stages r, r + pp, ... (the pipeline's looped layout)
+    stage_ids = [pp_rank + k * dims.pp for k in range(placement.stages_per_rank)]
+    blocks = {i for s in stage_ids for i in placement.ranges[s]}
+    has_first, has_last = 0 in stage_ids, len(placement.ranges) - 1 in stage_ids
     dense = expert = 0
     seen: set[int] = set()  # a tied weight held twice by one rank (its two names) counts once
     for name, param in gpt.named_parameters(remove_duplicate=False):
@@ -164,13 +177,13 @@ def _rank_elements(gpt: nn.Module, dims: ParallelDims, cfg, pp_rank: int, tp_ran
             continue
         seen.add(id(param))
         shape = list(param.shape)
-        if name in shard_dims:
-            dim = shard_dims[name]
+        if name in placement.shard_dims:
+            dim = placement.shard_dims[name]
             shape[dim] = _shard_size(shape[dim], dims.tp, tp_rank)
         numel = 1
         for size in shape:
             numel *= size
-        if name in experts:
+        if name in placement.experts:
             expert += numel // dims.ep  # E / ep experts per rank (the number of experts divides by ep)
         else:
             dense += numel
@@ -198,10 +211,11 @@ def estimate_layout(gpt: nn.Module, cfg, dims: ParallelDims) -> LayoutEstimate:
         if name == "fsdp2" and zero.stage == 3 and hpz > 1 else {}
     # experts: outside the wrapper, whole on their rank; FSDP2 keeps them (like all its parameters) in fp32
     expert_bytes, expert_masters = (4, False) if name == "fsdp2" else (model_bytes, master_weights)
+    placement = _Placement.of(gpt, dims, cfg.parallel)
     ranks = []
     for pp_rank in range(dims.pp):
         for tp_rank in range(dims.tp):
-            dense, expert = _rank_elements(gpt, dims, cfg, pp_rank, tp_rank)
+            dense, expert = _rank_elements(gpt, dims, placement, pp_rank, tp_rank)
             held = strategy.model_state_bytes(dense, world, model_bytes, states, master_weights, **extra)
             whole = DataParallelStrategy.model_state_bytes(expert, 1, expert_bytes, states, expert_masters)
             ranks.append(RankStates(pp_rank, tp_rank, dense, expert, held.parameters + whole.parameters,
