@@ -4,6 +4,14 @@
     python -m dsrecipes.estimate model=gpt_1_3b precision=bf16_master world_size=8 vocab_size=50304
     python -m dsrecipes.estimate model=gpt2_124m zero.stage=3 zero.offload_optimizer=nvme zero.offload_param=nvme \
         zero.buffer_size=20000000 world_size=2
+    python -m dsrecipes.estimate model=gpt_debug parallel.tp=2 parallel.pp=2 zero.stage=0 world_size=8
+    python -m dsrecipes.estimate model=gpt2_124m moe.num_experts=8 moe.ep_size=4 zero.stage=3 world_size=8
+
+With tensor, pipeline, sequence or expert parallelism (parallel.tp / pp / sp, moe.ep_size) the table
+is per rank of that layout, for the configured zero.stage: one row per pipeline rank (its largest
+tensor-parallel shard), the heaviest marked, worked out from the parameter shapes
+(dsrecipes.profiling.layout_memory). A layout that does not fit world_size, or that training refuses,
+is refused with the training CLI's message.
 
 With zero.offload_optimizer / offload_param set (cpu or nvme, stage 3) a second table places the
 ZeRO-3 model states per rank on the device, in host memory and on NVMe (swap files and buffer pools,
@@ -25,6 +33,7 @@ from rich.table import Table
 from dsrecipes.config.store import compose
 from dsrecipes.distributed.config import resolve_node_sized_keys
 from dsrecipes.models import GPT
+from dsrecipes.profiling.layout_memory import LayoutEstimate, estimate_layout, is_plain_data_parallel
 from dsrecipes.profiling.memory_estimator import estimate_model_states
 from dsrecipes.utils.console import make_console, print_table
 
@@ -49,9 +58,14 @@ def main(argv: list[str] | None = None) -> list:
     resolve_node_sized_keys(cfg.zero, per_node or min(world_size, 8))
     model_cfg = cfg.model
     model_cfg.vocab_size = model_cfg.vocab_size or vocab_size
+    dims = layout_dims(cfg, world_size)
     with torch.device("meta"):
-        gpt = GPT(model_cfg)
+        gpt = GPT(model_cfg, cfg.moe)
     num_params = gpt.num_params()
+    if not is_plain_data_parallel(dims):
+        layout = _refusing(estimate_layout, gpt, cfg, dims)
+        print_table(make_console(), layout_table(layout, cfg, num_params))
+        return list(layout.ranks)
     rows = [
         estimate_model_states(
             num_params, world_size, stage, cfg.precision.dtype, cfg.precision.master_weights,
@@ -75,6 +89,62 @@ def main(argv: list[str] | None = None) -> list:
     if {str(cfg.zero.offload_optimizer), str(cfg.zero.offload_param)} != {"none"}:
         print_table(make_console(), offload_table(gpt, cfg, world_size))
     return rows
+
+
+def _refusing(fn, *args):
+    """fn(*args), a ValueError (a key that does not fit the layout) turned into the CLI's exit message."""
+    try:
+        return fn(*args)
+    except ValueError as error:
+        raise SystemExit(f"dsrecipes.estimate: {error}") from None
+
+
+def layout_dims(cfg, world_size: int):
+    """The recipe's layout at world_size ranks, checked as the training CLI checks it (the degrees against
+    the world size and the model, the compatibility matrix); SystemExit with the same message otherwise."""
+    from dsrecipes.config.compatibility import check_compatibility
+    from dsrecipes.config.validate import parallel_dims, validate_tensor_parallel_values
+    from dsrecipes.distributed.pipeline_parallel import stages_per_rank
+    from dsrecipes.models.moe_config import validate_moe_config
+
+    def check():
+        dims = parallel_dims(cfg, world_size, node_size=world_size)  # nodes do not change what a rank holds
+        if dims.tp > 1:
+            validate_tensor_parallel_values(cfg, dims.tp)
+        if dims.pp > 1:  # the training CLI's stage check (its micro-batch check does not change the model states)
+            stages = dims.pp * stages_per_rank(cfg.parallel.pp_schedule)
+            if cfg.model.n_layer < stages:
+                raise ValueError(f"parallel.pp={dims.pp} with pp_schedule={cfg.parallel.pp_schedule} makes {stages} "
+                                 f"stages, more than model.n_layer={cfg.model.n_layer} blocks")
+        validate_moe_config(cfg.moe, cfg.model, world_size)
+        check_compatibility(cfg, dims)
+        return dims
+
+    return _refusing(check)
+
+
+def layout_table(layout: LayoutEstimate, cfg, num_params: int) -> Table:
+    """One row per pipeline rank (its largest tensor-parallel shard); the heaviest rank marked."""
+    heaviest = layout.heaviest
+    sharding = f" over {layout.shard_ranks} ranks" if layout.shard_ranks > 1 else ": replicated over dp"
+    table = Table(title=f"model states per rank: {cfg.model.name}, {num_params / 1e9:.3f}B parameters, "
+                        f"{layout.title()}, zero.stage={layout.stage} ({layout.strategy}{sharding}), "
+                        f"{cfg.precision.dtype}, {cfg.optimizer.name}")
+    zero = cfg.zero
+    if {str(zero.offload_optimizer), str(zero.offload_param)} != {"none"}:
+        table.caption = (f"offload_optimizer={zero.offload_optimizer}, offload_param={zero.offload_param}: what is "
+                         "offloaded is counted here, in host memory rather than on the device")
+    for column in ("pp rank", "parameters held (M)", "of them experts (M)", "parameters GiB", "gradients GiB",
+                   "optimizer GiB", "total GiB"):
+        table.add_column(column, justify="right")
+    for row in layout.ranks:
+        if row.tp_rank != 0:  # tp rank 0 holds the largest shard of every tensor
+            continue
+        mark = " <" if row is heaviest else ""
+        table.add_row(f"{row.pp_rank}{mark}", f"{row.num_params / 1e6:.2f}", f"{row.expert_params / 1e6:.2f}",
+                      f"{row.parameters / GIB:.3f}", f"{row.gradients / GIB:.3f}",
+                      f"{row.optimizer_states / GIB:.3f}", f"{row.total / GIB:.3f}")
+    return table
 
 
 def offload_table(gpt, cfg, world_size: int) -> Table:

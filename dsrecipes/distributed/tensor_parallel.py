@@ -67,14 +67,9 @@ def block_plan(block: nn.Module, sequence_parallel: bool = False) -> dict:
     return plan
 
 
-def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool = True) -> nn.Module:
-    """Shard a dsrecipes GPT over `tp_mesh` in place; returns it. sequence_parallel: split the
-    residual stream (and the norms) along the sequence between the sharded layers (module docstring)."""
-    tied = model.lm_head.weight is model.tok_emb.weight
-    for block in model.blocks:
-        if not isinstance(block.attn, CausalSelfAttention):
-            raise ValueError(f"tensor parallelism expects CausalSelfAttention blocks, got {type(block.attn).__name__}")
-        parallelize_module(block, tp_mesh, block_plan(block, sequence_parallel))
+def model_plan(model: nn.Module, sequence_parallel: bool = False) -> dict:
+    """The plan of the GPT's own modules outside the blocks: vocab-parallel embedding and LM head
+    (and, with sequence-parallel activations, the final norm and the position slice)."""
     shard = Shard(1) if sequence_parallel else Replicate()
     plan = {
         "tok_emb": RowwiseParallel(input_layouts=Replicate(), output_layouts=shard),
@@ -84,7 +79,18 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, sequence_parall
         plan["final_norm"] = SequenceParallel()
         if model.pos_emb is not None:  # [seq, d_model] rows sliced to this rank's positions: no communication
             plan["pos_emb"] = PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(0))
-    parallelize_module(model, tp_mesh, plan)
+    return plan
+
+
+def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool = True) -> nn.Module:
+    """Shard a dsrecipes GPT over `tp_mesh` in place; returns it. sequence_parallel: split the
+    residual stream (and the norms) along the sequence between the sharded layers (module docstring)."""
+    tied = model.lm_head.weight is model.tok_emb.weight
+    for block in model.blocks:
+        if not isinstance(block.attn, CausalSelfAttention):
+            raise ValueError(f"tensor parallelism expects CausalSelfAttention blocks, got {type(block.attn).__name__}")
+        parallelize_module(block, tp_mesh, block_plan(block, sequence_parallel))
+    parallelize_module(model, tp_mesh, model_plan(model, sequence_parallel))
     model.activation_seq_shards = tp_mesh.size() if sequence_parallel else 1
     if sequence_parallel:
         model.register_forward_pre_hook(_require_divisible_sequence, with_kwargs=True)

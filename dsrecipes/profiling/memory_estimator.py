@@ -23,6 +23,9 @@ all-gather dtype), held between forward and backward.
 s = optimizer state bytes per parameter (8 for Adam-family and LAMB, 4 for Lion, Adagrad and SGD
 with momentum, 0 for plain SGD). DeepSpeed's mixed-precision formula (ZeRO paper, K=12):
 16Ψ, 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N.
+
+Layouts with tensor, pipeline, sequence or expert parallelism are estimated per rank from the
+parameter shapes by dsrecipes.profiling.layout_memory, which asks the same strategies.
 """
 
 from __future__ import annotations

@@ -204,6 +204,12 @@ class DataParallelStrategy:
         return f"{self.description}{extra}"
 
     @classmethod
+    def shard_ranks(cls, dims: ParallelDims) -> int:
+        """Over how many ranks this mechanism shards what it shards (the `world` of model_state_bytes):
+        1 where it keeps whole parameters, gradients and optimizer states."""
+        return 1
+
+    @classmethod
     def model_state_bytes(cls, num_params: int, world: int, model_bytes: int, state_bytes: int,
                           master_weights: bool) -> ModelStateBytes:
         """What this mechanism holds per rank for `num_params` parameters (the memory estimator's entry):

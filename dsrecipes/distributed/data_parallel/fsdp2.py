@@ -117,6 +117,10 @@ class FSDP2Strategy(DataParallelStrategy):
         return f"FSDP2 (zero.stage={self.zero.stage}): {what} ({layout}){offload}{zeropp_clause}"
 
     @classmethod
+    def shard_ranks(cls, dims) -> int:
+        return dims.dp_shard * dims.sp  # FSDP2's shard axis; replicated over dp_replicate (HSDP)
+
+    @classmethod
     def model_state_bytes(cls, num_params, world, model_bytes, state_bytes, master_weights,
                           hpz_partition_size: int = 1, param_bytes: int = 4) -> ModelStateBytes:
         """hpz_partition_size > 1 (hpZ) adds the secondary partition held between forward and backward:

@@ -41,6 +41,10 @@ class ZeroStage1Strategy(DDPStrategy):
         self.optimizer.consolidate_state_dict(to=0)
 
     @classmethod
+    def shard_ranks(cls, dims) -> int:
+        return dims.dp_sp  # the optimizer is partitioned over DDP's group (data x sequence parallel)
+
+    @classmethod
     def model_state_bytes(cls, num_params, world, model_bytes, state_bytes, master_weights) -> ModelStateBytes:
         masters = 4 * num_params / world if master_weights else 0
         grads = 4 * num_params if master_weights else model_bytes * num_params

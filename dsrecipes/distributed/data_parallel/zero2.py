@@ -65,6 +65,10 @@ class ReplicatedZeroStage2Strategy(DataParallelStrategy):
                 f"ranks ({len(self.zero2.buckets)} gradient bucket(s))")
 
     @classmethod
+    def shard_ranks(cls, dims) -> int:
+        return dims.dp  # the "dp" mesh (plain data parallelism only)
+
+    @classmethod
     def model_state_bytes(cls, num_params, world, model_bytes, state_bytes, master_weights) -> ModelStateBytes:
         masters = 4 * num_params / world if master_weights else 0
         return ModelStateBytes(model_bytes * num_params + masters, 4 * num_params / world,
