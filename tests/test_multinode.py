@@ -2,7 +2,7 @@
 127.0.0.1 (tests/helpers/nodes.py), against the single-process reference of tests/test_distributed.py.
 
 The fast tests cover the node-aware layout (which axis crosses nodes, `node`-sized groups), the launcher.* keys
-and their errors. The slow ones train: ZeRO-3 under two torchrun agents; through `python -m dsrecipes launcher.nnodes=2`, TP
+and their errors. The slow ones train: ZeRO 0-3 under two torchrun agents; through `python -m dsrecipes launcher.nnodes=2`, TP
 inside a node with DP across, one pipeline stage per node, and hybrid sharding with one shard group per node,
 whose checkpoint then resumes on one node; a node killed mid-run that the job survives (max_restarts=1, a
 replacement node joins); and the rendezvous mistakes' one-line errors. Tolerances as in
@@ -128,12 +128,16 @@ def _two_nodes(cwd: Path, node_args, overrides: list[str], timeout: int = 360, e
 
 @pytest.mark.slow
 @pytest.mark.timeout(420)
-def test_two_torchrun_nodes_reproduce_single_process_at_zero3(tmp_path, datasets_cache, single_gpt):
+@pytest.mark.parametrize("stage, strategy, axis", [(0, "ddp", "dp_replicate"), (1, "zero1", "dp_replicate"),
+                                                   (2, "zero2", "dp_shard"), (3, "fsdp2", "dp_shard")])
+def test_two_torchrun_nodes_reproduce_single_process_at_every_zero_stage(tmp_path, datasets_cache, single_gpt,
+                                                                          stage, strategy, axis):
     run_dir = _two_nodes(tmp_path / "torchrun", torchrun_node_args, common(datasets_cache) + [
-        "zero.stage=3", "trainer.train_micro_batch_size_per_gpu=2"])
+        f"zero.stage={stage}", "trainer.train_micro_batch_size_per_gpu=2"])
     assert_matches_single_process(*_read(run_dir), *single_gpt)
     layout = json.loads((run_dir / "summary.json").read_text())["layout"]
-    assert "nodes: 2 nodes x 2 ranks: dp_shard crosses nodes" in layout
+    assert f"nodes: 2 nodes x 2 ranks: {axis} crosses nodes" in layout
+    assert f"data parallel: {strategy}:" in layout
 
 
 @pytest.mark.slow
