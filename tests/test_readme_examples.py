@@ -184,9 +184,11 @@ def _write_tokenizer(cwd: Path) -> None:
     tok.save(str(cwd / "tok" / "tokenizer.json"))
 
 
-def _copy_example(cwd: Path) -> None:
-    (cwd / "examples").mkdir(exist_ok=True)
-    shutil.copy(ROOT / "examples" / "ds_config.json", cwd / "examples" / "ds_config.json")
+def _copy_example(name: str):
+    def copy(cwd: Path) -> None:
+        (cwd / "examples").mkdir(exist_ok=True)
+        shutil.copy(ROOT / "examples" / name, cwd / "examples" / name)
+    return copy
 
 
 # Inputs the commands name: written into the shared working directory before anything runs.
@@ -194,7 +196,8 @@ FILES = {
     "data.paths=[corpus/]": _write_corpus,
     "data.tokenizer=tok/tokenizer.json": _write_tokenizer,
     "generate.prompts_file=prompts.txt": lambda cwd: (cwd / "prompts.txt").write_text("def \nclass \nimport os\n"),
-    "examples/ds_config.json": _copy_example,
+    "examples/ds_config.json": _copy_example("ds_config.json"),
+    "examples/hostfile": _copy_example("hostfile"),
 }
 
 # ------------------------------------------------------------------------------------------------
