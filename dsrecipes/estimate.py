@@ -103,8 +103,7 @@ def layout_dims(cfg, world_size: int):
     """The recipe's layout at world_size ranks, checked as the training CLI checks it (the degrees against
     the world size and the model, the compatibility matrix); SystemExit with the same message otherwise."""
     from dsrecipes.config.compatibility import check_compatibility
-    from dsrecipes.config.validate import parallel_dims, validate_tensor_parallel_values
-    from dsrecipes.distributed.pipeline_parallel import stages_per_rank
+    from dsrecipes.config.validate import parallel_dims, validate_pipeline_stages, validate_tensor_parallel_values
     from dsrecipes.models.moe_config import validate_moe_config
 
     def check():
@@ -112,10 +111,7 @@ def layout_dims(cfg, world_size: int):
         if dims.tp > 1:
             validate_tensor_parallel_values(cfg, dims.tp)
         if dims.pp > 1:  # the training CLI's stage check (its micro-batch check does not change the model states)
-            stages = dims.pp * stages_per_rank(cfg.parallel.pp_schedule)
-            if cfg.model.n_layer < stages:
-                raise ValueError(f"parallel.pp={dims.pp} with pp_schedule={cfg.parallel.pp_schedule} makes {stages} "
-                                 f"stages, more than model.n_layer={cfg.model.n_layer} blocks")
+            validate_pipeline_stages(cfg)
         validate_moe_config(cfg.moe, cfg.model, world_size)
         check_compatibility(cfg, dims)
         return dims

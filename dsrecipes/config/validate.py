@@ -163,15 +163,12 @@ def validate_engine_config(cfg: RootConfig, world_size: int) -> BatchSizes:
 
 def validate_pipeline_values(root: RootConfig, dims: ParallelDims) -> None:
     """parallel.pp > 1: schedule, partition, stages vs blocks, micro-batches vs stages."""
-    from dsrecipes.distributed.pipeline_parallel import PP_PARTITIONS, PP_SCHEDULES, stages_per_rank
+    from dsrecipes.distributed.pipeline_parallel import PP_PARTITIONS, PP_SCHEDULES
 
     par, t = root.parallel, root.trainer
     _choice("parallel.pp_schedule", par.pp_schedule, PP_SCHEDULES)
     _choice("parallel.pp_partition", par.pp_partition, PP_PARTITIONS)
-    stages = par.pp * stages_per_rank(par.pp_schedule)
-    if root.model.n_layer < stages:
-        raise ValueError(f"parallel.pp={par.pp} with pp_schedule={par.pp_schedule} makes {stages} stages, more than "
-                         f"model.n_layer={root.model.n_layer} blocks")
+    validate_pipeline_stages(root)
     gas = resolve_batch_sizes(t.train_batch_size, t.train_micro_batch_size_per_gpu, t.gradient_accumulation_steps,
                               dims.dp).gradient_accumulation_steps
     if gas < par.pp:
@@ -180,6 +177,17 @@ def validate_pipeline_values(root: RootConfig, dims: ParallelDims) -> None:
     if par.pp_schedule == "interleaved_1f1b" and gas % par.pp:
         raise ValueError(f"parallel.pp_schedule=interleaved_1f1b needs micro-batches (gradient_accumulation_steps={gas}) "
                          f"divisible by parallel.pp={par.pp}")
+
+
+def validate_pipeline_stages(root: RootConfig) -> None:
+    """parallel.pp x the schedule's stages per rank must not exceed the model's blocks."""
+    from dsrecipes.distributed.pipeline_parallel import stages_per_rank
+
+    par = root.parallel
+    stages = par.pp * stages_per_rank(par.pp_schedule)
+    if root.model.n_layer < stages:
+        raise ValueError(f"parallel.pp={par.pp} with pp_schedule={par.pp_schedule} makes {stages} stages, more than "
+                         f"model.n_layer={root.model.n_layer} blocks")
 
 
 def validate_tensor_parallel_values(root: RootConfig, tp: int) -> None:

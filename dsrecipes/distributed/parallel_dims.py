@@ -33,6 +33,7 @@ here, once per ParallelDims object, and the object is passed down from where the
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -87,8 +88,7 @@ class ParallelDims:
         """The same layout, told that each node runs `node_size` consecutive ranks."""
         if node_size < 1 or self.world_size % node_size:
             raise ValueError(f"{node_size} ranks per node do not divide the world size {self.world_size}")
-        return ParallelDims(self.world_size, self.dp_replicate, self.dp_shard, self.tp, self.sp, self.pp, self.ep,
-                            self.device_type, 0 if node_size == self.world_size else node_size)
+        return dataclasses.replace(self, node_size=0 if node_size == self.world_size else node_size, _meshes={})
 
     @classmethod
     def from_degrees(cls, world_size: int, zero_stage: int = 0, hybrid_shard_size: int = 0, tp: int = 1, sp: int = 1,
