@@ -18,9 +18,16 @@
 * Data parallelism is the data-parallel strategy's (dsrecipes.distributed.data_parallel): each
   stage's gradients are averaged over its data-parallel peers at the accumulation boundary.
 * The loss (mean over micro-batches) is computed on the last stage and broadcast to the group.
+* Ulysses sequence parallelism (parallel.sp): every stage runs this rank's chunk of each sequence;
+  `position_offset` (train_step / eval_loss) places it for the position embedding and the rotary
+  tables, and the last stage reweights its chunk-mean loss by its share of counted labels
+  (dsrecipes.distributed.sequence_parallel.sequence_parallel_loss), so the mean over the sp ranks is
+  the full-sequence loss.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.distributed as dist
@@ -29,6 +36,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from dsrecipes.distributed.config import PP_PARTITIONS, PP_SCHEDULES  # noqa: F401 (exported here too)
+from dsrecipes.distributed.sequence_parallel import SequenceParallel
 from dsrecipes.distributed.tensor_parallel import vocab_parallel_cross_entropy
 from dsrecipes.models.gpt import GPT
 
@@ -62,7 +70,12 @@ def partition_blocks(gpt: GPT, num_stages: int, method: str) -> list[range]:
 
 
 class GPTStage(nn.Module):
-    """The part of a GPT one pipeline stage runs: [embeddings] -> blocks[i..j) -> [final norm, LM head]."""
+    """The part of a GPT one pipeline stage runs: [embeddings] -> blocks[i..j) -> [final norm, LM head].
+
+    position_offset: the position of the stage input's first token (a sequence-parallel rank's chunk
+    start, set by PipelineParallel for each step; 0 otherwise)."""
+
+    position_offset = 0
 
     def __init__(self, gpt: GPT, blocks: range, first: bool, last: bool):
         super().__init__()
@@ -79,15 +92,16 @@ class GPTStage(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         seq_len = x.shape[1] if self.first else x.shape[1] * self.seq_shards
+        start, end = self.position_offset, self.position_offset + seq_len
         if self.first:
             ids = x
             x = self.tok_emb(ids)
             if self.pos_emb is not None:
-                x = x + self.pos_emb(torch.arange(seq_len, device=ids.device))
+                x = x + self.pos_emb(torch.arange(start, end, device=ids.device))
             x = self.emb_dropout(x)
         rope = None
         if self.style == "llama":
-            rope = (self.rope_cos[:seq_len], self.rope_sin[:seq_len])
+            rope = (self.rope_cos[start:end], self.rope_sin[start:end])
         for block in self.blocks.values():
             x = block(x, rope)
         if self.last:
@@ -95,12 +109,15 @@ class GPTStage(nn.Module):
         return x
 
 
-def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def lm_loss(logits: torch.Tensor, labels: torch.Tensor, sequence_parallel: SequenceParallel | None = None) -> torch.Tensor:
     """Mean cross-entropy of the last stage's logits; vocab-sharded (tensor-parallel) logits use the
-    vocab-parallel loss (the Engine runs the schedule under loss_parallel)."""
+    vocab-parallel loss (the Engine runs the schedule under loss_parallel). Under sequence parallelism
+    the chunk's mean is reweighted by its share of the counted labels (exact with -100 labels)."""
     if isinstance(logits, DTensor):
-        return vocab_parallel_cross_entropy(logits.flatten(0, 1), labels.flatten())
-    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100)
+        loss = vocab_parallel_cross_entropy(logits.flatten(0, 1), labels.flatten())
+    else:
+        loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100)
+    return sequence_parallel.loss(loss, labels) if sequence_parallel is not None else loss
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -110,9 +127,10 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 class PipelineParallel:
     def __init__(self, gpt: GPT, group, schedule: str, n_microbatches: int, partition: str, device: torch.device,
-                 all_pipelines: list[list[int]] | None = None):
+                 all_pipelines: list[list[int]] | None = None, sequence_parallel: SequenceParallel | None = None):
         """group: this rank's pipeline group; all_pipelines: the global ranks of every pipeline group
-        (every rank must create the tied-weight groups of all of them, in the same order)."""
+        (every rank must create the tied-weight groups of all of them, in the same order);
+        sequence_parallel: the Ulysses groups already installed on `gpt` (its loss reweighting is used)."""
         if schedule not in PP_SCHEDULES:
             raise ValueError(f"parallel.pp_schedule={schedule!r} is not valid; choose one of: {', '.join(PP_SCHEDULES)}")
         self.group, self.device = group, device
@@ -133,7 +151,8 @@ class PipelineParallel:
         self.has_last = num_stages - 1 in self.stage_ids
         schedule_cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}[schedule]
         arg = self.stages if per_rank > 1 else self.stages[0]
-        self.schedule = schedule_cls(arg, n_microbatches=n_microbatches, loss_fn=lm_loss)
+        loss_fn = functools.partial(lm_loss, sequence_parallel=sequence_parallel) if sequence_parallel else lm_loss
+        self.schedule = schedule_cls(arg, n_microbatches=n_microbatches, loss_fn=loss_fn)
         self.tied = gpt.cfg.tie_embeddings and self.size > 1
         self.tied_group = None
         if self.tied and {self.first_rank, self.last_rank} == set(range(self.size)):
@@ -179,8 +198,14 @@ class PipelineParallel:
                 param.grad = grad = grad.redistribute(param.device_mesh, param.placements)  # as sharded as the weight
             dist.all_reduce(_local(grad), group=self.tied_group)  # the same tp shard on both ranks
 
-    def train_step(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """Forward + backward of all micro-batches; returns the mean loss on every rank of the group."""
+    def _place(self, position_offset: int) -> None:
+        for module in self.stage_modules:
+            module.position_offset = int(position_offset)
+
+    def train_step(self, input_ids: torch.Tensor, labels: torch.Tensor, position_offset: int = 0) -> torch.Tensor:
+        """Forward + backward of all micro-batches; returns the mean loss on every rank of the group.
+        position_offset: the position of input_ids' first token (a sequence-parallel chunk's start)."""
+        self._place(position_offset)
         losses: list[torch.Tensor] = []
         kwargs = {}
         if self.has_last:
@@ -193,7 +218,8 @@ class PipelineParallel:
         return self._broadcast_loss(losses)
 
     @torch.no_grad()
-    def eval_loss(self, input_ids: torch.Tensor, labels: torch.Tensor) -> float:
+    def eval_loss(self, input_ids: torch.Tensor, labels: torch.Tensor, position_offset: int = 0) -> float:
+        self._place(position_offset)
         losses: list[torch.Tensor] = []
         kwargs = {"target": labels, "losses": losses} if self.has_last else {}
         if self.has_first:
