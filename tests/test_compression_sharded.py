@@ -113,6 +113,15 @@ def test_tp2(tmp_path, datasets_cache, single_compressed):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_dp2_x_tp2_zero3(tmp_path, datasets_cache, single_compressed):
+    """dp 2 x tp 2 under ZeRO-3 at world size 4: FSDP2 shards of tensor-parallel DTensors (2-D placements)."""
+    losses, params = run_and_read(tmp_path, "dp2tp2", common(datasets_cache) + RECIPE + [
+        "parallel.tp=2", "zero.stage=3", "launcher.nproc_per_node=4", "trainer.train_micro_batch_size_per_gpu=4"])
+    assert_same_compressed_model(losses, params, single_compressed)
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_resume(tmp_path, datasets_cache, single_compressed):
     """The one-process run's step-5 checkpoint, resumed, ends with the uninterrupted run's losses and weights."""

@@ -274,7 +274,8 @@ SUPPORTED: tuple[Supported, ...] = (
               "applied to every copy the strategy holds (ZeRO-2 master shards, FSDP2 shards); tested dp 2 at ZeRO-2 "
               "and ZeRO-3 (tests/test_compression_sharded.py::test_dp2_zero2, ::test_dp2_zero3)"),
     Supported("tp with weight quantization / pruning", "supported: fake-quant groups and masks of the whole weight, "
-              "each rank masking its shard; tested tp 2 (tests/test_compression_sharded.py::test_tp2)"),
+              "each rank masking its shard; tested tp 2 and dp 2 x tp 2 under ZeRO-3 (tests/test_compression_sharded.py::"
+              "test_tp2, ::test_dp2_x_tp2_zero3)"),
 )
 
 
