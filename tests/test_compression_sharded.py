@@ -68,23 +68,39 @@ def resume_in_one_process(tmp_path, datasets_cache, checkpoint: Path, reference)
         torch.testing.assert_close(params[name], ref_params[name], rtol=0, atol=5e-5, msg=name)
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_dp2_zero2(tmp_path, datasets_cache, single_compressed):
-    """ZeRO-2 (replicated parameters, sharded fp32 masters): the masks reach the master shards too."""
-    losses, params = run_and_read(tmp_path, "zero2", common(datasets_cache) + RECIPE + [
-        "zero.stage=2", "launcher.nproc_per_node=2", "trainer.train_micro_batch_size_per_gpu=4"])
-    assert_same_compressed_model(losses, params, single_compressed)
+# name -> the layout's overrides (global batch 16 = micro-batch x accumulation 2 x dp, as the reference's)
+LAYOUTS = {
+    "dp2_zero2": ["zero.stage=2", "launcher.nproc_per_node=2", "trainer.train_micro_batch_size_per_gpu=4"],
+    "dp2_zero3": ["zero.stage=3", "launcher.nproc_per_node=2", "trainer.train_micro_batch_size_per_gpu=4"],
+    "tp2": ["parallel.tp=2", "launcher.nproc_per_node=2", "trainer.train_micro_batch_size_per_gpu=8"],
+    "dp2_x_tp2_zero3": ["parallel.tp=2", "zero.stage=3", "launcher.nproc_per_node=4",
+                        "trainer.train_micro_batch_size_per_gpu=4"],
+}
+
+
+def assert_layout_matches(tmp_path, datasets_cache, layout: str, reference) -> None:
+    losses, params = run_and_read(tmp_path, layout, common(datasets_cache) + RECIPE + LAYOUTS[layout])
+    assert_same_compressed_model(losses, params, reference)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
+@pytest.mark.parametrize("layout", ["dp2_zero2", "tp2", "dp2_x_tp2_zero3"])
+def test_layout(tmp_path, datasets_cache, single_compressed, layout):
+    """dp2_zero2: replicated parameters, sharded fp32 masters (views of them in fp32): the masks reach the master
+    shards too. tp2: Colwise Shard(0) / Rowwise Shard(1) DTensors: masks and fake-quant groups of the whole
+    weight. dp2_x_tp2_zero3 (world size 4): FSDP2 shards of tensor-parallel DTensors (2-D placements)."""
+    assert_layout_matches(tmp_path, datasets_cache, layout, single_compressed)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_dp2_zero2_bf16_master_keeps_pruned_weights_zero(tmp_path, datasets_cache):
     """ZeRO-2 with precision.master_weights: the fp32 master shards are separate copies, gathered into the bf16
     parameters after every step, so the masks must reach them or the pruned weights come back. The export
     (from the masters) holds exact zeros: half of fc_in's rows, the same columns of fc_out, over half of q_proj."""
-    _, params = run_and_read(tmp_path, "zero2_bf16", common(datasets_cache) + RECIPE + [
-        "precision=bf16_master", "zero.stage=2", "launcher.nproc_per_node=2", "trainer.train_micro_batch_size_per_gpu=4"])
+    _, params = run_and_read(tmp_path, "zero2_bf16", common(datasets_cache) + RECIPE + LAYOUTS["dp2_zero2"] + [
+        "precision=bf16_master"])
     for i in range(4):
         dead_rows = (params[f"blocks.{i}.mlp.fc_in.weight"] == 0).all(1)
         assert int(dead_rows.sum()) == dead_rows.numel() // 2
@@ -93,36 +109,16 @@ def test_dp2_zero2_bf16_master_keeps_pruned_weights_zero(tmp_path, datasets_cach
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_dp2_zero3(tmp_path, datasets_cache, single_compressed):
+@pytest.mark.timeout(400)
+def test_dp2_zero3_and_its_checkpoint_resumes(tmp_path, datasets_cache, single_compressed):
     """ZeRO-3 (FSDP2 shards between forwards): masks from gathered weights, each rank masking its shard; its
     step-5 checkpoint (masks and bit schedule in the callback state) resumes in one process."""
-    losses, params = run_and_read(tmp_path, "zero3", common(datasets_cache) + RECIPE + [
-        "zero.stage=3", "launcher.nproc_per_node=2", "trainer.train_micro_batch_size_per_gpu=4"])
-    assert_same_compressed_model(losses, params, single_compressed)
-    resume_in_one_process(tmp_path, datasets_cache, checkpoint_of(tmp_path / "zero3"), single_compressed)
+    assert_layout_matches(tmp_path, datasets_cache, "dp2_zero3", single_compressed)
+    resume_in_one_process(tmp_path, datasets_cache, checkpoint_of(tmp_path / "dp2_zero3"), single_compressed)
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_tp2(tmp_path, datasets_cache, single_compressed):
-    """Tensor parallel (Colwise Shard(0) / Rowwise Shard(1) DTensors): fake-quant groups of the whole weight."""
-    losses, params = run_and_read(tmp_path, "tp2", common(datasets_cache) + RECIPE + [
-        "parallel.tp=2", "launcher.nproc_per_node=2", "trainer.train_micro_batch_size_per_gpu=8"])
-    assert_same_compressed_model(losses, params, single_compressed)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_dp2_x_tp2_zero3(tmp_path, datasets_cache, single_compressed):
-    """dp 2 x tp 2 under ZeRO-3 at world size 4: FSDP2 shards of tensor-parallel DTensors (2-D placements)."""
-    losses, params = run_and_read(tmp_path, "dp2tp2", common(datasets_cache) + RECIPE + [
-        "parallel.tp=2", "zero.stage=3", "launcher.nproc_per_node=4", "trainer.train_micro_batch_size_per_gpu=4"])
-    assert_same_compressed_model(losses, params, single_compressed)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(300)
 def test_resume(tmp_path, datasets_cache, single_compressed):
     """The one-process run's step-5 checkpoint, resumed, ends with the uninterrupted run's losses and weights."""
     assert len(single_compressed[0]) == STEPS

@@ -272,10 +272,11 @@ SUPPORTED: tuple[Supported, ...] = (
     Supported("moe.ep_size > 1 x dp, zero.stage 0/2/3", "supported; tested EP=2 against one process"),
     Supported("pruning / QAT with zero.stage 2/3 at dp > 1", "supported: masks and scales from whole weights, masks "
               "applied to every copy the strategy holds (ZeRO-2 master shards, FSDP2 shards); tested dp 2 at ZeRO-2 "
-              "and ZeRO-3 (tests/test_compression_sharded.py::test_dp2_zero2, ::test_dp2_zero3)"),
+              "and ZeRO-3 (tests/test_compression_sharded.py::test_layout[dp2_zero2], "
+              "::test_dp2_zero3_and_its_checkpoint_resumes)"),
     Supported("tp with weight quantization / pruning", "supported: fake-quant groups and masks of the whole weight, "
               "each rank masking its shard; tested tp 2 and dp 2 x tp 2 under ZeRO-3 (tests/test_compression_sharded.py::"
-              "test_tp2, ::test_dp2_x_tp2_zero3)"),
+              "test_layout[tp2], ::test_layout[dp2_x_tp2_zero3])"),
 )
 
 
