@@ -233,7 +233,6 @@ REFUSED: tuple[Refusal, ...] = (
             _pp(lambda r: r.precision.dtype == "fp16", "precision.dtype=fp16 (loss scaling)")),
     Refusal("pp with fp32 master weights", "not implemented yet",
             _pp(lambda r: r.precision.master_weights, "precision.master_weights")),
-    Refusal("pp with random-LTD", "not implemented yet", _pp(_random_ltd, "data_efficiency.random_ltd")),
     Refusal("pp with compression", "not implemented yet", _pp(lambda r: bool(_compression_enabled(r)), "compression")),
     Refusal("pp x dp with zero.stage > 0", "ZeRO sharding of pipeline stages is not implemented yet", _pp_sharded_dp),
     Refusal("sp with random-LTD", "each sequence chunk would drop different tokens", _sp_random_ltd),
@@ -276,6 +275,9 @@ SUPPORTED: tuple[Supported, ...] = (
     Supported("pp x tp (x dp)", "supported: tensor-parallel stages, vocab-parallel loss on the last one; tested "
               "dp 2 x tp 2 x pp 2 at world size 8, the layout of `+experiment=gpt_3d`"),
     Supported("moe.ep_size > 1 x dp, zero.stage 0/2/3", "supported; tested EP=2 against one process"),
+    Supported("pp with random-LTD and the sequence-length curriculum", "supported: per-layer random-LTD draws (the "
+              "schedule's shape inference takes none), one pipeline schedule per batch shape; tested pp 2 with both "
+              "(pack mode, evaluation) against one process (tests/test_data_efficiency_pipeline.py)"),
 )
 
 

@@ -22,6 +22,9 @@
 
 from __future__ import annotations
 
+import collections
+import contextlib
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -31,6 +34,8 @@ from torch.distributed.tensor import DTensor
 from dsrecipes.distributed.config import PP_PARTITIONS, PP_SCHEDULES  # noqa: F401 (exported here too)
 from dsrecipes.distributed.tensor_parallel import vocab_parallel_cross_entropy
 from dsrecipes.models.gpt import GPT
+
+MAX_SCHEDULES = 3  # schedules (one per batch shape) kept alive: the current training and evaluation shapes, one spare
 
 
 def stages_per_rank(schedule: str) -> int:
@@ -108,6 +113,29 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
+def _metadata_pass_stage_class(base: type) -> type:
+    """A PipelineStage that enters `metadata_pass_contexts` while its schedule infers shapes.
+
+    torch.distributed.pipelining infers each stage's input/output shapes (on the first step, and again after
+    every eval/train switch) by running the stage forward once, outside the training passes. torch forks its
+    own RNG for it, but stateful samplers of our own (random-LTD's per-layer draw counts) would count that
+    pass as a micro-batch; their `paused()` contexts, registered by whoever owns them, keep it out.
+    """
+
+    class _MetadataPassStage(base):
+        def __init__(self, *args, metadata_pass_contexts: list, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._metadata_pass_contexts = metadata_pass_contexts
+
+        def _prepare_forward_infra(self, *args, **kwargs):
+            with contextlib.ExitStack() as stack:
+                for make_context in self._metadata_pass_contexts:
+                    stack.enter_context(make_context())
+                return super()._prepare_forward_infra(*args, **kwargs)
+
+    return _MetadataPassStage
+
+
 class PipelineParallel:
     def __init__(self, gpt: GPT, group, schedule: str, n_microbatches: int, partition: str, device: torch.device,
                  all_pipelines: list[list[int]] | None = None):
@@ -128,12 +156,23 @@ class PipelineParallel:
         # imported here: torch.distributed.pipelining pulls in torch._dynamo (~0.7 s at every start-up otherwise)
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
-        self.stages = [PipelineStage(m, s, num_stages, device, group=group) for m, s in zip(self.stage_modules, self.stage_ids)]
+        # contexts entered while the schedule infers the stages' shapes by running them (see _MetadataPassStage)
+        self.metadata_pass_contexts: list = []
         self.has_first = 0 in self.stage_ids
         self.has_last = num_stages - 1 in self.stage_ids
+        stage_cls = _metadata_pass_stage_class(PipelineStage)
         schedule_cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}[schedule]
-        arg = self.stages if per_rank > 1 else self.stages[0]
-        self.schedule = schedule_cls(arg, n_microbatches=n_microbatches, loss_fn=lm_loss)
+
+        def make_schedule():
+            stages = [stage_cls(m, s, num_stages, device, group=group, metadata_pass_contexts=self.metadata_pass_contexts)
+                      for m, s in zip(self.stage_modules, self.stage_ids)]
+            return schedule_cls(stages if per_rank > 1 else stages[0], n_microbatches=n_microbatches, loss_fn=lm_loss)
+
+        self._make_schedule = make_schedule
+        # one schedule per batch shape: stages infer their activation shapes once and keep receive buffers of
+        # that shape, so a sequence-length curriculum (or seqlen pack mode's rows) needs a schedule per shape;
+        # the most recent few are kept (a curriculum only grows; evaluation runs at the full length)
+        self._schedules: collections.OrderedDict[tuple, object] = collections.OrderedDict()
         self.tied = gpt.cfg.tie_embeddings and self.size > 1
         self.tied_group = None
         if self.tied and {self.first_rank, self.last_rank} == set(range(self.size)):
@@ -179,16 +218,27 @@ class PipelineParallel:
                 param.grad = grad = grad.redistribute(param.device_mesh, param.placements)  # as sharded as the weight
             dist.all_reduce(_local(grad), group=self.tied_group)  # the same tp shard on both ranks
 
+    def schedule_for(self, shape: tuple) -> object:
+        """The schedule for batches of `shape` (every rank of the pipeline sees the step's batch, so all pick alike)."""
+        schedule = self._schedules.get(shape)
+        if schedule is None:
+            schedule = self._schedules[shape] = self._make_schedule()
+            while len(self._schedules) > MAX_SCHEDULES:
+                self._schedules.popitem(last=False)
+        self._schedules.move_to_end(shape)
+        return schedule
+
     def train_step(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Forward + backward of all micro-batches; returns the mean loss on every rank of the group."""
         losses: list[torch.Tensor] = []
         kwargs = {}
         if self.has_last:
             kwargs = {"target": labels, "losses": losses}
+        schedule = self.schedule_for(tuple(input_ids.shape))
         if self.has_first:
-            self.schedule.step(input_ids, **kwargs)
+            schedule.step(input_ids, **kwargs)
         else:
-            self.schedule.step(**kwargs)
+            schedule.step(**kwargs)
         self.reduce_tied_grads()
         return self._broadcast_loss(losses)
 
@@ -196,10 +246,11 @@ class PipelineParallel:
     def eval_loss(self, input_ids: torch.Tensor, labels: torch.Tensor) -> float:
         losses: list[torch.Tensor] = []
         kwargs = {"target": labels, "losses": losses} if self.has_last else {}
+        schedule = self.schedule_for(tuple(input_ids.shape))
         if self.has_first:
-            self.schedule.eval(input_ids, **kwargs)
+            schedule.eval(input_ids, **kwargs)
         else:
-            self.schedule.eval(**kwargs)
+            schedule.eval(**kwargs)
         return float(self._broadcast_loss(losses))
 
     def _broadcast_loss(self, losses: list[torch.Tensor]) -> torch.Tensor:
