@@ -66,6 +66,46 @@ def partition_blocks(gpt: GPT, num_stages: int, method: str) -> list[range]:
     return ranges
 
 
+def local_stage_ids(pp_rank: int, pp_size: int, schedule: str) -> list[int]:
+    """The stages pipeline rank `pp_rank` runs: r, r + pp, ... (torch's looped layout for interleaved schedules)."""
+    return [pp_rank + k * pp_size for k in range(stages_per_rank(schedule))]
+
+
+@torch.no_grad()
+def materialize_pipeline_rank(gpt: GPT, pp_rank: int, pp_size: int, schedule: str, partition: str,
+                              device: torch.device) -> list[int]:
+    """Allocate on `device` only what pipeline rank `pp_rank` runs of a GPT built on the meta device, and
+    initialise it with exactly the single process's values; returns this rank's block indices.
+
+    The other ranks' blocks (and embeddings / LM head) stay on the meta device, so start-up memory falls
+    with pp. Initialisation replays the whole model's random draws in the single process's order
+    (GPT.init_weights: a parameter held elsewhere draws into a dropped scratch tensor), so the random
+    stream is where one process leaves it and every local parameter equals that process's. A tied
+    embedding held by the first stage (tok_emb) and the last (lm_head) is one parameter again after.
+    """
+    num_stages = pp_size * stages_per_rank(schedule)
+    ranges = partition_blocks(gpt, num_stages, partition)
+    stage_ids = local_stage_ids(pp_rank, pp_size, schedule)
+    blocks = sorted(i for s in stage_ids for i in ranges[s])
+    modules = [gpt.blocks[i] for i in blocks]
+    first, last = 0 in stage_ids, num_stages - 1 in stage_ids
+    if first:
+        modules += [gpt.tok_emb] + ([gpt.pos_emb] if gpt.pos_emb is not None else [])
+    if last:
+        modules += [gpt.final_norm, gpt.lm_head]
+    tied = gpt.lm_head.weight is gpt.tok_emb.weight
+    for module in modules:
+        module.to_empty(device=device)
+    if tied and first:
+        gpt.lm_head.weight = gpt.tok_emb.weight
+    elif tied and last:
+        gpt.tok_emb.weight = gpt.lm_head.weight
+    for name, buffer in list(gpt.named_buffers(recurse=False)):  # rotary tables: every stage uses them
+        setattr(gpt, name, torch.empty_like(buffer, device=device))
+    gpt.init_weights()
+    return blocks
+
+
 class GPTStage(nn.Module):
     """The part of a GPT one pipeline stage runs: [embeddings] -> blocks[i..j) -> [final norm, LM head]."""
 
@@ -148,8 +188,7 @@ class PipelineParallel:
         per_rank = stages_per_rank(schedule)
         num_stages = self.size * per_rank
         ranges = partition_blocks(gpt, num_stages, partition)
-        # interleaved: rank r runs stages r, r + pp, ... (torch's looped layout)
-        self.stage_ids = [self.rank + k * self.size for k in range(per_rank)]
+        self.stage_ids = local_stage_ids(self.rank, self.size, schedule)
         self.first_rank, self.last_rank = 0, (num_stages - 1) % self.size
         self.stage_modules = [GPTStage(gpt, ranges[s], s == 0, s == num_stages - 1) for s in self.stage_ids]
         self.block_ranges = [ranges[s] for s in self.stage_ids]
