@@ -227,7 +227,6 @@ REFUSED: tuple[Refusal, ...] = (
             _pp(lambda r: r.precision.dtype == "fp16", "precision.dtype=fp16 (loss scaling)")),
     Refusal("pp with fp32 master weights", "not implemented yet",
             _pp(lambda r: r.precision.master_weights, "precision.master_weights")),
-    Refusal("pp with random-LTD", "not implemented yet", _pp(_random_ltd, "data_efficiency.random_ltd")),
     Refusal("pp with compression", "not implemented yet", _pp(lambda r: bool(_compression_enabled(r)), "compression")),
     Refusal("pp x dp with zero.stage > 0", "ZeRO sharding of pipeline stages is not implemented yet", _pp_sharded_dp),
     Refusal("sp with random-LTD", "each sequence chunk would drop different tokens", _sp_random_ltd),
@@ -277,6 +276,9 @@ SUPPORTED: tuple[Supported, ...] = (
     Supported("tp with weight quantization / pruning", "supported: fake-quant groups and masks of the whole weight, "
               "each rank masking its shard; tested tp 2 and dp 2 x tp 2 under ZeRO-3 (tests/test_compression_sharded.py::"
               "test_layout[tp2], ::test_layout[dp2_x_tp2_zero3])"),
+    Supported("pp with random-LTD and the sequence-length curriculum", "supported: per-layer random-LTD draws (the "
+              "schedule's shape inference takes none), one pipeline schedule per batch shape; tested pp 2 with both "
+              "(pack mode, evaluation) against one process (tests/test_data_efficiency_pipeline.py)"),
 )
 
 
