@@ -32,7 +32,7 @@ def _val_loss(folder: Path) -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("stage, tp_sequence_parallel", [(0, "true"), (3, "false")])
 def test_sp2_tp2_reproduces_single_process(tmp_path, datasets_cache, single_gpt, stage, tp_sequence_parallel):
     losses, params = run_and_read(tmp_path, "sp2tp2", common(datasets_cache) + [
@@ -42,7 +42,7 @@ def test_sp2_tp2_reproduces_single_process(tmp_path, datasets_cache, single_gpt,
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(300)
 def test_sp2_pp2_reproduces_single_process(tmp_path, tmp_path_factory, datasets_cache, single_gpt):
     losses, params = run_and_read(tmp_path, "sp2pp2", common(datasets_cache) + [
         "trainer.train_micro_batch_size_per_gpu=8", "parallel.sp=2", "parallel.pp=2", "launcher.nproc_per_node=4"])
