@@ -12,6 +12,7 @@ parameters within 5e-5 (tests/helpers/equivalence.py).
 * sp 2 x pp 2: every stage runs this rank's half of each sequence at its true positions; the last
   stage's chunk losses average to the full loss, gradients are averaged over the sp ranks, the tied
   embedding's gradient summed between the first and last stage. The final validation loss matches too.
+  Once more for a Llama-style model with grouped-query attention (rotary tables offset on every stage).
 """
 
 from __future__ import annotations
@@ -50,6 +51,19 @@ def test_sp2_pp2_reproduces_single_process(tmp_path, tmp_path_factory, datasets_
     # single_gpt's run folder (pytest also links it as single_gptcurrent): its final validation loss
     (reference,) = {p.resolve() for p in tmp_path_factory.getbasetemp().glob("single_gpt*/single")}
     assert _val_loss(tmp_path / "sp2pp2") == pytest.approx(_val_loss(reference), abs=2e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_llama_gqa_sp2_pp2_reproduces_single_process(tmp_path, datasets_cache):
+    """Rotary tables at the chunk's positions on every stage (gpt2 only offsets the first stage's position
+    embedding), grouped-query kv heads repeated for Ulysses: against its own single-process run."""
+    base = common(datasets_cache) + ["trainer.train_micro_batch_size_per_gpu=8", "model.style=llama",
+                                     "model.n_kv_head=2"]
+    reference = run_and_read(tmp_path, "single", base + ["launcher.nproc_per_node=1"])
+    losses, params = run_and_read(tmp_path, "sp2pp2", base + ["parallel.sp=2", "parallel.pp=2",
+                                                              "launcher.nproc_per_node=4"])
+    assert_matches_single_process(losses, params, *reference)
 
 
 def test_sp_tp_needs_the_block_size_divisible_by_both():
