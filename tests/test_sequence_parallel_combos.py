@@ -13,6 +13,7 @@ parameters within 5e-5 (tests/helpers/equivalence.py).
   stage's chunk losses average to the full loss, gradients are averaged over the sp ranks, the tied
   embedding's gradient summed between the first and last stage. The final validation loss matches too.
   Once more for a Llama-style model with grouped-query attention (rotary tables offset on every stage).
+* sp 2 x tp 2 x pp 2 (world 8): the three together, tensor-parallel stages whose attention runs Ulysses.
 """
 
 from __future__ import annotations
@@ -54,6 +55,15 @@ def test_sp2_pp2_reproduces_single_process(tmp_path, tmp_path_factory, datasets_
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_sp2_tp2_pp2_reproduces_single_process(tmp_path, datasets_cache, single_gpt):
+    losses, params = run_and_read(tmp_path, "sp2tp2pp2", common(datasets_cache) + [
+        "trainer.train_micro_batch_size_per_gpu=8", "parallel.sp=2", "parallel.tp=2", "parallel.pp=2",
+        "launcher.nproc_per_node=8"])
+    assert_matches_single_process(losses, params, *single_gpt)
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_llama_gqa_sp2_pp2_reproduces_single_process(tmp_path, datasets_cache):
     """Rotary tables at the chunk's positions on every stage (gpt2 only offsets the first stage's position
@@ -68,7 +78,7 @@ def test_llama_gqa_sp2_pp2_reproduces_single_process(tmp_path, datasets_cache):
 
 def test_sp_tp_needs_the_block_size_divisible_by_both():
     """With sequence-parallel tp activations each sp chunk is split again over tp: checked before spawning.
-    (The refused rows, pp x sp with ZeRO, sp x tp with ZeRO-1 and sp x tp x pp, are tests/test_compatibility.py's.)"""
+    (The refused rows, pp x sp with ZeRO and sp x tp with ZeRO-1, are tests/test_compatibility.py's.)"""
     assert_refused({
         ("model=gpt_debug", "parallel.sp=2", "parallel.tp=2", "model.max_seq_len=66", "launcher.nproc_per_node=4"):
             "data.block_size=66 is not divisible by parallel.sp=2 x parallel.tp=2",

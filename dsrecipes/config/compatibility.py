@@ -87,13 +87,6 @@ def _sp_tp_zero1(root, dims):
     return None
 
 
-def _sp_tp_pp(root, dims):
-    if dims.sp > 1 and dims.tp > 1 and dims.pp > 1:
-        return (f"parallel.sp={dims.sp} with parallel.tp={dims.tp} and parallel.pp={dims.pp} together is not supported "
-                "yet (sp x tp and sp x pp are, each tested on its own); drop one of the three")
-    return None
-
-
 def _pp_sp_sharded(root, dims):
     if dims.pp > 1 and dims.sp > 1 and root.zero.stage > 0:
         return (f"parallel.pp={dims.pp} with parallel.sp={dims.sp} needs zero.stage=0 (each stage's gradients are "
@@ -250,7 +243,6 @@ REFUSED: tuple[Refusal, ...] = (
     Refusal("pp x sp with zero.stage > 0", "ZeRO sharding of pipeline stages is not implemented yet", _pp_sp_sharded),
     Refusal("sp x tp with zero.stage 1", "ZeRO-1 wraps the model in DDP, which cannot take tensor-parallel DTensors: "
             "use zero.stage 0 (boundary all-reduce) or 2/3 (FSDP2)", _sp_tp_zero1),
-    Refusal("sp x tp x pp", "not tested yet (sp x tp and sp x pp are)", _sp_tp_pp),
     Refusal("sp with MoE", "not implemented yet", _sp_moe),
     Refusal("tp x dp with zero.stage 0/1", "FSDP2 composes with tensor-parallel DTensors; DDP does not: use ZeRO-2/3",
             _tp_replicated_dp),
@@ -291,8 +283,9 @@ SUPPORTED: tuple[Supported, ...] = (
     Supported("pp x dp, zero.stage 0", "supported; tested pp 2 (every schedule, both partitions) and dp 2 x pp 2"),
     Supported("pp x tp (x dp)", "supported: tensor-parallel stages, vocab-parallel loss on the last one; tested "
               "dp 2 x tp 2 x pp 2 at world size 8, the layout of `+experiment=gpt_3d`"),
-    Supported("pp x sp (x dp), zero.stage 0", "supported: every stage runs this rank's sequence chunk at its "
-              "positions, gradients averaged over dp x sp; tested sp 2 x pp 2 (tests/test_sequence_parallel_combos.py)"),
+    Supported("pp x sp (x tp, x dp), zero.stage 0", "supported: every stage runs this rank's sequence chunk at its "
+              "positions, gradients averaged over dp x sp; tested sp 2 x pp 2 (gpt2, Llama with GQA) and "
+              "sp 2 x tp 2 x pp 2 at world size 8 (tests/test_sequence_parallel_combos.py)"),
     Supported("moe.ep_size > 1 x dp, zero.stage 0/2/3", "supported; tested EP=2 against one process"),
     Supported("pruning / QAT with zero.stage 2/3 at dp > 1", "supported: masks and scales from whole weights, masks "
               "applied to every copy the strategy holds (ZeRO-2 master shards, FSDP2 shards); tested dp 2 at ZeRO-2 "
