@@ -231,7 +231,9 @@ def _nvme_layout(root, dims):
 
 
 REFUSED: tuple[Refusal, ...] = (
-    Refusal("pp with MoE", "not implemented yet", _pp(lambda r: r.moe.enabled, "moe.num_experts")),
+    Refusal("pp with expert parallelism (moe.ep_size > 1)", "expert-parallel groups inside each stage are not "
+            "implemented yet; MoE with moe.ep_size=1 runs under pipelines",
+            _pp(lambda r: r.moe.enabled and r.moe.ep_size > 1, "moe.ep_size > 1 (expert parallelism)")),
     Refusal("pp with fp16 loss scaling", "not implemented yet",
             _pp(lambda r: r.precision.dtype == "fp16", "precision.dtype=fp16 (loss scaling)")),
     Refusal("pp with fp32 master weights", "not implemented yet",
@@ -287,6 +289,9 @@ SUPPORTED: tuple[Supported, ...] = (
               "positions, gradients averaged over dp x sp; tested sp 2 x pp 2 (gpt2, Llama with GQA) and "
               "sp 2 x tp 2 x pp 2 at world size 8 (tests/test_sequence_parallel_combos.py)"),
     Supported("moe.ep_size > 1 x dp, zero.stage 0/2/3", "supported; tested EP=2 against one process"),
+    Supported("pp with MoE (moe.ep_size=1)", "supported: each stage adds its MoE layers' auxiliary-loss gradients "
+              "where they arise; tested pp 2 and dp 2 x pp 2 against one process (tests/test_moe_distributed.py::"
+              "test_moe_under_pipeline_parallel_reproduces_single_process)"),
     Supported("pruning / QAT with zero.stage 2/3 at dp > 1", "supported: masks and scales from whole weights, masks "
               "applied to every copy the strategy holds (ZeRO-2 master shards, FSDP2 shards); tested dp 2 at ZeRO-2 "
               "and ZeRO-3 (tests/test_compression_sharded.py::test_layout[dp2_zero2], "
