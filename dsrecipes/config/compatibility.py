@@ -79,9 +79,19 @@ def _sp_seqlen(root, dims):
     return None
 
 
-def _sp_tp(root, dims):
-    if dims.sp > 1 and dims.tp > 1:
-        return f"parallel.sp={dims.sp} with parallel.tp={dims.tp} is not supported yet; use one of them"
+def _sp_tp_zero1(root, dims):
+    if dims.sp > 1 and dims.tp > 1 and root.zero.stage == 1:
+        return (f"parallel.sp={dims.sp} with parallel.tp={dims.tp} needs zero.stage 0, 2 or 3: ZeRO-1 wraps the model "
+                "in DDP, which cannot take tensor-parallel DTensor parameters (stage 0 all-reduces their local shards "
+                "at the boundary, stages 2/3 shard them with FSDP2 over dp x sp); got zero.stage=1")
+    return None
+
+
+def _pp_sp_sharded(root, dims):
+    if dims.pp > 1 and dims.sp > 1 and root.zero.stage > 0:
+        return (f"parallel.pp={dims.pp} with parallel.sp={dims.sp} needs zero.stage=0 (each stage's gradients are "
+                f"averaged over its data- and sequence-parallel ranks; ZeRO sharding of stages is not implemented); "
+                f"got zero.stage={root.zero.stage}")
     return None
 
 
@@ -221,7 +231,6 @@ def _nvme_layout(root, dims):
 
 
 REFUSED: tuple[Refusal, ...] = (
-    Refusal("pp with sp", "not implemented yet", _pp(lambda r: r.parallel.sp > 1, "parallel.sp")),
     Refusal("pp with expert parallelism (moe.ep_size > 1)", "expert-parallel groups inside each stage are not "
             "implemented yet; MoE with moe.ep_size=1 runs under pipelines",
             _pp(lambda r: r.moe.enabled and r.moe.ep_size > 1, "moe.ep_size > 1 (expert parallelism)")),
@@ -233,7 +242,9 @@ REFUSED: tuple[Refusal, ...] = (
     Refusal("pp x dp with zero.stage > 0", "ZeRO sharding of pipeline stages is not implemented yet", _pp_sharded_dp),
     Refusal("sp with random-LTD", "each sequence chunk would drop different tokens", _sp_random_ltd),
     Refusal("sp with the sequence-length curriculum", "the length must stay divisible by sp", _sp_seqlen),
-    Refusal("sp with tp", "not implemented yet", _sp_tp),
+    Refusal("pp x sp with zero.stage > 0", "ZeRO sharding of pipeline stages is not implemented yet", _pp_sp_sharded),
+    Refusal("sp x tp with zero.stage 1", "ZeRO-1 wraps the model in DDP, which cannot take tensor-parallel DTensors: "
+            "use zero.stage 0 (boundary all-reduce) or 2/3 (FSDP2)", _sp_tp_zero1),
     Refusal("sp with MoE", "not implemented yet", _sp_moe),
     Refusal("tp x dp with zero.stage 0/1", "FSDP2 composes with tensor-parallel DTensors; DDP does not: use ZeRO-2/3",
             _tp_replicated_dp),
@@ -267,9 +278,16 @@ SUPPORTED: tuple[Supported, ...] = (
     Supported("tp x dp, zero.stage 2/3", "supported (FSDP2 on dp, TP on tp); tested dp 2 x tp 2 under ZeRO-3"),
     Supported("tp with dp = 1", "supported, any zero.stage (nothing to shard)"),
     Supported("sp x dp, any zero.stage", "supported (gradients reduced over dp x sp); tested sp 2 and sp 2 under ZeRO-3"),
+    Supported("sp x tp, zero.stage 0/2/3 (x dp: 2/3)", "supported: Ulysses splits each tensor-parallel rank's heads over "
+              "sp (stage 0: boundary all-reduce of the local shards over dp x sp; 2/3: FSDP2 over dp x sp); tested "
+              "sp 2 x tp 2 at zero.stage 0 and 3, sequence-parallel and replicated tp activations "
+              "(tests/test_sequence_parallel_combos.py)"),
     Supported("pp x dp, zero.stage 0", "supported; tested pp 2 (every schedule, both partitions) and dp 2 x pp 2"),
     Supported("pp x tp (x dp)", "supported: tensor-parallel stages, vocab-parallel loss on the last one; tested "
               "dp 2 x tp 2 x pp 2 at world size 8, the layout of `+experiment=gpt_3d`"),
+    Supported("pp x sp (x tp, x dp), zero.stage 0", "supported: every stage runs this rank's sequence chunk at its "
+              "positions, gradients averaged over dp x sp; tested sp 2 x pp 2 (gpt2, Llama with GQA) and "
+              "sp 2 x tp 2 x pp 2 at world size 8 (tests/test_sequence_parallel_combos.py)"),
     Supported("moe.ep_size > 1 x dp, zero.stage 0/2/3", "supported; tested EP=2 against one process"),
     Supported("pp with MoE (moe.ep_size=1)", "supported: each stage adds its MoE layers' auxiliary-loss gradients "
               "where they arise; tested pp 2 and dp 2 x pp 2 against one process (tests/test_moe_distributed.py::"

@@ -18,12 +18,18 @@
 * Data parallelism is the data-parallel strategy's (dsrecipes.distributed.data_parallel): each
   stage's gradients are averaged over its data-parallel peers at the accumulation boundary.
 * The loss (mean over micro-batches) is computed on the last stage and broadcast to the group.
+* Ulysses sequence parallelism (parallel.sp): every stage runs this rank's chunk of each sequence;
+  `position_offset` (train_step / eval_loss) places it for the position embedding and the rotary
+  tables, and the last stage reweights its chunk-mean loss by its share of counted labels
+  (dsrecipes.distributed.sequence_parallel.sequence_parallel_loss), so the mean over the sp ranks is
+  the full-sequence loss.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 
 import torch
 import torch.distributed as dist
@@ -33,6 +39,7 @@ from torch.distributed.tensor import DTensor
 
 from dsrecipes.distributed.config import PP_PARTITIONS, PP_SCHEDULES  # noqa: F401 (exported here too)
 from dsrecipes.distributed.pipeline_loss_terms import StageLossTerms
+from dsrecipes.distributed.sequence_parallel import SequenceParallel
 from dsrecipes.distributed.tensor_parallel import vocab_parallel_cross_entropy
 from dsrecipes.models.gpt import GPT
 from dsrecipes.models.moe import routing_stats_paused
@@ -109,7 +116,12 @@ def materialize_pipeline_rank(gpt: GPT, pp_rank: int, pp_size: int, schedule: st
 
 
 class GPTStage(nn.Module):
-    """The part of a GPT one pipeline stage runs: [embeddings] -> blocks[i..j) -> [final norm, LM head]."""
+    """The part of a GPT one pipeline stage runs: [embeddings] -> blocks[i..j) -> [final norm, LM head].
+
+    position_offset: the position of the stage input's first token (a sequence-parallel rank's chunk
+    start, set by PipelineParallel for each step; 0 otherwise)."""
+
+    position_offset = 0
 
     loss_terms: StageLossTerms | None = None  # extra loss terms arising in this stage (PipelineParallel.set_loss_terms)
 
@@ -128,15 +140,16 @@ class GPTStage(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         seq_len = x.shape[1] if self.first else x.shape[1] * self.seq_shards
+        start, end = self.position_offset, self.position_offset + seq_len
         if self.first:
             ids = x
             x = self.tok_emb(ids)
             if self.pos_emb is not None:
-                x = x + self.pos_emb(torch.arange(seq_len, device=ids.device))
+                x = x + self.pos_emb(torch.arange(start, end, device=ids.device))
             x = self.emb_dropout(x)
         rope = None
         if self.style == "llama":
-            rope = (self.rope_cos[:seq_len], self.rope_sin[:seq_len])
+            rope = (self.rope_cos[start:end], self.rope_sin[start:end])
         for block in self.blocks.values():
             x = block(x, rope)
         if self.last:
@@ -146,12 +159,15 @@ class GPTStage(nn.Module):
         return x
 
 
-def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def lm_loss(logits: torch.Tensor, labels: torch.Tensor, sequence_parallel: SequenceParallel | None = None) -> torch.Tensor:
     """Mean cross-entropy of the last stage's logits; vocab-sharded (tensor-parallel) logits use the
-    vocab-parallel loss (the Engine runs the schedule under loss_parallel)."""
+    vocab-parallel loss (the Engine runs the schedule under loss_parallel). Under sequence parallelism
+    the chunk's mean is reweighted by its share of the counted labels (exact with -100 labels)."""
     if isinstance(logits, DTensor):
-        return vocab_parallel_cross_entropy(logits.flatten(0, 1), labels.flatten())
-    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100)
+        loss = vocab_parallel_cross_entropy(logits.flatten(0, 1), labels.flatten())
+    else:
+        loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100)
+    return sequence_parallel.loss(loss, labels) if sequence_parallel is not None else loss
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -193,9 +209,10 @@ def _metadata_pass_stage_class(base: type) -> type:
 
 class PipelineParallel:
     def __init__(self, gpt: GPT, group, schedule: str, n_microbatches: int, partition: str, device: torch.device,
-                 all_pipelines: list[list[int]] | None = None):
+                 all_pipelines: list[list[int]] | None = None, sequence_parallel: SequenceParallel | None = None):
         """group: this rank's pipeline group; all_pipelines: the global ranks of every pipeline group
-        (every rank must create the tied-weight groups of all of them, in the same order)."""
+        (every rank must create the tied-weight groups of all of them, in the same order);
+        sequence_parallel: the Ulysses groups already installed on `gpt` (its loss reweighting is used)."""
         if schedule not in PP_SCHEDULES:
             raise ValueError(f"parallel.pp_schedule={schedule!r} is not valid; choose one of: {', '.join(PP_SCHEDULES)}")
         self.group, self.device = group, device
@@ -217,11 +234,12 @@ class PipelineParallel:
         self.has_last = num_stages - 1 in self.stage_ids
         stage_cls = _metadata_pass_stage_class(PipelineStage)
         schedule_cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}[schedule]
+        loss_fn = functools.partial(lm_loss, sequence_parallel=sequence_parallel) if sequence_parallel else lm_loss
 
         def make_schedule():
             stages = [stage_cls(m, s, num_stages, device, group=group, metadata_pass_contexts=self.metadata_pass_contexts)
                       for m, s in zip(self.stage_modules, self.stage_ids)]
-            return schedule_cls(stages if per_rank > 1 else stages[0], n_microbatches=n_microbatches, loss_fn=lm_loss)
+            return schedule_cls(stages if per_rank > 1 else stages[0], n_microbatches=n_microbatches, loss_fn=loss_fn)
 
         self._make_schedule = make_schedule
         # one schedule per batch shape: stages infer their activation shapes once and keep receive buffers of
@@ -293,8 +311,14 @@ class PipelineParallel:
         self._schedules.move_to_end(shape)
         return schedule
 
-    def train_step(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """Forward + backward of all micro-batches; returns the mean loss on every rank of the group."""
+    def _place(self, position_offset: int) -> None:
+        for module in self.stage_modules:
+            module.position_offset = int(position_offset)
+
+    def train_step(self, input_ids: torch.Tensor, labels: torch.Tensor, position_offset: int = 0) -> torch.Tensor:
+        """Forward + backward of all micro-batches; returns the mean loss on every rank of the group.
+        position_offset: the position of input_ids' first token (a sequence-parallel chunk's start)."""
+        self._place(position_offset)
         losses: list[torch.Tensor] = []
         kwargs = {}
         if self.has_last:
@@ -308,7 +332,8 @@ class PipelineParallel:
         return self._broadcast_loss(losses)
 
     @torch.no_grad()
-    def eval_loss(self, input_ids: torch.Tensor, labels: torch.Tensor) -> float:
+    def eval_loss(self, input_ids: torch.Tensor, labels: torch.Tensor, position_offset: int = 0) -> float:
+        self._place(position_offset)
         losses: list[torch.Tensor] = []
         kwargs = {"target": labels, "losses": losses} if self.has_last else {}
         schedule = self.schedule_for(tuple(input_ids.shape))

@@ -3,7 +3,7 @@
 | strategy | mechanism | chosen when (first row that matches) |
 |---|---|---|
 | none | nothing to replicate or shard | one data-parallel rank (dp x sp = 1), without offload |
-| allreduce | one flat gradient all-reduce per step, no wrapper | pipeline parallelism (a schedule runs the stages) |
+| allreduce | one flat gradient all-reduce per step, no wrapper | pipeline parallelism (a schedule runs the stages), or tensor x sequence parallelism at zero.stage=0 (DDP takes no DTensors) |
 | onebit | DDP until the 1-bit optimizer's freeze, then its compressed momentum all-reduce (data_parallel/onebit.py) | optimizer onebitadam / zerooneadam / onebitlamb with zero.stage=0 |
 | ddp | DistributedDataParallel | zero.stage=0 |
 | zero1 | DDP + ZeroRedundancyOptimizer | zero.stage=1 |
@@ -62,7 +62,8 @@ class Choice:
 CHOICE: tuple[Choice, ...] = (
     Choice("none", "one data-parallel rank (dp x sp = 1), without offload",
            lambda zero, dims: dims.dp_sp == 1 and not offloads(zero)),
-    Choice("allreduce", "pipeline parallelism", lambda zero, dims: dims.pp > 1),
+    Choice("allreduce", "pipeline parallelism, or tensor x sequence parallelism at zero.stage=0",
+           lambda zero, dims: dims.pp > 1 or (dims.tp > 1 and dims.sp > 1 and zero.stage == 0)),
     Choice("onebit", "optimizer onebitadam / zerooneadam / onebitlamb with zero.stage=0",
            lambda zero, dims: zero.stage == 0, ONEBIT_OPTIMIZERS),
     Choice("ddp", "zero.stage=0", lambda zero, dims: zero.stage == 0),
