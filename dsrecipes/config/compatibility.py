@@ -98,13 +98,6 @@ def _tp_replicated_dp(root, dims):
     return None
 
 
-def _tp_moe(root, dims):
-    if dims.tp > 1 and root.moe.enabled:
-        return (f"parallel.tp={dims.tp} with moe.num_experts={root.moe.num_experts}: MoE layers have no "
-                "tensor-parallel plan; shard experts with moe.ep_size instead")
-    return None
-
-
 def _tp_masters(root, dims):
     if dims.tp > 1 and root.precision.master_weights and dims.dp == 1:
         return (f"parallel.tp={dims.tp} with precision.master_weights=true is not supported; use precision=bf16 "
@@ -242,7 +235,6 @@ REFUSED: tuple[Refusal, ...] = (
     Refusal("sp with MoE", "not implemented yet", _sp_moe),
     Refusal("tp x dp with zero.stage 0/1", "FSDP2 composes with tensor-parallel DTensors; DDP does not: use ZeRO-2/3",
             _tp_replicated_dp),
-    Refusal("tp with MoE", "MoE layers have no tensor-parallel plan yet (use moe.ep_size)", _tp_moe),
     Refusal("tp with fp32 master weights at dp 1", "not implemented yet (use precision=bf16)", _tp_masters),
     Refusal("tp with optimizer.impl fused/foreach", "DTensor and plain parameters cannot share one kernel; tp runs "
             "the optimizer's for-loop implementation", _tp_foreach),
@@ -276,6 +268,9 @@ SUPPORTED: tuple[Supported, ...] = (
     Supported("pp x tp (x dp)", "supported: tensor-parallel stages, vocab-parallel loss on the last one; tested "
               "dp 2 x tp 2 x pp 2 at world size 8, the layout of `+experiment=gpt_3d`"),
     Supported("moe.ep_size > 1 x dp, zero.stage 0/2/3", "supported; tested EP=2 against one process"),
+    Supported("tp with MoE (dp = 1, or tp x dp at zero.stage 2/3, ep over dp)", "supported: expert-tensor parallelism "
+              "(each expert's hidden width sliced over tp, ep groups within one tp rank); tested tp 2 and dp 2 x tp 2 "
+              "x ep 2 against one process (tests/test_moe_tensor_parallel.py)"),
 )
 
 

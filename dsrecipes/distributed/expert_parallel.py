@@ -4,16 +4,25 @@ Layout (DeepSpeed's default): world = edp x ep with consecutive ranks forming an
 group, so ranks r and r + ep hold the same experts (their expert-data-parallel group). Every MoE
 layer keeps experts [ep_rank * E/ep, (ep_rank+1) * E/ep); tokens reach them by all_to_all.
 
+With tensor parallelism (parallel.tp > 1) the mesh is (edp, ep, etp), etp being the tp axis: ep
+groups hold ranks of one tp rank, and every expert's hidden width is sliced over etp (expert-tensor
+parallelism, `Experts.keep_hidden_slice`): the tp ranks see the same tokens (so route them alike)
+and sum their partial expert outputs. This also runs at ep_size 1, so that experts stay out of
+FSDP2 (whose shards would mix different tp ranks' slices). `edp_group` keeps its meaning: the
+ranks holding the same expert tensors.
+
 What the Engine asks of an ExpertParallel (it is None without MoE or at ep_size=1):
 * `ignored_params`: the expert weights, kept out of DDP / FSDP2 (they differ across ranks).
 * `reduce_gradients`: at the accumulation boundary, expert gradients are summed over the
-  expert-data-parallel group and divided by the world size. After the all_to_all backward, the rank
+  expert-data-parallel group and divided by the data-parallel size (world / tp). After the all_to_all backward, the rank
   holding an expert already has the sum over its EP group's losses, so this gives exactly the
   data-parallel mean that DDP / FSDP2 give the other parameters.
 * `global_sq_norm`: the squared norm of the expert gradients over the whole model (summed over
-  the EP group: each holds different experts), for clipping and overflow detection.
-* `to_checkpoint`: state dicts whose expert tensors are DTensors sharded on the expert dim, so DCP
-  stores global [E, ...] tensors and a checkpoint resumes at any EP degree (EP=2 -> EP=1 included).
+  the EP group: each holds different experts; and over etp for the hidden slices), for clipping and
+  overflow detection.
+* `to_checkpoint`: state dicts whose expert tensors are DTensors sharded on the expert dim (and the
+  hidden dim over etp), so DCP stores global [E, ...] tensors and a checkpoint resumes at any EP / TP
+  degree (EP=2 -> EP=1 included).
 * `gather_full`: full [E, ...] expert tensors on every rank (export, consolidated state dicts).
 """
 
@@ -36,24 +45,34 @@ def is_expert_param(param: torch.Tensor) -> bool:
 
 class ExpertParallel:
     def __init__(self, model: nn.Module, mesh: DeviceMesh):
-        """mesh: the 2-D (edp, ep) mesh of ParallelDims.get_mesh("expert")."""
+        """mesh: ParallelDims.get_mesh("expert"): (edp, ep), or (edp, ep, etp) under tensor parallelism."""
         self.mesh = mesh
-        self.ep_size, self.world = mesh["ep"].size(), mesh.size()
+        self.tp_size = mesh["etp"].size() if "etp" in mesh.mesh_dim_names else 1
+        self.ep_size, self.world = mesh["ep"].size(), mesh.size() // self.tp_size  # world: data-parallel ranks
         self.ep_group = mesh.get_group("ep")
-        self.edp_group = mesh.get_group("edp")
+        self.edp_group = mesh.get_group("edp")  # the ranks holding the same expert tensors
+        self.tp_group = mesh.get_group("etp") if self.tp_size > 1 else None
         self.ep_rank = mesh.get_local_rank("ep")
         ep_size = self.ep_size
+        self.hidden_dims: dict[str, int | None] = {}  # expert fqn -> its dim sliced over etp (None: whole)
         self.expert_names: set[str] = set()
         self.params: list[nn.Parameter] = []
+        self._whole: list[nn.Parameter] = []  # under etp: expert tensors every tp rank holds whole (b_out)
         for layer_name, layer in model.named_modules():
             if not isinstance(layer, MoELayer):
                 continue
             layer.experts.keep_local(self.ep_rank, ep_size)
+            if self.tp_size > 1:
+                layer.experts.keep_hidden_slice(mesh.get_local_rank("etp"), self.tp_size, self.tp_group)
             layer.ep_group, layer.ep_size = self.ep_group, ep_size
             for name, param in layer.experts.named_parameters():
                 setattr(param, EXPERT_ATTR, True)
-                self.expert_names.add(f"{layer_name}.experts.{name}")
+                fqn = f"{layer_name}.experts.{name}"
+                self.expert_names.add(fqn)
+                self.hidden_dims[fqn] = layer.experts.hidden_dim(name) if self.tp_size > 1 else None
                 self.params.append(param)
+                if self.tp_size > 1 and self.hidden_dims[fqn] is None:
+                    self._whole.append(param)
         if not self.params:
             raise ValueError(f"moe.ep_size={ep_size} but the model has no MoE layers (moe.num_experts=0?)")
 
@@ -78,30 +97,44 @@ class ExpertParallel:
             offset += g.numel()
 
     def global_sq_norm(self, expert_grads: list[torch.Tensor]) -> torch.Tensor:
-        local = sum((g.float().pow(2).sum() for g in expert_grads), torch.zeros((), device=expert_grads[0].device)) \
-            if expert_grads else torch.zeros(())
+        """Sum of squares over every expert tensor of the model; under etp, tensors not sliced over it
+        (b_out: the same on every tp rank) count 1/tp on each rank."""
+        device = expert_grads[0].device if expert_grads else None
+        whole = {id(p.grad) for p in self._whole if p.grad is not None}
+        local = torch.zeros((), device=device)
+        for g in expert_grads:
+            square = g.float().pow(2).sum()
+            local = local + (square / self.tp_size if id(g) in whole else square)
         local = local.reshape(1)
         dist.all_reduce(local, group=self.ep_group)
+        if self.tp_group is not None:
+            dist.all_reduce(local, group=self.tp_group)
         return local[0]
 
     # ------------------------------------------------------------------ state dicts
-    def _as_dtensor(self, tensor: torch.Tensor) -> torch.Tensor:
+    def _as_dtensor(self, tensor: torch.Tensor, fqn: str) -> torch.Tensor:
         if isinstance(tensor, DTensor) or tensor.dim() == 0:
             return tensor
-        return DTensor.from_local(tensor, self.mesh, [Replicate(), Shard(0)], run_check=False)
+        placements = [Replicate(), Shard(0)]
+        if self.tp_size > 1:
+            dim = self.hidden_dims[fqn]
+            placements.append(Replicate() if dim is None else Shard(dim))
+        return DTensor.from_local(tensor, self.mesh, placements, run_check=False)
 
     def to_checkpoint(self, model_state: dict, optimizer_state: dict | None = None) -> tuple[dict, dict | None]:
         """Copies of the state dicts with expert entries as DTensors (sharing the local storage)."""
-        model_state = {k: self._as_dtensor(v) if k in self.expert_names else v for k, v in model_state.items()}
+        model_state = {k: self._as_dtensor(v, k) if k in self.expert_names else v for k, v in model_state.items()}
         if optimizer_state is not None:  # flattened: "state.<fqn>.<name>" keys
-            optimizer_state = {k: self._as_dtensor(v) if self._is_expert_state(k) else v for k, v in optimizer_state.items()}
+            optimizer_state = {k: self._as_dtensor(v, self._expert_of_state(k)) if self._expert_of_state(k) else v
+                               for k, v in optimizer_state.items()}
         return model_state, optimizer_state
 
-    def _is_expert_state(self, key: str) -> bool:
+    def _expert_of_state(self, key: str) -> str | None:
+        """The expert fqn of a flattened optimizer-state key ("state.<fqn>.<name>"), or None."""
         if not key.startswith("state."):
-            return False
+            return None
         fqn = key[len("state."):].rsplit(".", 1)[0]
-        return fqn in self.expert_names
+        return fqn if fqn in self.expert_names else None
 
     def gather_full(self, state: dict, module: nn.Module) -> dict:
         """`state` with each expert tensor replaced by the full [E, ...] tensor, gathered from the
@@ -110,12 +143,21 @@ class ExpertParallel:
         out = dict(state)
         params = dict(module.named_parameters())
         for name in sorted(self.expert_names):
-            local = params[name].detach().float().contiguous()
-            parts = [torch.empty_like(local) for _ in range(self.ep_size)]
-            dist.all_gather(parts, local, group=self.ep_group)
+            full = params[name].detach().float().contiguous()
+            if self.hidden_dims[name] is not None:  # the hidden slices of the tp ranks first
+                full = _all_gather_cat(full, self.tp_group, self.tp_size, self.hidden_dims[name])
+            full = _all_gather_cat(full, self.ep_group, self.ep_size, 0)
             if name in state:
-                out[name] = torch.cat(parts, dim=0).to(state[name].device, state[name].dtype)
+                out[name] = full.to(state[name].device, state[name].dtype)
         return out
+
+
+def _all_gather_cat(local: torch.Tensor, group, size: int, dim: int) -> torch.Tensor:
+    if size == 1:
+        return local
+    parts = [torch.empty_like(local) for _ in range(size)]
+    dist.all_gather(parts, local, group=group)
+    return torch.cat(parts, dim=dim).contiguous()
 
 
 def split_expert_param_groups(optimizer: torch.optim.Optimizer, model: nn.Module) -> None:
@@ -142,8 +184,9 @@ def split_expert_param_groups(optimizer: torch.optim.Optimizer, model: nn.Module
 
 
 def setup_expert_parallel(model: nn.Module, dims) -> ExpertParallel | None:
-    """Shard the model's experts over dims.ep ranks (None when dims.ep is 1; dims: ParallelDims)."""
-    if dims.ep <= 1:
+    """Shard the model's experts over dims.ep ranks and their hidden width over dims.tp (None when both
+    are 1 or the model has no MoE layers; dims: ParallelDims)."""
+    if dims.ep <= 1 and (dims.tp <= 1 or not any(isinstance(m, MoELayer) for m in model.modules())):
         return None
     if not (dist.is_available() and dist.is_initialized()):
         raise ValueError(f"moe.ep_size={dims.ep} needs a distributed run (launcher.nproc_per_node >= {dims.ep})")

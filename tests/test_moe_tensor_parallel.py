@@ -1,0 +1,46 @@
+"""MoE under tensor parallelism (expert-tensor parallelism) reproduces the single process (CPU/gloo, real CLI).
+
+tp 2: both ranks see the same micro-batches, route them alike and each holds half of every expert's
+hidden width; the partial expert outputs are summed over tp. dp 2 x tp 2 x ep 2 (world 4, ZeRO-3):
+the ep groups hold ranks of one tp rank (data-parallel peers), so tokens travel between data shards.
+
+Reference: one process at micro 4 x accumulation 4 (tp 2 keeps micro 4 x accumulation 4; dp 2 gives
+rank r's i-th micro-batch of micro 4 x accumulation 2 as the single process's (2i + r)-th), so gating,
+capacity and the auxiliary loss see the same token groups. Tolerance as tests/test_moe_distributed.py
+(losses 2e-5, exported parameters 5e-5): only fp32 summation orders differ (the expert outputs summed
+over the tp ranks' hidden slices, gradients over ranks).
+"""
+
+import pytest
+
+from tests.helpers.equivalence import assert_matches_single_process, common, run_and_read, run_layout
+from tests.test_moe_distributed import MOE
+
+
+@pytest.fixture(scope="module")
+def moe_reference(tmp_path_factory, datasets_cache):
+    tmp = tmp_path_factory.mktemp("moe_tp_single")
+    return run_and_read(tmp, "single", common(datasets_cache) + MOE + [
+        "launcher.nproc_per_node=1", "trainer.train_micro_batch_size_per_gpu=4", "trainer.gradient_accumulation_steps=4"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_tp2_moe_reproduces_single_process(tmp_path, datasets_cache, moe_reference):
+    losses, params = run_and_read(tmp_path, "tp2", common(datasets_cache) + MOE + [
+        "parallel.tp=2", "launcher.nproc_per_node=2", "trainer.train_micro_batch_size_per_gpu=4",
+        "trainer.gradient_accumulation_steps=4"])
+    assert params["blocks.0.mlp.experts.w_in"].shape == moe_reference[1]["blocks.0.mlp.experts.w_in"].shape
+    assert_matches_single_process(losses, params, *moe_reference)
+    assert "tp 2" in run_layout(tmp_path / "tp2")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_dp2_tp2_ep2_moe_reproduces_single_process(tmp_path, datasets_cache, moe_reference):
+    losses, params = run_and_read(tmp_path, "w4", common(datasets_cache) + MOE + [
+        "parallel.tp=2", "moe.ep_size=2", "zero.stage=3", "launcher.nproc_per_node=4",
+        "trainer.train_micro_batch_size_per_gpu=4"])
+    assert_matches_single_process(losses, params, *moe_reference)
+    layout = run_layout(tmp_path / "w4")
+    assert layout.startswith("world 4 = pp 1 x dp 2 (replicate 1 x shard 2) x sp 1 x tp 2; ep 2"), layout
