@@ -45,7 +45,6 @@ CASES = {
     "sp with MoE": (["parallel.sp=2", "moe=top2"], 2, "parallel.sp=2 with moe.num_experts=8"),
     "tp x dp with zero.stage 0/1": (["parallel.tp=2"], 4,
                                     "parallel.tp=2 with 2 data-parallel ranks needs zero.stage 2 or 3"),
-    "tp with MoE": (["parallel.tp=2", "moe=top2"], 2, "MoE layers have no tensor-parallel plan"),
     "tp with fp32 master weights at dp 1": (["parallel.tp=2", "precision=bf16_master"], 2,
                                             "parallel.tp=2 with precision.master_weights=true"),
     "tp with optimizer.impl fused/foreach": (["parallel.tp=2", "optimizer.impl=foreach"], 2,

@@ -44,3 +44,40 @@ def test_dp2_tp2_ep2_moe_reproduces_single_process(tmp_path, datasets_cache, moe
     assert_matches_single_process(losses, params, *moe_reference)
     layout = run_layout(tmp_path / "w4")
     assert layout.startswith("world 4 = pp 1 x dp 2 (replicate 1 x shard 2) x sp 1 x tp 2; ep 2"), layout
+
+
+def _moe_model(style: str, residual: bool):
+    import torch
+
+    from dsrecipes.models import GPT, ModelConfig
+    from dsrecipes.models.moe_config import MoEConfig
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(style=style, n_layer=2, n_head=4, d_model=32, vocab_size=53, max_seq_len=40)
+    return GPT(cfg, moe=MoEConfig(num_experts=4, k=2, use_residual=residual, eval_capacity_factor=2.0)).eval()
+
+
+def _tp_inference_equals_single(rank: int, world: int) -> None:
+    import torch
+
+    from dsrecipes.inference import init_inference
+
+    prompts = [[3, 1, 4, 1, 5, 9], [2, 7], [1, 8, 2, 8]]
+    for style, residual in (("gpt2", True), ("llama", False)):
+        single = init_inference(_moe_model(style, residual))
+        tp = init_inference(_moe_model(style, residual), tensor_parallel={"tp_size": world})
+        experts = tp.model.blocks[0].mlp.experts
+        assert experts.w_in.shape[-1] * world == single.model.blocks[0].mlp.experts.w_in.shape[-1]  # really sliced
+        ids = torch.tensor([prompts[0]])
+        torch.testing.assert_close(tp.logits(ids), single.logits(ids), atol=1e-5, rtol=1e-5)
+        assert tp.generate(prompts, max_new_tokens=12).tokens == single.generate(prompts, max_new_tokens=12).tokens
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_tp2_moe_inference_equals_single_process():
+    """An MoE model (gpt2 with a residual MoE; llama) under tensor-parallel inference generates the
+    single process's tokens; logits within fp32 reduction-order noise (1e-5)."""
+    from tests.helpers.distributed import run_distributed
+
+    run_distributed(_tp_inference_equals_single, 2, timeout_s=150)

@@ -46,7 +46,7 @@ class Experts(nn.Module):
         self.first_expert = 0
         self.d_ff = d_ff  # every expert's hidden width (this rank holds [hidden_lo, hidden_hi) of it)
         self.hidden_lo, self.hidden_hi = 0, d_ff
-        self.tp_group = None  # expert-tensor parallelism: set by keep_hidden_slice
+        self.tp_size, self.tp_group = 1, None  # expert-tensor parallelism: set by keep_hidden_slice (None: the default group)
         self.swiglu = model_cfg.style == "llama"
         self.init_std = model_cfg.init_std
         self.out_std = model_cfg.init_std / math.sqrt(2 * model_cfg.n_layer)
@@ -103,7 +103,7 @@ class Experts(nn.Module):
             raise ValueError(f"the experts' hidden width {self.d_ff} (moe.d_ff or the model's ffn width) is not "
                              f"divisible by parallel.tp={world}")
         width = self.d_ff // world
-        self.hidden_lo, self.hidden_hi, self.tp_group = rank * width, (rank + 1) * width, group
+        self.hidden_lo, self.hidden_hi, self.tp_size, self.tp_group = rank * width, (rank + 1) * width, world, group
         for name, param in list(self.named_parameters(recurse=False)):
             dim = self.hidden_dim(name)
             if dim is not None:
@@ -117,14 +117,14 @@ class Experts(nn.Module):
         def w(param):
             return param if param.dtype == dtype or torch.is_autocast_enabled() else param.to(dtype)
 
-        if self.tp_group is not None:  # Megatron's f: the same x on every tp rank, input gradients summed
+        if self.tp_size > 1:  # Megatron's f: the same x on every tp rank, input gradients summed
             x = _CopyToGroup.apply(x, self.tp_group)
         if self.swiglu:
             hidden = F.silu(torch.bmm(x, w(self.w_gate))) * torch.bmm(x, w(self.w_in))
         else:
             hidden = torch.bmm(x, w(self.w_in)) if self.b_in is None else torch.baddbmm(w(self.b_in), x, w(self.w_in))
             hidden = F.gelu(hidden, approximate="tanh")
-        if self.tp_group is None:
+        if self.tp_size == 1:
             return torch.bmm(hidden, w(self.w_out)) if self.b_out is None else torch.baddbmm(w(self.b_out), hidden, w(self.w_out))
         out = _SumOverGroup.apply(torch.bmm(hidden, w(self.w_out)), self.tp_group)  # Megatron's g
         return out if self.b_out is None else out + w(self.b_out)
