@@ -55,8 +55,6 @@ CASES = {
                            "parallel.tp=2 with data_efficiency.random_ltd.enabled=true"),
     "moe.ep_size > 1 with zero.stage 1": (["moe=top2", "moe.ep_size=2", "zero.stage=1"], 2,
                                           "moe.ep_size=2 with zero.stage=1 is not supported"),
-    "moe.ep_size > 1 with fp32 master weights at zero.stage 0": (["moe=top2", "moe.ep_size=2", "precision=bf16_master"],
-                                                                 2, "moe.ep_size=2 with precision.master_weights=true"),
     "pruning with zero.stage 2/3 at dp > 1": (["compression=prune_sparse", "zero.stage=3"], 2,
                                               "compression.sparse_pruning.enabled=true with zero.stage=3"),
     "1-bit optimizers with zero.stage >= 1": (["optimizer=onebitadam", "zero.stage=1"], 2,

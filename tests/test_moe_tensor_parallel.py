@@ -12,8 +12,9 @@ over the tp ranks' hidden slices, gradients over ranks).
 """
 
 import pytest
+import torch
 
-from tests.helpers.equivalence import assert_matches_single_process, common, run_and_read, run_layout
+from tests.helpers.equivalence import STEPS, assert_matches_single_process, common, run_and_read, run_layout
 from tests.test_moe_distributed import MOE
 
 
@@ -46,9 +47,36 @@ def test_dp2_tp2_ep2_moe_reproduces_single_process(tmp_path, datasets_cache, moe
     assert layout.startswith("world 4 = pp 1 x dp 2 (replicate 1 x shard 2) x sp 1 x tp 2; ep 2"), layout
 
 
-def _moe_model(style: str, residual: bool):
-    import torch
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_ep2_bf16_master_weights_stage0_match_single_process_and_resume(tmp_path, datasets_cache):
+    """EP=2 with fp32 master weights beside a bf16 model at zero.stage 0: the full-state checkpoint and the
+    export hold every expert (fp32 masters, optimizer moments); one process resumes the step-5 checkpoint.
 
+    Reference: one process with the same precision at micro 8 (the batch a resume needs: micro x world as
+    saved); drop_tokens=false and no aux loss make every token's output independent of how tokens are
+    grouped (as tests/test_moe_distributed.py's resume). Tolerance: bf16 gradients rounded from
+    half-batch sums at world 2 (tests/test_precision_matrix.py's 5e-3 for parameters); losses within 1e-2.
+    """
+    bf16 = common(datasets_cache) + MOE + ["precision=bf16_master", "moe.drop_tokens=false", "moe.aux_loss_coef=0"]
+    one = ["launcher.nproc_per_node=1", "trainer.train_micro_batch_size_per_gpu=8"]
+    ref_losses, ref_params = run_and_read(tmp_path, "single", bf16 + one)
+    losses, params = run_and_read(tmp_path, "ep2", bf16 + [
+        "moe.ep_size=2", "zero.stage=0", "launcher.nproc_per_node=2", "trainer.train_micro_batch_size_per_gpu=4",
+        "checkpoint.interval=5"])
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=0, atol=1e-2)
+    for name in ref_params:
+        torch.testing.assert_close(params[name], ref_params[name], rtol=0, atol=5e-3, msg=name)
+    (checkpoint,) = list((tmp_path / "ep2").glob("outputs/*/*/checkpoints/step_5"))
+    assert torch.load(checkpoint / "model.pt")["blocks.0.mlp.experts.w_in"].shape[0] == 4  # every expert
+    resumed, resumed_params = run_and_read(tmp_path, "one", bf16 + one + [f"trainer.resume={checkpoint}"])
+    assert len(resumed) == STEPS - 5
+    torch.testing.assert_close(torch.tensor(resumed), torch.tensor(ref_losses[5:]), rtol=0, atol=1e-2)
+    for name in ref_params:
+        torch.testing.assert_close(resumed_params[name], ref_params[name], rtol=0, atol=5e-3, msg=name)
+
+
+def _moe_model(style: str, residual: bool):
     from dsrecipes.models import GPT, ModelConfig
     from dsrecipes.models.moe_config import MoEConfig
 
@@ -58,8 +86,6 @@ def _moe_model(style: str, residual: bool):
 
 
 def _tp_inference_equals_single(rank: int, world: int) -> None:
-    import torch
-
     from dsrecipes.inference import init_inference
 
     prompts = [[3, 1, 4, 1, 5, 9], [2, 7], [1, 8, 2, 8]]

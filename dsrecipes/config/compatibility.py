@@ -134,14 +134,6 @@ def _ep_zero1(root, dims):
     return None
 
 
-def _ep_masters_stage0(root, dims):
-    if dims.ep > 1 and root.precision.master_weights and root.zero.stage == 0:
-        return (f"moe.ep_size={dims.ep} with precision.master_weights=true and zero.stage=0 is not supported "
-                "(full-state checkpoints hold one rank's experts); use precision=bf16 (autocast) or zero.stage 2/3, "
-                "whose sharded fp32 parameters are the master weights")
-    return None
-
-
 def _pruning_sharded(root, dims):
     pruning = _pruning_enabled(root)
     if pruning and root.zero.stage >= 2 and dims.dp_sp > 1:
@@ -242,8 +234,6 @@ REFUSED: tuple[Refusal, ...] = (
     Refusal("tp with random-LTD", "not implemented yet", _tp_random_ltd),
     Refusal("moe.ep_size > 1 with zero.stage 1", "ZeRO-1's optimizer shards would mix different ranks' experts",
             _ep_zero1),
-    Refusal("moe.ep_size > 1 with fp32 master weights at zero.stage 0",
-            "full-state checkpoints would hold one rank's experts", _ep_masters_stage0),
     Refusal("pruning with zero.stage 2/3 at dp > 1", "pruning masks need unsharded parameters", _pruning_sharded),
     Refusal("1-bit optimizers with zero.stage >= 1", "they average the whole momentum themselves (DeepSpeed refuses "
             "it too)", _onebit_zero),
@@ -268,6 +258,9 @@ SUPPORTED: tuple[Supported, ...] = (
     Supported("pp x tp (x dp)", "supported: tensor-parallel stages, vocab-parallel loss on the last one; tested "
               "dp 2 x tp 2 x pp 2 at world size 8, the layout of `+experiment=gpt_3d`"),
     Supported("moe.ep_size > 1 x dp, zero.stage 0/2/3", "supported; tested EP=2 against one process"),
+    Supported("moe.ep_size > 1 with fp32 master weights at zero.stage 0", "supported: full-state checkpoints and "
+              "exports gather every rank's experts (fp32 masters and optimizer moments); tested EP=2 bf16_master "
+              "against one process and its checkpoint resumed in one process (tests/test_moe_tensor_parallel.py)"),
     Supported("tp with MoE (dp = 1, or tp x dp at zero.stage 2/3, ep over dp)", "supported: expert-tensor parallelism "
               "(each expert's hidden width sliced over tp, ep groups within one tp rank); tested tp 2 and dp 2 x tp 2 "
               "x ep 2 against one process (tests/test_moe_tensor_parallel.py)"),

@@ -23,7 +23,10 @@ What the Engine asks of an ExpertParallel (it is None without MoE or at ep_size=
 * `to_checkpoint`: state dicts whose expert tensors are DTensors sharded on the expert dim (and the
   hidden dim over etp), so DCP stores global [E, ...] tensors and a checkpoint resumes at any EP / TP
   degree (EP=2 -> EP=1 included).
-* `gather_full`: full [E, ...] expert tensors on every rank (export, consolidated state dicts).
+* `gather_full`, `full_optimizer_state`: full [E, ...] expert tensors (weights, optimizer moments) on
+  every rank, for exports and full-state checkpoints (fp32 master weights at zero.stage 0);
+  `local_model_state` / `local_optimizer_state` cut such full dicts back to this rank's slices on load,
+  so they resume at any EP degree.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ class ExpertParallel:
         self.hidden_dims: dict[str, int | None] = {}  # expert fqn -> its dim sliced over etp (None: whole)
         self.expert_names: set[str] = set()
         self.params: list[nn.Parameter] = []
+        self._fqns: list[str] = []  # the fqn of each of self.params
         self._whole: list[nn.Parameter] = []  # under etp: expert tensors every tp rank holds whole (b_out)
         for layer_name, layer in model.named_modules():
             if not isinstance(layer, MoELayer):
@@ -69,6 +73,7 @@ class ExpertParallel:
                 setattr(param, EXPERT_ATTR, True)
                 fqn = f"{layer_name}.experts.{name}"
                 self.expert_names.add(fqn)
+                self._fqns.append(fqn)
                 self.hidden_dims[fqn] = layer.experts.hidden_dim(name) if self.tp_size > 1 else None
                 self.params.append(param)
                 if self.tp_size > 1 and self.hidden_dims[fqn] is None:
@@ -137,18 +142,61 @@ class ExpertParallel:
         return fqn if fqn in self.expert_names else None
 
     def gather_full(self, state: dict, module: nn.Module) -> dict:
-        """`state` with each expert tensor replaced by the full [E, ...] tensor, gathered from the
-        module's local experts (a collective over the EP group: every rank calls it, even those whose
-        state dict is empty, e.g. ranks other than 0 under a rank-0 full state dict)."""
+        """`state` with each expert tensor replaced by the full [E, ...] tensor, gathered from the local
+        experts in `state` (fp32 masters where the strategy keeps them), else the module's (a collective
+        over the EP group: every rank calls it, even those whose state dict is empty, e.g. ranks other
+        than 0 under a rank-0 full state dict)."""
         out = dict(state)
         params = dict(module.named_parameters())
         for name in sorted(self.expert_names):
-            full = params[name].detach().float().contiguous()
+            full = (state[name] if name in state else params[name]).detach().float().contiguous()
             if self.hidden_dims[name] is not None:  # the hidden slices of the tp ranks first
                 full = _all_gather_cat(full, self.tp_group, self.tp_size, self.hidden_dims[name])
             full = _all_gather_cat(full, self.ep_group, self.ep_size, 0)
             if name in state:
                 out[name] = full.to(state[name].device, state[name].dtype)
+        return out
+
+
+    def local_model_state(self, state: dict) -> dict:
+        """A full state dict (every expert whole) cut down to this rank's expert slices."""
+        return {k: self._local_slice(v, k) if k in self.expert_names else v for k, v in state.items()}
+
+    def _local_slice(self, full: torch.Tensor, fqn: str) -> torch.Tensor:
+        per_rank = full.shape[0] // self.ep_size
+        local = full.narrow(0, self.ep_rank * per_rank, per_rank)
+        dim = self.hidden_dims[fqn]
+        if dim is not None:
+            width = local.shape[dim] // self.tp_size
+            local = local.narrow(dim, self.mesh.get_local_rank("etp") * width, width)
+        return local.contiguous()
+
+    def _expert_indices(self, optimizer: torch.optim.Optimizer) -> dict[int, str]:
+        """optimizer.state_dict()'s parameter index -> expert fqn, for the expert parameters it steps."""
+        names = {id(p): fqn for p, fqn in zip(self.params, self._fqns, strict=True)}
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        return {index: names[id(p)] for index, p in enumerate(params) if id(p) in names}
+
+    def full_optimizer_state(self, state_dict: dict, optimizer: torch.optim.Optimizer) -> dict:
+        """optimizer.state_dict() with every expert's state whole (gathered over ep / etp; a collective)."""
+        return self._map_optimizer_state(state_dict, optimizer, self._gather_one)
+
+    def local_optimizer_state(self, state_dict: dict, optimizer: torch.optim.Optimizer) -> dict:
+        """A full_optimizer_state dict cut down to this rank's expert slices (to load it here)."""
+        return self._map_optimizer_state(state_dict, optimizer, self._local_slice)
+
+    def _gather_one(self, local: torch.Tensor, fqn: str) -> torch.Tensor:
+        full = local.contiguous()
+        if self.hidden_dims[fqn] is not None:
+            full = _all_gather_cat(full, self.tp_group, self.tp_size, self.hidden_dims[fqn])
+        return _all_gather_cat(full, self.ep_group, self.ep_size, 0)
+
+    def _map_optimizer_state(self, state_dict: dict, optimizer: torch.optim.Optimizer, fn) -> dict:
+        out = {**state_dict, "state": dict(state_dict["state"])}
+        for index, fqn in sorted(self._expert_indices(optimizer).items()):
+            if index in out["state"]:  # tensors shaped like the parameter (moments), not scalars (step)
+                out["state"][index] = {k: fn(v, fqn) if isinstance(v, torch.Tensor) and v.dim() > 0 else v
+                                       for k, v in out["state"][index].items()}
         return out
 
 
