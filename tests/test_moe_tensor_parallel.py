@@ -27,13 +27,21 @@ def moe_reference(tmp_path_factory, datasets_cache):
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_tp2_moe_reproduces_single_process(tmp_path, datasets_cache, moe_reference):
-    losses, params = run_and_read(tmp_path, "tp2", common(datasets_cache) + MOE + [
-        "parallel.tp=2", "launcher.nproc_per_node=2", "trainer.train_micro_batch_size_per_gpu=4",
-        "trainer.gradient_accumulation_steps=4"])
+def test_tp2_moe_reproduces_single_process_and_resumes_in_one(tmp_path, datasets_cache, moe_reference):
+    """tp 2 saves at step 5 (experts as hidden-dim shards of global tensors in DCP); one process resumes it."""
+    micro = ["trainer.train_micro_batch_size_per_gpu=4", "trainer.gradient_accumulation_steps=4"]
+    losses, params = run_and_read(tmp_path, "tp2", common(datasets_cache) + MOE + micro + [
+        "parallel.tp=2", "launcher.nproc_per_node=2", "checkpoint.interval=5"])
     assert params["blocks.0.mlp.experts.w_in"].shape == moe_reference[1]["blocks.0.mlp.experts.w_in"].shape
     assert_matches_single_process(losses, params, *moe_reference)
     assert "tp 2" in run_layout(tmp_path / "tp2")
+    (checkpoint,) = list((tmp_path / "tp2").glob("outputs/*/*/checkpoints/step_5"))
+    resumed, resumed_params = run_and_read(tmp_path, "one", common(datasets_cache) + MOE + micro + [
+        "launcher.nproc_per_node=1", f"trainer.resume={checkpoint}"])
+    ref_losses, ref_params = moe_reference
+    torch.testing.assert_close(torch.tensor(resumed), torch.tensor(ref_losses[5:]), rtol=0, atol=2e-5)
+    for name in ref_params:
+        torch.testing.assert_close(resumed_params[name], ref_params[name], rtol=0, atol=5e-5, msg=name)
 
 
 @pytest.mark.slow

@@ -149,7 +149,8 @@ class ExpertParallel:
         out = dict(state)
         params = dict(module.named_parameters())
         for name in sorted(self.expert_names):
-            full = (state[name] if name in state else params[name]).detach().float().contiguous()
+            device = params[name].device  # the collective's device (a full state dict may sit on the CPU)
+            full = (state[name] if name in state else params[name]).detach().to(device, torch.float32).contiguous()
             if self.hidden_dims[name] is not None:  # the hidden slices of the tp ranks first
                 full = _all_gather_cat(full, self.tp_group, self.tp_size, self.hidden_dims[name])
             full = _all_gather_cat(full, self.ep_group, self.ep_size, 0)
