@@ -14,49 +14,45 @@ over the tp ranks' hidden slices, gradients over ranks).
 import pytest
 import torch
 
+from tests import test_moe_distributed
 from tests.helpers.equivalence import STEPS, assert_matches_single_process, common, run_and_read, run_layout
 from tests.test_moe_distributed import MOE
 
-
-@pytest.fixture(scope="module")
-def moe_reference(tmp_path_factory, datasets_cache):
-    tmp = tmp_path_factory.mktemp("moe_tp_single")
-    return run_and_read(tmp, "single", common(datasets_cache) + MOE + [
-        "launcher.nproc_per_node=1", "trainer.train_micro_batch_size_per_gpu=4", "trainer.gradient_accumulation_steps=4"])
+moe_single_process = test_moe_distributed.moe_single_process  # the reference fixture: micro 4 x accumulation 4
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_tp2_moe_reproduces_single_process_and_resumes_in_one(tmp_path, datasets_cache, moe_reference):
+@pytest.mark.timeout(300)
+def test_tp2_moe_reproduces_single_process_and_resumes_in_one(tmp_path, datasets_cache, moe_single_process):
     """tp 2 saves at step 5 (experts as hidden-dim shards of global tensors in DCP); one process resumes it."""
     micro = ["trainer.train_micro_batch_size_per_gpu=4", "trainer.gradient_accumulation_steps=4"]
     losses, params = run_and_read(tmp_path, "tp2", common(datasets_cache) + MOE + micro + [
         "parallel.tp=2", "launcher.nproc_per_node=2", "checkpoint.interval=5"])
-    assert params["blocks.0.mlp.experts.w_in"].shape == moe_reference[1]["blocks.0.mlp.experts.w_in"].shape
-    assert_matches_single_process(losses, params, *moe_reference)
+    assert params["blocks.0.mlp.experts.w_in"].shape == moe_single_process[1]["blocks.0.mlp.experts.w_in"].shape
+    assert_matches_single_process(losses, params, *moe_single_process)
     assert "tp 2" in run_layout(tmp_path / "tp2")
     (checkpoint,) = list((tmp_path / "tp2").glob("outputs/*/*/checkpoints/step_5"))
     resumed, resumed_params = run_and_read(tmp_path, "one", common(datasets_cache) + MOE + micro + [
         "launcher.nproc_per_node=1", f"trainer.resume={checkpoint}"])
-    ref_losses, ref_params = moe_reference
+    ref_losses, ref_params = moe_single_process
     torch.testing.assert_close(torch.tensor(resumed), torch.tensor(ref_losses[5:]), rtol=0, atol=2e-5)
     for name in ref_params:
         torch.testing.assert_close(resumed_params[name], ref_params[name], rtol=0, atol=5e-5, msg=name)
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_dp2_tp2_ep2_moe_reproduces_single_process(tmp_path, datasets_cache, moe_reference):
+@pytest.mark.timeout(300)
+def test_dp2_tp2_ep2_moe_reproduces_single_process(tmp_path, datasets_cache, moe_single_process):
     losses, params = run_and_read(tmp_path, "w4", common(datasets_cache) + MOE + [
         "parallel.tp=2", "moe.ep_size=2", "zero.stage=3", "launcher.nproc_per_node=4",
         "trainer.train_micro_batch_size_per_gpu=4"])
-    assert_matches_single_process(losses, params, *moe_reference)
+    assert_matches_single_process(losses, params, *moe_single_process)
     layout = run_layout(tmp_path / "w4")
     assert layout.startswith("world 4 = pp 1 x dp 2 (replicate 1 x shard 2) x sp 1 x tp 2; ep 2"), layout
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(300)
 def test_ep2_bf16_master_weights_stage0_match_single_process_and_resume(tmp_path, datasets_cache):
     """EP=2 with fp32 master weights beside a bf16 model at zero.stage 0: the full-state checkpoint and the
     export hold every expert (fp32 masters, optimizer moments); one process resumes the step-5 checkpoint.
@@ -108,7 +104,7 @@ def _tp_inference_equals_single(rank: int, world: int) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(120)
 def test_tp2_moe_inference_equals_single_process():
     """An MoE model (gpt2 with a residual MoE; llama) under tensor-parallel inference generates the
     single process's tokens; logits within fp32 reduction-order noise (1e-5)."""
