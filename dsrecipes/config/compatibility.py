@@ -114,10 +114,12 @@ def _tp_foreach(root, dims):
 
 
 def _tp_compression(root, dims):
-    enabled = _compression_enabled(root)
-    if dims.tp > 1 and enabled:
-        return (f"parallel.tp={dims.tp} with compression.{enabled[0]}.enabled=true is not supported "
-                "(masks and quantizers expect whole weights)")
+    comp = root.compression
+    for key in ("activation_quantization", "layer_reduction"):
+        if dims.tp > 1 and getattr(comp, key).enabled:
+            return (f"parallel.tp={dims.tp} with compression.{key}.enabled=true is not supported yet (activation "
+                    "ranges would be read from a row-parallel layer's input shard; the distillation loss from "
+                    "vocab-parallel logits); weight quantization and pruning run under tp")
     return None
 
 
@@ -131,14 +133,6 @@ def _ep_zero1(root, dims):
     if dims.ep > 1 and root.zero.stage == 1:
         return (f"moe.ep_size={dims.ep} with zero.stage=1 is not supported (ZeRO-1's optimizer shards would mix "
                 "different ranks' experts); use zero.stage 0, 2 or 3")
-    return None
-
-
-def _pruning_sharded(root, dims):
-    pruning = _pruning_enabled(root)
-    if pruning and root.zero.stage >= 2 and dims.dp_sp > 1:
-        return (f"compression.{pruning[0]}.enabled=true with zero.stage={root.zero.stage} at world size "
-                f"{dims.world_size}: pruning masks need unsharded parameters; use zero.stage 0 or 1")
     return None
 
 
@@ -213,12 +207,16 @@ def _nvme_layout(root, dims):
 
 REFUSED: tuple[Refusal, ...] = (
     Refusal("pp with sp", "not implemented yet", _pp(lambda r: r.parallel.sp > 1, "parallel.sp")),
-    Refusal("pp with MoE", "not implemented yet", _pp(lambda r: r.moe.enabled, "moe.num_experts")),
+    Refusal("pp with expert parallelism (moe.ep_size > 1)", "expert-parallel groups inside each stage are not "
+            "implemented yet; MoE with moe.ep_size=1 runs under pipelines",
+            _pp(lambda r: r.moe.enabled and r.moe.ep_size > 1, "moe.ep_size > 1 (expert parallelism)")),
+    Refusal("pp x tp with MoE", "expert-tensor parallelism's expert mesh spans one pipeline stage's ranks only "
+            "when pp = 1; not implemented yet", _pp(lambda r: r.moe.enabled and r.parallel.tp > 1,
+                                                     "moe.num_experts > 0 and parallel.tp > 1 (expert-tensor parallelism)")),
     Refusal("pp with fp16 loss scaling", "not implemented yet",
             _pp(lambda r: r.precision.dtype == "fp16", "precision.dtype=fp16 (loss scaling)")),
     Refusal("pp with fp32 master weights", "not implemented yet",
             _pp(lambda r: r.precision.master_weights, "precision.master_weights")),
-    Refusal("pp with random-LTD", "not implemented yet", _pp(_random_ltd, "data_efficiency.random_ltd")),
     Refusal("pp with compression", "not implemented yet", _pp(lambda r: bool(_compression_enabled(r)), "compression")),
     Refusal("pp x dp with zero.stage > 0", "ZeRO sharding of pipeline stages is not implemented yet", _pp_sharded_dp),
     Refusal("sp with random-LTD", "each sequence chunk would drop different tokens", _sp_random_ltd),
@@ -230,11 +228,11 @@ REFUSED: tuple[Refusal, ...] = (
     Refusal("tp with fp32 master weights at dp 1", "not implemented yet (use precision=bf16)", _tp_masters),
     Refusal("tp with optimizer.impl fused/foreach", "DTensor and plain parameters cannot share one kernel; tp runs "
             "the optimizer's for-loop implementation", _tp_foreach),
-    Refusal("tp with compression", "masks and quantizers expect whole weights", _tp_compression),
+    Refusal("tp with activation quantization or layer reduction", "not implemented yet (activation ranges would "
+            "come from a row-parallel input shard; KD from vocab-parallel logits)", _tp_compression),
     Refusal("tp with random-LTD", "not implemented yet", _tp_random_ltd),
     Refusal("moe.ep_size > 1 with zero.stage 1", "ZeRO-1's optimizer shards would mix different ranks' experts",
             _ep_zero1),
-    Refusal("pruning with zero.stage 2/3 at dp > 1", "pruning masks need unsharded parameters", _pruning_sharded),
     Refusal("1-bit optimizers with zero.stage >= 1", "they average the whole momentum themselves (DeepSpeed refuses "
             "it too)", _onebit_zero),
     Refusal("1-bit optimizers with tp / pp / sp / ep", "not implemented yet (plain data parallelism only)",
@@ -264,6 +262,19 @@ SUPPORTED: tuple[Supported, ...] = (
     Supported("tp with MoE (dp = 1, or tp x dp at zero.stage 2/3, ep over dp)", "supported: expert-tensor parallelism "
               "(each expert's hidden width sliced over tp, ep groups within one tp rank); tested tp 2 and dp 2 x tp 2 "
               "x ep 2 against one process (tests/test_moe_tensor_parallel.py)"),
+    Supported("pp with MoE (moe.ep_size=1)", "supported: each stage adds its MoE layers' auxiliary-loss gradients "
+              "where they arise; tested pp 2 and dp 2 x pp 2 against one process (tests/test_moe_distributed.py::"
+              "test_moe_under_pipeline_parallel_reproduces_single_process)"),
+    Supported("pruning / QAT with zero.stage 2/3 at dp > 1", "supported: masks and scales from whole weights, masks "
+              "applied to every copy the strategy holds (ZeRO-2 master shards, FSDP2 shards); tested dp 2 at ZeRO-2 "
+              "and ZeRO-3 (tests/test_compression_sharded.py::test_layout[dp2_zero2], "
+              "::test_dp2_zero3_and_its_checkpoint_resumes)"),
+    Supported("tp with weight quantization / pruning", "supported: fake-quant groups and masks of the whole weight, "
+              "each rank masking its shard; tested tp 2 and dp 2 x tp 2 under ZeRO-3 (tests/test_compression_sharded.py::"
+              "test_layout[tp2], ::test_layout[dp2_x_tp2_zero3])"),
+    Supported("pp with random-LTD and the sequence-length curriculum", "supported: per-layer random-LTD draws (the "
+              "schedule's shape inference takes none), one pipeline schedule per batch shape; tested pp 2 with both "
+              "(pack mode, evaluation) against one process (tests/test_data_efficiency_pipeline.py)"),
 )
 
 

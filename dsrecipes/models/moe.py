@@ -17,6 +17,7 @@ index, so an EP=2 model starts from exactly the EP=1 model's weights.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -72,8 +73,11 @@ class Experts(nn.Module):
         return {"w_gate": 2, "w_in": 2, "b_in": 2, "w_out": 1}.get(name)
 
     @torch.no_grad()
-    def reset_parameters(self) -> None:
-        """Draw every global expert's weights (same RNG use at any EP / TP degree), keep this rank's slice."""
+    def reset_parameters(self, draw_device: torch.device | None = None) -> None:
+        """Draw every global expert's weights (same RNG use at any EP / TP degree), keep this rank's slice.
+
+        Meta parameters (held by another pipeline rank) draw on `draw_device` (default CPU) and keep nothing,
+        so the random stream advances as if they were materialised."""
         lo, hi = self.first_expert, self.first_expert + self.num_experts
         for name, param in self.named_parameters(recurse=False):
             if name.startswith("b_"):
@@ -82,8 +86,10 @@ class Experts(nn.Module):
             std = self.out_std if name == "w_out" else self.init_std
             shape = list(param.shape[1:])
             shape[self.hidden_dim(name) - 1] = self.d_ff
-            full = torch.empty(self.global_experts, *shape, device=param.device, dtype=param.dtype).normal_(0.0, std)
-            param.copy_(full[lo:hi].narrow(self.hidden_dim(name), self.hidden_lo, self.hidden_hi - self.hidden_lo))
+            device = (draw_device or torch.device("cpu")) if param.is_meta else param.device
+            full = torch.empty(self.global_experts, *shape, device=device, dtype=param.dtype).normal_(0.0, std)
+            if not param.is_meta:
+                param.copy_(full[lo:hi].narrow(self.hidden_dim(name), self.hidden_lo, self.hidden_hi - self.hidden_lo))
 
     @torch.no_grad()
     def keep_local(self, rank: int, world: int) -> None:
@@ -179,6 +185,21 @@ def all_to_all(x: torch.Tensor, group) -> torch.Tensor:
     return _AllToAll.apply(x, group)
 
 
+_STATS_PAUSED = False
+
+
+@contextlib.contextmanager
+def routing_stats_paused():
+    """Forwards that are not training passes (a pipeline schedule's shape inference, on uninitialised
+    activations) leave the routing statistics alone."""
+    global _STATS_PAUSED
+    previous, _STATS_PAUSED = _STATS_PAUSED, True
+    try:
+        yield
+    finally:
+        _STATS_PAUSED = previous
+
+
 class MoELayer(nn.Module):
     """Drop-in replacement for a block's MLP: [B, T, M] -> [B, T, M]."""
 
@@ -205,7 +226,7 @@ class MoELayer(nn.Module):
         self.stat_routes = 0  # routes gated (tokens x k)
 
     def _record(self, routing: Routing) -> None:
-        if torch._C._current_graph_task_id() != -1:  # activation-checkpoint recomputation in backward
+        if torch._C._current_graph_task_id() != -1 or _STATS_PAUSED:  # checkpoint recomputation, shape inference
             return
         counts, dropped = routing.expert_counts.detach().float(), routing.dropped.detach().float()
         if self.stat_expert_load is None:  # kept on the device: no host sync per forward
