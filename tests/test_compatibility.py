@@ -18,6 +18,10 @@ CASES = {
     "pp with expert parallelism (moe.ep_size > 1)": (
         ["parallel.pp=2", "moe=top2", "moe.ep_size=2", "trainer.gradient_accumulation_steps=2",
          "trainer.train_micro_batch_size_per_gpu=16"], 4, "parallel.pp=2 with moe.ep_size > 1 (expert parallelism)"),
+    "pp x tp with MoE": (
+        ["parallel.pp=2", "parallel.tp=2", "moe=top2", "trainer.gradient_accumulation_steps=2",
+         "trainer.train_micro_batch_size_per_gpu=16"], 4,
+        "parallel.pp=2 with moe.num_experts > 0 and parallel.tp > 1"),
     "pp with fp16 loss scaling": (["parallel.pp=2", "precision=fp16_autocast", "trainer.gradient_accumulation_steps=2",
                                    "trainer.train_micro_batch_size_per_gpu=16"],
                                   2, "parallel.pp=2 with precision.dtype=fp16 (loss scaling)"),
@@ -42,7 +46,6 @@ CASES = {
     "sp with MoE": (["parallel.sp=2", "moe=top2"], 2, "parallel.sp=2 with moe.num_experts=8"),
     "tp x dp with zero.stage 0/1": (["parallel.tp=2"], 4,
                                     "parallel.tp=2 with 2 data-parallel ranks needs zero.stage 2 or 3"),
-    "tp with MoE": (["parallel.tp=2", "moe=top2"], 2, "MoE layers have no tensor-parallel plan"),
     "tp with fp32 master weights at dp 1": (["parallel.tp=2", "precision=bf16_master"], 2,
                                             "parallel.tp=2 with precision.master_weights=true"),
     "tp with optimizer.impl fused/foreach": (["parallel.tp=2", "optimizer.impl=foreach"], 2,
@@ -54,8 +57,6 @@ CASES = {
                            "parallel.tp=2 with data_efficiency.random_ltd.enabled=true"),
     "moe.ep_size > 1 with zero.stage 1": (["moe=top2", "moe.ep_size=2", "zero.stage=1"], 2,
                                           "moe.ep_size=2 with zero.stage=1 is not supported"),
-    "moe.ep_size > 1 with fp32 master weights at zero.stage 0": (["moe=top2", "moe.ep_size=2", "precision=bf16_master"],
-                                                                 2, "moe.ep_size=2 with precision.master_weights=true"),
     "1-bit optimizers with zero.stage >= 1": (["optimizer=onebitadam", "zero.stage=1"], 2,
                                               "optimizer=onebitadam with zero.stage=1 is not supported"),
     "1-bit optimizers with tp / pp / sp / ep": (["optimizer=onebitlamb", "parallel.sp=2"], 2,

@@ -108,13 +108,6 @@ def _tp_replicated_dp(root, dims):
     return None
 
 
-def _tp_moe(root, dims):
-    if dims.tp > 1 and root.moe.enabled:
-        return (f"parallel.tp={dims.tp} with moe.num_experts={root.moe.num_experts}: MoE layers have no "
-                "tensor-parallel plan; shard experts with moe.ep_size instead")
-    return None
-
-
 def _tp_masters(root, dims):
     if dims.tp > 1 and root.precision.master_weights and dims.dp == 1:
         return (f"parallel.tp={dims.tp} with precision.master_weights=true is not supported; use precision=bf16 "
@@ -150,14 +143,6 @@ def _ep_zero1(root, dims):
     if dims.ep > 1 and root.zero.stage == 1:
         return (f"moe.ep_size={dims.ep} with zero.stage=1 is not supported (ZeRO-1's optimizer shards would mix "
                 "different ranks' experts); use zero.stage 0, 2 or 3")
-    return None
-
-
-def _ep_masters_stage0(root, dims):
-    if dims.ep > 1 and root.precision.master_weights and root.zero.stage == 0:
-        return (f"moe.ep_size={dims.ep} with precision.master_weights=true and zero.stage=0 is not supported "
-                "(full-state checkpoints hold one rank's experts); use precision=bf16 (autocast) or zero.stage 2/3, "
-                "whose sharded fp32 parameters are the master weights")
     return None
 
 
@@ -234,6 +219,9 @@ REFUSED: tuple[Refusal, ...] = (
     Refusal("pp with expert parallelism (moe.ep_size > 1)", "expert-parallel groups inside each stage are not "
             "implemented yet; MoE with moe.ep_size=1 runs under pipelines",
             _pp(lambda r: r.moe.enabled and r.moe.ep_size > 1, "moe.ep_size > 1 (expert parallelism)")),
+    Refusal("pp x tp with MoE", "expert-tensor parallelism's expert mesh spans one pipeline stage's ranks only "
+            "when pp = 1; not implemented yet", _pp(lambda r: r.moe.enabled and r.parallel.tp > 1,
+                                                     "moe.num_experts > 0 and parallel.tp > 1 (expert-tensor parallelism)")),
     Refusal("pp with fp16 loss scaling", "not implemented yet",
             _pp(lambda r: r.precision.dtype == "fp16", "precision.dtype=fp16 (loss scaling)")),
     Refusal("pp with fp32 master weights", "not implemented yet",
@@ -248,7 +236,6 @@ REFUSED: tuple[Refusal, ...] = (
     Refusal("sp with MoE", "not implemented yet", _sp_moe),
     Refusal("tp x dp with zero.stage 0/1", "FSDP2 composes with tensor-parallel DTensors; DDP does not: use ZeRO-2/3",
             _tp_replicated_dp),
-    Refusal("tp with MoE", "MoE layers have no tensor-parallel plan yet (use moe.ep_size)", _tp_moe),
     Refusal("tp with fp32 master weights at dp 1", "not implemented yet (use precision=bf16)", _tp_masters),
     Refusal("tp with optimizer.impl fused/foreach", "DTensor and plain parameters cannot share one kernel; tp runs "
             "the optimizer's for-loop implementation", _tp_foreach),
@@ -257,8 +244,6 @@ REFUSED: tuple[Refusal, ...] = (
     Refusal("tp with random-LTD", "not implemented yet", _tp_random_ltd),
     Refusal("moe.ep_size > 1 with zero.stage 1", "ZeRO-1's optimizer shards would mix different ranks' experts",
             _ep_zero1),
-    Refusal("moe.ep_size > 1 with fp32 master weights at zero.stage 0",
-            "full-state checkpoints would hold one rank's experts", _ep_masters_stage0),
     Refusal("1-bit optimizers with zero.stage >= 1", "they average the whole momentum themselves (DeepSpeed refuses "
             "it too)", _onebit_zero),
     Refusal("1-bit optimizers with tp / pp / sp / ep", "not implemented yet (plain data parallelism only)",
@@ -289,6 +274,12 @@ SUPPORTED: tuple[Supported, ...] = (
               "positions, gradients averaged over dp x sp; tested sp 2 x pp 2 (gpt2, Llama with GQA) and "
               "sp 2 x tp 2 x pp 2 at world size 8 (tests/test_sequence_parallel_combos.py)"),
     Supported("moe.ep_size > 1 x dp, zero.stage 0/2/3", "supported; tested EP=2 against one process"),
+    Supported("moe.ep_size > 1 with fp32 master weights at zero.stage 0", "supported: full-state checkpoints and "
+              "exports gather every rank's experts (fp32 masters and optimizer moments); tested EP=2 bf16_master "
+              "against one process and its checkpoint resumed in one process (tests/test_moe_tensor_parallel.py)"),
+    Supported("tp with MoE (dp = 1, or tp x dp at zero.stage 2/3, ep over dp)", "supported: expert-tensor parallelism "
+              "(each expert's hidden width sliced over tp, ep groups within one tp rank); tested tp 2 and dp 2 x tp 2 "
+              "x ep 2 against one process (tests/test_moe_tensor_parallel.py)"),
     Supported("pp with MoE (moe.ep_size=1)", "supported: each stage adds its MoE layers' auxiliary-loss gradients "
               "where they arise; tested pp 2 and dp 2 x pp 2 against one process (tests/test_moe_distributed.py::"
               "test_moe_under_pipeline_parallel_reproduces_single_process)"),
