@@ -15,13 +15,6 @@ from dsrecipes.config.store import compose
 
 # combination -> (overrides, world size, a fragment of the message)
 CASES = {
-    "pp with expert parallelism (moe.ep_size > 1)": (
-        ["parallel.pp=2", "moe=top2", "moe.ep_size=2", "trainer.gradient_accumulation_steps=2",
-         "trainer.train_micro_batch_size_per_gpu=16"], 4, "parallel.pp=2 with moe.ep_size > 1 (expert parallelism)"),
-    "pp x tp with MoE": (
-        ["parallel.pp=2", "parallel.tp=2", "moe=top2", "trainer.gradient_accumulation_steps=2",
-         "trainer.train_micro_batch_size_per_gpu=16"], 4,
-        "parallel.pp=2 with moe.num_experts > 0 and parallel.tp > 1"),
     "pp with fp16 loss scaling": (["parallel.pp=2", "precision=fp16_autocast", "trainer.gradient_accumulation_steps=2",
                                    "trainer.train_micro_batch_size_per_gpu=16"],
                                   2, "parallel.pp=2 with precision.dtype=fp16 (loss scaling)"),

@@ -115,13 +115,15 @@ def _metric(folder, key: str) -> list[float]:
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("world", [2, 4])
 def test_moe_under_pipeline_parallel_reproduces_single_process(tmp_path, datasets_cache, moe_single_process, world):
-    """pp 2 (world 2; and dp 2 x pp 2, world 4): every stage adds its own MoE layers' auxiliary-loss gradients
-    where they arise (dsrecipes.distributed.pipeline_loss_terms); losses, the logged auxiliary loss and the
-    exported parameters match one process (micro-batch 4, so every forward routes the same 4 rows)."""
+    """pp 2 (world 2; and dp 2 x pp 2 with the experts sharded over ep 2 within each stage, world 4): every stage
+    adds its own MoE layers' auxiliary-loss gradients where they arise (dsrecipes.distributed.pipeline_loss_terms);
+    losses, the logged auxiliary loss and the exported parameters match one process (micro-batch 4, so every
+    forward routes the same 4 rows)."""
     ref_losses, ref_params = moe_single_process
-    gas = "trainer.gradient_accumulation_steps=4" if world == 2 else "trainer.gradient_accumulation_steps=2"
-    losses, params = run_and_read(tmp_path, "pp", common(datasets_cache) + MOE + [
-        "parallel.pp=2", f"launcher.nproc_per_node={world}", "trainer.train_micro_batch_size_per_gpu=4", gas])
+    layout = ["trainer.gradient_accumulation_steps=4"] if world == 2 else [
+        "trainer.gradient_accumulation_steps=2", "moe.ep_size=2"]
+    losses, params = run_and_read(tmp_path, "pp", common(datasets_cache) + MOE + layout + [
+        "parallel.pp=2", f"launcher.nproc_per_node={world}", "trainer.train_micro_batch_size_per_gpu=4"])
     assert_matches_single_process(losses, params, ref_losses, ref_params)
     (single,) = {p.resolve() for p in tmp_path.parent.glob("moe_single*/single")}  # the fixture's run ("current" links)
     torch.testing.assert_close(torch.tensor(_metric(tmp_path / "pp", "train/moe_aux_loss")),
@@ -146,3 +148,17 @@ def test_stage_loss_gradient_equals_adding_the_term_to_the_loss():
         return w.grad.clone()
 
     torch.testing.assert_close(run(True), run(False))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_gpt_3d_moe_reproduces_single_process(tmp_path, datasets_cache, moe_single_process):
+    """+experiment=gpt_3d_moe's layout (world 8 = pp 2 x dp 2 x tp 2; 4 experts over ep 2 within each stage,
+    their hidden widths over tp 2) on the reference recipe: losses 2e-5 and every exported parameter 5e-5 (the
+    export gathers each stage's experts over ep and tp) of one process with micro-batch 4."""
+    ref_losses, ref_params = moe_single_process
+    losses, params = run_and_read(tmp_path, "3d", ["+experiment=gpt_3d_moe"] + common(datasets_cache) + MOE + [
+        "trainer.train_batch_size=16", "trainer.train_micro_batch_size_per_gpu=4"])
+    assert params["blocks.3.mlp.experts.w_in"].shape[0] == 4  # the last stage's experts, whole
+    assert_matches_single_process(losses, params, ref_losses, ref_params)
+    assert run_layout(tmp_path / "3d").startswith("world 8 = pp 2 x dp 2 (replicate 2 x shard 1) x sp 1 x tp 2; ep 2 |")

@@ -216,12 +216,6 @@ def _nvme_layout(root, dims):
 
 
 REFUSED: tuple[Refusal, ...] = (
-    Refusal("pp with expert parallelism (moe.ep_size > 1)", "expert-parallel groups inside each stage are not "
-            "implemented yet; MoE with moe.ep_size=1 runs under pipelines",
-            _pp(lambda r: r.moe.enabled and r.moe.ep_size > 1, "moe.ep_size > 1 (expert parallelism)")),
-    Refusal("pp x tp with MoE", "expert-tensor parallelism's expert mesh spans one pipeline stage's ranks only "
-            "when pp = 1; not implemented yet", _pp(lambda r: r.moe.enabled and r.parallel.tp > 1,
-                                                     "moe.num_experts > 0 and parallel.tp > 1 (expert-tensor parallelism)")),
     Refusal("pp with fp16 loss scaling", "not implemented yet",
             _pp(lambda r: r.precision.dtype == "fp16", "precision.dtype=fp16 (loss scaling)")),
     Refusal("pp with fp32 master weights", "not implemented yet",
@@ -280,9 +274,11 @@ SUPPORTED: tuple[Supported, ...] = (
     Supported("tp with MoE (dp = 1, or tp x dp at zero.stage 2/3, ep over dp)", "supported: expert-tensor parallelism "
               "(each expert's hidden width sliced over tp, ep groups within one tp rank); tested tp 2 and dp 2 x tp 2 "
               "x ep 2 against one process (tests/test_moe_tensor_parallel.py)"),
-    Supported("pp with MoE (moe.ep_size=1)", "supported: each stage adds its MoE layers' auxiliary-loss gradients "
-              "where they arise; tested pp 2 and dp 2 x pp 2 against one process (tests/test_moe_distributed.py::"
-              "test_moe_under_pipeline_parallel_reproduces_single_process)"),
+    Supported("pp with MoE (any moe.ep_size, with or without tp)", "supported: each stage adds its MoE layers' "
+              "auxiliary-loss gradients where they arise; expert groups within each stage; tested pp 2 and dp 2 x pp 2 "
+              "against one process (tests/test_moe_distributed.py::test_moe_under_pipeline_parallel_reproduces_single_"
+              "process) and `+experiment=gpt_3d_moe` (pp 2 x dp 2 x tp 2, ep 2, world 8; tests/test_moe_distributed.py::"
+              "test_gpt_3d_moe_reproduces_single_process)"),
     Supported("pruning / QAT with zero.stage 2/3 at dp > 1", "supported: masks and scales from whole weights, masks "
               "applied to every copy the strategy holds (ZeRO-2 master shards, FSDP2 shards); tested dp 2 at ZeRO-2 "
               "and ZeRO-3 (tests/test_compression_sharded.py::test_layout[dp2_zero2], "

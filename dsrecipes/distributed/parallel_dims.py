@@ -256,11 +256,15 @@ class ParallelDims:
 
     def _expert_mesh(self) -> DeviceMesh:
         """(edp, ep) over consecutive ranks; with tp > 1, (edp, ep, etp): ep groups hold ranks of one tp
-        rank (the tp axis is innermost), so they exchange tokens between data-parallel ranks only."""
-        if self.tp == 1:
-            return init_device_mesh(self.device_type, (self.world_size // self.ep, self.ep), mesh_dim_names=_EXPERT_DIMS)
-        shape = (self.world_size // (self.ep * self.tp), self.ep, self.tp)
-        return init_device_mesh(self.device_type, shape, mesh_dim_names=(*_EXPERT_DIMS, "etp"))
+        rank (the tp axis is innermost), so they exchange tokens between data-parallel ranks only. Under
+        pipeline parallelism each stage's ranks form their own such mesh (stages hold different layers'
+        experts): this rank's stage's is returned."""
+        names = (*_EXPERT_DIMS, "etp") if self.tp > 1 else _EXPERT_DIMS
+        shape = (self.world_size // (self.pp * self.ep * self.tp), self.ep) + ((self.tp,) if self.tp > 1 else ())
+        if self.pp == 1:
+            return init_device_mesh(self.device_type, shape, mesh_dim_names=names)
+        stages = init_device_mesh(self.device_type, (self.pp, *shape), mesh_dim_names=("stage", *names))
+        return stages[names]
 
     def _flattened(self, name: str) -> DeviceMesh:
         """Several world axes as one; when at most one of them is larger than 1, that axis itself

@@ -351,12 +351,17 @@ class PipelineParallel:
         dist.broadcast(value, src=src, group=self.group)
         return value[0]
 
-    def full_state_dict(self) -> dict:
-        """Every stage's tensors (CPU) merged into the single-process model's state dict, on every rank."""
+    def full_state_dict(self, gather_local=None) -> dict:
+        """Every stage's tensors (CPU) merged into the single-process model's state dict, on every rank.
+
+        gather_local(state) -> state: completes this rank's tensors within its stage first (expert-parallel
+        experts gathered over their groups), a collective of the stage's ranks."""
         local = {}
         for module in self.stage_modules:
             for k, v in module.state_dict().items():  # tensor-parallel shards gathered (a tp collective)
                 local[k] = (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu()
+        if gather_local is not None:
+            local = gather_local(local)
         gathered = [None] * self.size
         dist.all_gather_object(gathered, local, group=self.group)
         merged = {}

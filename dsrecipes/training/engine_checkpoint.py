@@ -63,8 +63,10 @@ def full_model_state(engine) -> dict:
     A collective where parameters are sharded or split (FSDP2, experts, pipeline stages): every rank calls it.
     """
     plan = engine.plan
-    if plan.pipeline is not None:  # every stage's tensors, gathered from the pipeline group
-        return plan.pipeline.full_state_dict()
+    if plan.pipeline is not None:  # every stage's tensors (its experts gathered first), from the pipeline group
+        experts = plan.expert_parallel
+        gather = (lambda state: experts.gather_full(state, engine.strategy.unwrapped)) if experts is not None else None
+        return plan.pipeline.full_state_dict(gather_local=gather)
     with engine.strategy.states_in_memory(writes=False):
         state = engine.strategy.full_state_dict()
     if plan.expert_parallel is not None:
