@@ -58,10 +58,10 @@ def _pp(cond: Callable, key: str) -> Callable:
 
 
 def _pp_sharded_dp(root, dims):
-    if dims.pp > 1 and dims.dp > 1 and root.zero.stage > 0:
-        return (f"parallel.pp={dims.pp} with {dims.dp} data-parallel ranks needs zero.stage=0 (each stage's gradients "
-                f"are averaged over its data-parallel ranks; ZeRO sharding of stages is not implemented); "
-                f"got zero.stage={root.zero.stage}")
+    if dims.pp > 1 and dims.dp > 1 and root.zero.stage > 1:
+        return (f"parallel.pp={dims.pp} with {dims.dp} data-parallel ranks needs zero.stage 0 or 1 (gradient and "
+                f"parameter sharding of pipeline stages is not implemented; DeepSpeed refuses ZeRO-2/3 with "
+                f"pipelines too); got zero.stage={root.zero.stage}")
     return None
 
 
@@ -131,13 +131,6 @@ def _tp_compression(root, dims):
 def _tp_random_ltd(root, dims):
     if dims.tp > 1 and _random_ltd(root):
         return f"parallel.tp={dims.tp} with data_efficiency.random_ltd.enabled=true is not supported yet"
-    return None
-
-
-def _ep_zero1(root, dims):
-    if dims.ep > 1 and root.zero.stage == 1:
-        return (f"moe.ep_size={dims.ep} with zero.stage=1 is not supported (ZeRO-1's optimizer shards would mix "
-                "different ranks' experts); use zero.stage 0, 2 or 3")
     return None
 
 
@@ -229,13 +222,10 @@ def _nvme_layout(root, dims):
 REFUSED: tuple[Refusal, ...] = (
     Refusal("pp with sp", "not implemented yet", _pp(lambda r: r.parallel.sp > 1, "parallel.sp")),
     Refusal("pp with MoE", "not implemented yet", _pp(lambda r: r.moe.enabled, "moe.num_experts")),
-    Refusal("pp with fp16 loss scaling", "not implemented yet",
-            _pp(lambda r: r.precision.dtype == "fp16", "precision.dtype=fp16 (loss scaling)")),
-    Refusal("pp with fp32 master weights", "not implemented yet",
-            _pp(lambda r: r.precision.master_weights, "precision.master_weights")),
     Refusal("pp with random-LTD", "not implemented yet", _pp(_random_ltd, "data_efficiency.random_ltd")),
     Refusal("pp with compression", "not implemented yet", _pp(lambda r: bool(_compression_enabled(r)), "compression")),
-    Refusal("pp x dp with zero.stage > 0", "ZeRO sharding of pipeline stages is not implemented yet", _pp_sharded_dp),
+    Refusal("pp x dp with zero.stage 2/3", "gradient / parameter sharding of pipeline stages is not implemented "
+            "(DeepSpeed refuses ZeRO-2/3 with pipelines too); use zero.stage 0 or 1", _pp_sharded_dp),
     Refusal("sp with random-LTD", "each sequence chunk would drop different tokens", _sp_random_ltd),
     Refusal("sp with the sequence-length curriculum", "the length must stay divisible by sp", _sp_seqlen),
     Refusal("sp with tp", "not implemented yet", _sp_tp),
@@ -248,8 +238,6 @@ REFUSED: tuple[Refusal, ...] = (
             "the optimizer's for-loop implementation", _tp_foreach),
     Refusal("tp with compression", "masks and quantizers expect whole weights", _tp_compression),
     Refusal("tp with random-LTD", "not implemented yet", _tp_random_ltd),
-    Refusal("moe.ep_size > 1 with zero.stage 1", "ZeRO-1's optimizer shards would mix different ranks' experts",
-            _ep_zero1),
     Refusal("moe.ep_size > 1 with fp32 master weights at zero.stage 0",
             "full-state checkpoints would hold one rank's experts", _ep_masters_stage0),
     Refusal("pruning with zero.stage 2/3 at dp > 1", "pruning masks need unsharded parameters", _pruning_sharded),
@@ -273,9 +261,16 @@ SUPPORTED: tuple[Supported, ...] = (
     Supported("tp with dp = 1", "supported, any zero.stage (nothing to shard)"),
     Supported("sp x dp, any zero.stage", "supported (gradients reduced over dp x sp); tested sp 2 and sp 2 under ZeRO-3"),
     Supported("pp x dp, zero.stage 0", "supported; tested pp 2 (every schedule, both partitions) and dp 2 x pp 2"),
+    Supported("pp x dp, zero.stage 1", "supported (zero1_boundary: optimizer state partitioned over dp, DCP "
+              "checkpoints); tested dp 2 x pp 2 against one process, and its checkpoint resumed in one process "
+              "(tests/test_pipeline_zero.py)"),
+    Supported("pp with fp16 loss scaling / fp32 master weights", "supported (the schedule's loss is scaled; masters "
+              "beside the stage modules, DCP checkpoints of every stage's masters); tested pp 2 with precision=fp16 "
+              "and bf16_master against one process (tests/test_pipeline_zero.py)"),
     Supported("pp x tp (x dp)", "supported: tensor-parallel stages, vocab-parallel loss on the last one; tested "
               "dp 2 x tp 2 x pp 2 at world size 8, the layout of `+experiment=gpt_3d`"),
-    Supported("moe.ep_size > 1 x dp, zero.stage 0/2/3", "supported; tested EP=2 against one process"),
+    Supported("moe.ep_size > 1 x dp, any zero.stage", "supported (stage 1: zero1_boundary, experts partitioned "
+              "over their expert-data-parallel group); tested EP=2 against one process at stages 0, 1 and 3"),
 )
 
 

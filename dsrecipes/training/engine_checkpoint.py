@@ -62,8 +62,10 @@ def full_model_state(engine) -> dict:
     A collective where parameters are sharded or split (FSDP2, experts, pipeline stages): every rank calls it.
     """
     plan = engine.plan
-    if plan.pipeline is not None:  # every stage's tensors, gathered from the pipeline group
-        return plan.pipeline.full_state_dict()
+    if plan.pipeline is not None:  # every stage's tensors (fp32 masters where kept), gathered from the pipeline group
+        masters = engine.strategy.masters
+        local = masters.master_state_dict(engine.strategy.unwrapped) if masters is not None else None
+        return plan.pipeline.full_state_dict(local)
     with engine.strategy.states_in_memory(writes=False):
         state = engine.strategy.full_state_dict()
     if plan.expert_parallel is not None:

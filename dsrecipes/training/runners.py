@@ -109,7 +109,7 @@ class PipelineRunner(StepRunner):
         micro = [next_batch() for _ in range(gas)]
         input_ids, labels = (torch.cat([b[key] for b in micro]).to(engine.device) for key in ("input_ids", "labels"))
         with engine.phases("forward_backward"), engine.forward_context():
-            loss = self.pipeline.train_step(input_ids, labels)
+            loss = self.pipeline.train_step(input_ids, labels, loss_scale=engine.precision.loss_scale)
         engine.step_after_accumulation(gas)
         return {"loss": loss * gas}
 

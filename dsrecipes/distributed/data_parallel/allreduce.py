@@ -4,12 +4,18 @@ For models that DDP cannot wrap because a schedule, not a forward call, runs the
 a pipeline (torch.distributed.pipelining drives each stage's forward and backward itself). Each
 rank's stage gradients are averaged over its data-parallel peers once per optimizer step, as
 DeepSpeed's engine does for ZeRO-0 (`allreduce_gradients` at the accumulation boundary).
+
+fp32 master weights (precision.master_weights) live beside the local stage module; checkpoints are
+sharded (DCP) over the masters' tree, so every stage writes its own fp32 weights and optimizer state
+under the model's names (full-state files would hold one rank's optimizer and the stages' 16-bit
+weights), and any layout reads back what it holds.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from torch import nn
 from torch.distributed.tensor import DTensor
 
 from dsrecipes.distributed.data_parallel.base import DataParallelStrategy
@@ -27,6 +33,18 @@ class BoundaryAllReduceStrategy(DataParallelStrategy):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.group = self.dims.get_mesh("dp_sp").get_group()
+
+    @property
+    def uses_full_state_checkpoints(self) -> bool:
+        return False  # DCP, master weights included (state_module is their tree)
+
+    @property
+    def state_module(self) -> nn.Module:
+        return self.masters.view() if self.masters is not None else self.module
+
+    def after_load(self) -> None:
+        if self.masters is not None:
+            self.masters.master_to_model()
 
     @torch.no_grad()
     def reduce_gradients(self) -> None:
