@@ -62,6 +62,9 @@ def _pp_sharded_dp(root, dims):
         return (f"parallel.pp={dims.pp} with {dims.dp} data-parallel ranks needs zero.stage 0 or 1 (gradient and "
                 f"parameter sharding of pipeline stages is not implemented; DeepSpeed refuses ZeRO-2/3 with "
                 f"pipelines too); got zero.stage={root.zero.stage}")
+    if dims.pp > 1 and dims.dp > 1 and dims.tp > 1 and root.zero.stage == 1:
+        return (f"parallel.pp={dims.pp} x parallel.tp={dims.tp} with {dims.dp} data-parallel ranks and zero.stage=1 "
+                "is not supported yet (ZeRO-1 of tensor-parallel pipeline stages is untested); use zero.stage=0")
     return None
 
 
@@ -224,8 +227,9 @@ REFUSED: tuple[Refusal, ...] = (
     Refusal("pp with MoE", "not implemented yet", _pp(lambda r: r.moe.enabled, "moe.num_experts")),
     Refusal("pp with random-LTD", "not implemented yet", _pp(_random_ltd, "data_efficiency.random_ltd")),
     Refusal("pp with compression", "not implemented yet", _pp(lambda r: bool(_compression_enabled(r)), "compression")),
-    Refusal("pp x dp with zero.stage 2/3", "gradient / parameter sharding of pipeline stages is not implemented "
-            "(DeepSpeed refuses ZeRO-2/3 with pipelines too); use zero.stage 0 or 1", _pp_sharded_dp),
+    Refusal("pp x dp with zero.stage 2/3 (and pp x tp x dp with zero.stage 1)", "gradient / parameter sharding of "
+            "pipeline stages is not implemented (DeepSpeed refuses ZeRO-2/3 with pipelines too); ZeRO-1 of "
+            "tensor-parallel stages is untested", _pp_sharded_dp),
     Refusal("sp with random-LTD", "each sequence chunk would drop different tokens", _sp_random_ltd),
     Refusal("sp with the sequence-length curriculum", "the length must stay divisible by sp", _sp_seqlen),
     Refusal("sp with tp", "not implemented yet", _sp_tp),
