@@ -31,6 +31,8 @@ from dsrecipes.compression.structured_pruning import (
 )
 from torch import nn
 
+from dsrecipes.utils.dtensors import mask_
+
 __all__ = ["Compressor", "init_compression"]
 
 
@@ -71,11 +73,21 @@ class Compressor:
             pairs += p.mask_pairs()
         return pairs
 
+    def named_masks(self) -> dict[str, torch.Tensor]:
+        """Parameter name (as in model.named_parameters()) -> its 0/1 mask over the whole tensor (or
+        broadcastable to it); a tensor masked by several techniques gets their product. What a
+        data-parallel strategy applies to every copy of the weight it holds (shards, fp32 masters)."""
+        out: dict[str, torch.Tensor] = {}
+        for pruner in ([self.sparse] if self.sparse is not None else []) + self.structured:
+            for name, m in pruner.named_masks().items():
+                out[name] = out[name] * m if name in out else m
+        return out
+
     @torch.no_grad()
     def apply_masks(self) -> None:
-        """Multiply every mask into its tensor (call after each optimizer step)."""
+        """Multiply every mask into its tensor (call after each optimizer step); a DTensor gets its piece."""
         for t, m in self.mask_pairs():
-            t.mul_(m.to(device=t.device, dtype=t.dtype))
+            mask_(t, m)
 
     def metrics(self) -> dict[str, float]:
         """compression/* values for the metric loggers."""

@@ -48,6 +48,8 @@ import torch
 from dsrecipes.compression.quantization import deepspeed_group_kwargs, match_module_names
 from torch import nn
 
+from dsrecipes.utils.dtensors import mask_, whole
+
 __all__ = ["SparsePruningConfig", "SparsePruner", "dense_ratio_at", "compute_mask", "parse_block_pattern"]
 
 _NxM = re.compile(r"^(\d+)x(\d+)$")
@@ -249,7 +251,7 @@ class SparsePruner:
             return False
         dense = dense_ratio_at(self.cfg, self.global_step)
         for name, mod in self._modules.items():
-            w = mod.weight
+            w = whole(mod.weight)  # sharded weights (FSDP2, tensor parallel): scored whole, as in one process
             scores = self._scores.get(name) if self.cfg.method == "topk" else None
             if scores is None:
                 scores = w.detach().abs()
@@ -271,7 +273,11 @@ class SparsePruner:
             w = self._modules[name].weight
             if mask.device != w.device or mask.dtype != w.dtype:
                 mask = self.masks[name] = mask.to(device=w.device, dtype=w.dtype)
-            w.mul_(mask)
+            mask_(w, mask)
+
+    def named_masks(self) -> dict[str, torch.Tensor]:
+        """Parameter name (relative to the model) -> its whole 0/1 mask, for every masked weight."""
+        return {f"{n}.weight": m for n, m in self.masks.items()}
 
     def mask_pairs(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """(weight, 0/1 mask) for every masked weight (e.g. to mask fp32 master copies as well)."""
@@ -287,7 +293,8 @@ class SparsePruner:
     @torch.no_grad()
     def sparsity(self) -> dict[str, float]:
         """Fraction of exactly-zero weights per pruned module (of the weights as they are now)."""
-        return {n: float((m.weight == 0).sum().item()) / m.weight.numel() for n, m in self._modules.items()}
+        weights = {n: whole(m.weight) for n, m in self._modules.items()}  # a collective when sharded
+        return {n: float((w == 0).sum().item()) / w.numel() for n, w in weights.items()}
 
     def state_dict(self) -> dict[str, Any]:
         return {"global_step": self.global_step, "point": self._point, "dense": self._dense,

@@ -61,6 +61,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
+
+from dsrecipes.utils.dtensors import like, whole
 
 __all__ = [
     "WeightQuantConfig",
@@ -378,10 +381,16 @@ class QuantizationAwareTraining:
 
     def quantized_weight(self, module: nn.Linear) -> torch.Tensor:
         """The weight `module`'s forward uses now (fake-quantized, or the weight itself)."""
+        w = module.weight
         if self._bits is None:
-            return module.weight
-        return fake_quantize(module.weight, self._bits, self.cfg.quantization_type == "symmetric",
-                             self.cfg.quantize_groups, self.cfg.rounding, self._generator(module.weight.device))
+            return w
+        args = (self._bits, self.cfg.quantization_type == "symmetric", self.cfg.quantize_groups, self.cfg.rounding,
+                self._generator(w.device))
+        if isinstance(w, DTensor):  # a tensor-parallel shard: groups and scales of the whole weight, as in one process
+            with torch.no_grad():
+                wq = like(fake_quantize(whole(w), *args), w)
+            return w + (wq - w).detach()  # straight-through, on the shard
+        return fake_quantize(w, *args)
 
     @torch.no_grad()
     def quantized_state_dict(self) -> dict[str, torch.Tensor]:

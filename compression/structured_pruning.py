@@ -35,6 +35,8 @@ import torch
 from dsrecipes.compression.quantization import deepspeed_group_kwargs, match_module_names
 from torch import nn
 
+from dsrecipes.utils.dtensors import mask_, whole
+
 __all__ = ["RowPruningConfig", "HeadPruningConfig", "ChannelPruningConfig", "StructuredPruner",
            "PrunedTarget", "UnitGroup"]
 
@@ -273,7 +275,7 @@ class StructuredPruner:
         g = self.groups[name]
         if self.cfg.method == "topk" and name in self._scores:
             return self._scores[name]
-        w = self._mods[name].weight.detach().float().abs()
+        w = whole(self._mods[name].weight).detach().float().abs()  # sharded weights are scored whole
         if self.kind == "head":  # out_proj columns of each head
             return w.reshape(w.shape[0], g.units, -1).sum(dim=(0, 2))
         return w.reshape(g.units, -1).sum(dim=1)
@@ -294,32 +296,44 @@ class StructuredPruner:
             g.keep = keep
         return True
 
-    def mask_pairs(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """(tensor, broadcastable 0/1 mask) for every tensor the kept units span (empty before pruning)."""
-        pairs = []
+    def _masked(self) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+        """(parameter name, tensor, broadcastable 0/1 mask over its whole shape) for every tensor the
+        kept units span (empty before pruning)."""
+        out = []
         for g in self.groups.values():
             if g.keep is None:
                 continue
             for t in g.targets:
                 m = self._mods[t.module]
                 em = g.element_mask(t)
-                tensors = []
                 if t.dim == -1:  # norm vectors
-                    tensors = [(p, 0) for p in (m.weight, m.bias) if p is not None]
+                    tensors = [(k, 0) for k in ("weight", "bias") if getattr(m, k, None) is not None]
                 else:
-                    tensors = [(m.weight, t.dim)]
+                    tensors = [("weight", t.dim)]
                     if t.dim == 0 and getattr(m, "bias", None) is not None:
-                        tensors.append((m.bias, 0))
-                for p, d in tensors:
+                        tensors.append(("bias", 0))
+                for key, d in tensors:
+                    p = getattr(m, key)
                     shape = [1] * p.dim()
                     shape[d] = -1
-                    pairs.append((p, em.view(shape).to(device=p.device, dtype=p.dtype)))
-        return pairs
+                    out.append((f"{t.module}.{key}", p, em.view(shape).to(device=p.device, dtype=p.dtype)))
+        return out
+
+    def mask_pairs(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(tensor, broadcastable 0/1 mask) for every tensor the kept units span (empty before pruning)."""
+        return [(p, m) for _, p, m in self._masked()]
+
+    def named_masks(self) -> dict[str, torch.Tensor]:
+        """Parameter name (relative to the model) -> its broadcastable 0/1 mask over the whole tensor."""
+        out: dict[str, torch.Tensor] = {}
+        for name, _, m in self._masked():
+            out[name] = out[name] * m if name in out else m
+        return out
 
     @torch.no_grad()
     def apply_masks(self) -> None:
         for p, mask in self.mask_pairs():
-            p.mul_(mask)
+            mask_(p, mask)
 
     def step(self, global_step: int) -> None:
         self.update(global_step)

@@ -31,6 +31,7 @@ state-dict keys are unchanged and sharding wrappers still see the same modules.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -134,9 +135,13 @@ class RandomLTD:
         self.scheduler = scheduler
         self.kept_length: int | None = None  # None = no dropping (before the first update)
         self.seed = int(seed)
-        self.stream = 0  # e.g. the data-parallel rank: each process draws its own subsets
-        self.draws = 0  # index draws so far; draw k is seeded by (seed, stream, k), so resuming needs only k
+        self.stream = 0  # the data-parallel rank: each data shard draws its own subsets
+        # index draws so far, per dropping layer: a layer's draw k is seeded by (seed, stream, layer, k), so a
+        # layer's subsets do not depend on which other layers this process runs (pipeline stages hold some of
+        # them, a single process all) and resuming needs only the counts
+        self.draws: dict[int, int] = {layer_id: 0 for layer_id in self.layer_ids}
         self.generator = torch.Generator()
+        self._paused = 0  # > 0 inside paused(): draws do not advance the counts
         self.consumed_layer_tokens = 0
         self.consumed_tokens = 0
         self.last_indices: dict[int, torch.Tensor] = {}
@@ -151,8 +156,20 @@ class RandomLTD:
         return len(self.layer_ids)
 
     def reseed(self, stream: int) -> None:
-        """Give this process its own index stream (e.g. the data-parallel rank)."""
+        """Give this process its own index stream: its data-parallel rank (model-parallel peers, which read the
+        same data shard, must draw the same subsets)."""
         self.stream = int(stream)
+
+    @contextlib.contextmanager
+    def paused(self):
+        """Forwards that are not training passes (a pipeline schedule's metadata inference runs each stage once
+        on the first micro-batch's shapes) draw without advancing the counts, so they take no subset away
+        from the real passes."""
+        self._paused += 1
+        try:
+            yield
+        finally:
+            self._paused -= 1
 
     def update(self, step: int) -> int:
         """Set the kept length for the coming forward passes to ``L(step)``; returns it."""
@@ -174,11 +191,13 @@ class RandomLTD:
         self.consumed_tokens += num_sequences * seq_len
         return self.consumed_layer_tokens
 
-    def sample_indices(self, batch: int, seq_len: int, kept: int, shared: bool, device) -> torch.Tensor:
-        """Sorted kept positions [batch, kept] (one row shared by all rows when ``shared``)."""
+    def sample_indices(self, batch: int, seq_len: int, kept: int, shared: bool, device, layer_id: int = 0) -> torch.Tensor:
+        """Sorted kept positions [batch, kept] for ``layer_id``'s next draw (one row shared by all rows when ``shared``)."""
         rows = 1 if shared else batch
-        self.generator.manual_seed(int(np.random.SeedSequence([self.seed, self.stream, self.draws]).generate_state(1)[0]))
-        self.draws += 1
+        draw = self.draws.get(layer_id, 0)
+        self.generator.manual_seed(int(np.random.SeedSequence([self.seed, self.stream, layer_id, draw]).generate_state(1)[0]))
+        if not self._paused:
+            self.draws[layer_id] = draw + 1
         scores = torch.rand(rows, seq_len, generator=self.generator)
         idx = scores.argsort(dim=1)[:, :kept].sort(dim=1).values
         return idx.expand(batch, kept).to(device) if shared else idx.to(device)
@@ -188,7 +207,7 @@ class RandomLTD:
         """``forward`` over ``kept`` tokens of x [B, T, D]; the rest of x passes through unchanged."""
         bsz, seq_len, dim = x.shape
         if indices is None:
-            indices = self.sample_indices(bsz, seq_len, kept, shared=rope is not None, device=x.device)
+            indices = self.sample_indices(bsz, seq_len, kept, shared=rope is not None, device=x.device, layer_id=layer_id)
         self.last_indices[layer_id] = indices
         gather_idx = indices.unsqueeze(-1).expand(bsz, indices.shape[1], dim)
         kept_x = x.gather(1, gather_idx)
@@ -204,7 +223,7 @@ class RandomLTD:
     def state_dict(self) -> dict[str, Any]:
         return {"scheduler": self.scheduler.state_dict(), "kept_length": self.kept_length,
                 "consumed_layer_tokens": self.consumed_layer_tokens, "consumed_tokens": self.consumed_tokens,
-                "draws": self.draws, "layer_ids": list(self.layer_ids)}
+                "draws": dict(self.draws), "layer_ids": list(self.layer_ids)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if list(state.get("layer_ids", self.layer_ids)) != list(self.layer_ids):
@@ -214,7 +233,10 @@ class RandomLTD:
         self.kept_length = state.get("kept_length")
         self.consumed_layer_tokens = int(state["consumed_layer_tokens"])
         self.consumed_tokens = int(state.get("consumed_tokens", 0))
-        self.draws = int(state.get("draws", 0))
+        draws = state.get("draws", 0)
+        if not isinstance(draws, Mapping):  # a checkpoint from before per-layer streams: one count for all layers
+            draws = {layer_id: int(draws) // max(1, len(self.layer_ids)) for layer_id in self.layer_ids}
+        self.draws = {int(layer_id): int(count) for layer_id, count in draws.items()}
 
 
 def validate_layer_ids(layer_ids: Sequence[int] | None, n_layer: int, key: str = "random_ltd.random_ltd_layer_id") -> list[int]:

@@ -104,8 +104,6 @@ def test_recipe_errors_name_the_key(tmp_path, fast_overrides):
                         dp_world_size=1)
     with pytest.raises(ValueError, match="compression.head_pruning.*num_heads"):
         validate_recipe(compose(["compression=prune_heads", "compression.head_pruning.num_heads=4"]), dp_world_size=1)
-    with pytest.raises(ValueError, match="compression.sparse_pruning.enabled=true with zero.stage=3"):
-        validate_recipe(compose(["compression=prune_sparse", "zero.stage=3"]), dp_world_size=2)
     with pytest.raises(ValueError, match="compression.weight_quantization.*target_bits"):
         validate_recipe(compose(["compression=qat_int4", "compression.weight_quantization.target_bits=9"]),
                         dp_world_size=1)

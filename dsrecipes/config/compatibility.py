@@ -124,10 +124,12 @@ def _tp_foreach(root, dims):
 
 
 def _tp_compression(root, dims):
-    enabled = _compression_enabled(root)
-    if dims.tp > 1 and enabled:
-        return (f"parallel.tp={dims.tp} with compression.{enabled[0]}.enabled=true is not supported "
-                "(masks and quantizers expect whole weights)")
+    comp = root.compression
+    for key in ("activation_quantization", "layer_reduction"):
+        if dims.tp > 1 and getattr(comp, key).enabled:
+            return (f"parallel.tp={dims.tp} with compression.{key}.enabled=true is not supported yet (activation "
+                    "ranges would be read from a row-parallel layer's input shard; the distillation loss from "
+                    "vocab-parallel logits); weight quantization and pruning run under tp")
     return None
 
 
@@ -142,14 +144,6 @@ def _ep_masters_stage0(root, dims):
         return (f"moe.ep_size={dims.ep} with precision.master_weights=true and zero.stage=0 is not supported "
                 "(full-state checkpoints hold one rank's experts); use precision=bf16 (autocast) or zero.stage 2/3, "
                 "whose sharded fp32 parameters are the master weights")
-    return None
-
-
-def _pruning_sharded(root, dims):
-    pruning = _pruning_enabled(root)
-    if pruning and root.zero.stage >= 2 and dims.dp_sp > 1:
-        return (f"compression.{pruning[0]}.enabled=true with zero.stage={root.zero.stage} at world size "
-                f"{dims.world_size}: pruning masks need unsharded parameters; use zero.stage 0 or 1")
     return None
 
 
@@ -225,7 +219,6 @@ def _nvme_layout(root, dims):
 REFUSED: tuple[Refusal, ...] = (
     Refusal("pp with sp", "not implemented yet", _pp(lambda r: r.parallel.sp > 1, "parallel.sp")),
     Refusal("pp with MoE", "not implemented yet", _pp(lambda r: r.moe.enabled, "moe.num_experts")),
-    Refusal("pp with random-LTD", "not implemented yet", _pp(_random_ltd, "data_efficiency.random_ltd")),
     Refusal("pp with compression", "not implemented yet", _pp(lambda r: bool(_compression_enabled(r)), "compression")),
     Refusal("pp x dp with zero.stage 2/3 (and pp x tp x dp with zero.stage 1)", "gradient / parameter sharding of "
             "pipeline stages is not implemented (DeepSpeed refuses ZeRO-2/3 with pipelines too); ZeRO-1 of "
@@ -240,11 +233,11 @@ REFUSED: tuple[Refusal, ...] = (
     Refusal("tp with fp32 master weights at dp 1", "not implemented yet (use precision=bf16)", _tp_masters),
     Refusal("tp with optimizer.impl fused/foreach", "DTensor and plain parameters cannot share one kernel; tp runs "
             "the optimizer's for-loop implementation", _tp_foreach),
-    Refusal("tp with compression", "masks and quantizers expect whole weights", _tp_compression),
+    Refusal("tp with activation quantization or layer reduction", "not implemented yet (activation ranges would "
+            "come from a row-parallel input shard; KD from vocab-parallel logits)", _tp_compression),
     Refusal("tp with random-LTD", "not implemented yet", _tp_random_ltd),
     Refusal("moe.ep_size > 1 with fp32 master weights at zero.stage 0",
             "full-state checkpoints would hold one rank's experts", _ep_masters_stage0),
-    Refusal("pruning with zero.stage 2/3 at dp > 1", "pruning masks need unsharded parameters", _pruning_sharded),
     Refusal("1-bit optimizers with zero.stage >= 1", "they average the whole momentum themselves (DeepSpeed refuses "
             "it too)", _onebit_zero),
     Refusal("1-bit optimizers with tp / pp / sp / ep", "not implemented yet (plain data parallelism only)",
@@ -275,6 +268,16 @@ SUPPORTED: tuple[Supported, ...] = (
               "dp 2 x tp 2 x pp 2 at world size 8, the layout of `+experiment=gpt_3d`"),
     Supported("moe.ep_size > 1 x dp, any zero.stage", "supported (stage 1: zero1_boundary, experts partitioned "
               "over their expert-data-parallel group); tested EP=2 against one process at stages 0, 1 and 3"),
+    Supported("pruning / QAT with zero.stage 2/3 at dp > 1", "supported: masks and scales from whole weights, masks "
+              "applied to every copy the strategy holds (ZeRO-2 master shards, FSDP2 shards); tested dp 2 at ZeRO-2 "
+              "and ZeRO-3 (tests/test_compression_sharded.py::test_layout[dp2_zero2], "
+              "::test_dp2_zero3_and_its_checkpoint_resumes)"),
+    Supported("tp with weight quantization / pruning", "supported: fake-quant groups and masks of the whole weight, "
+              "each rank masking its shard; tested tp 2 and dp 2 x tp 2 under ZeRO-3 (tests/test_compression_sharded.py::"
+              "test_layout[tp2], ::test_layout[dp2_x_tp2_zero3])"),
+    Supported("pp with random-LTD and the sequence-length curriculum", "supported: per-layer random-LTD draws (the "
+              "schedule's shape inference takes none), one pipeline schedule per batch shape; tested pp 2 with both "
+              "(pack mode, evaluation) against one process (tests/test_data_efficiency_pipeline.py)"),
 )
 
 

@@ -26,6 +26,9 @@
 
 from __future__ import annotations
 
+import collections
+import contextlib
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -35,6 +38,8 @@ from torch.distributed.tensor import DTensor
 from dsrecipes.distributed.config import PP_PARTITIONS, PP_SCHEDULES  # noqa: F401 (exported here too)
 from dsrecipes.distributed.tensor_parallel import vocab_parallel_cross_entropy
 from dsrecipes.models.gpt import GPT
+
+MAX_SCHEDULES = 3  # schedules (one per batch shape) kept alive: the current training and evaluation shapes, one spare
 
 
 def stages_per_rank(schedule: str) -> int:
@@ -63,6 +68,46 @@ def partition_blocks(gpt: GPT, num_stages: int, method: str) -> list[range]:
         remaining -= acc
         start = end
     return ranges
+
+
+def local_stage_ids(pp_rank: int, pp_size: int, schedule: str) -> list[int]:
+    """The stages pipeline rank `pp_rank` runs: r, r + pp, ... (torch's looped layout for interleaved schedules)."""
+    return [pp_rank + k * pp_size for k in range(stages_per_rank(schedule))]
+
+
+@torch.no_grad()
+def materialize_pipeline_rank(gpt: GPT, pp_rank: int, pp_size: int, schedule: str, partition: str,
+                              device: torch.device) -> list[int]:
+    """Allocate on `device` only what pipeline rank `pp_rank` runs of a GPT built on the meta device, and
+    initialise it with exactly the single process's values; returns this rank's block indices.
+
+    The other ranks' blocks (and embeddings / LM head) stay on the meta device, so start-up memory falls
+    with pp. Initialisation replays the whole model's random draws in the single process's order
+    (GPT.init_weights: a parameter held elsewhere draws into a dropped scratch tensor), so the random
+    stream is where one process leaves it and every local parameter equals that process's. A tied
+    embedding held by the first stage (tok_emb) and the last (lm_head) is one parameter again after.
+    """
+    num_stages = pp_size * stages_per_rank(schedule)
+    ranges = partition_blocks(gpt, num_stages, partition)
+    stage_ids = local_stage_ids(pp_rank, pp_size, schedule)
+    blocks = sorted(i for s in stage_ids for i in ranges[s])
+    modules = [gpt.blocks[i] for i in blocks]
+    first, last = 0 in stage_ids, num_stages - 1 in stage_ids
+    if first:
+        modules += [gpt.tok_emb] + ([gpt.pos_emb] if gpt.pos_emb is not None else [])
+    if last:
+        modules += [gpt.final_norm, gpt.lm_head]
+    tied = gpt.lm_head.weight is gpt.tok_emb.weight
+    for module in modules:
+        module.to_empty(device=device)
+    if tied and first:
+        gpt.lm_head.weight = gpt.tok_emb.weight
+    elif tied and last:
+        gpt.tok_emb.weight = gpt.lm_head.weight
+    for name, buffer in list(gpt.named_buffers(recurse=False)):  # rotary tables: every stage uses them
+        setattr(gpt, name, torch.empty_like(buffer, device=device))
+    gpt.init_weights()
+    return blocks
 
 
 class GPTStage(nn.Module):
@@ -112,6 +157,29 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
+def _metadata_pass_stage_class(base: type) -> type:
+    """A PipelineStage that enters `metadata_pass_contexts` while its schedule infers shapes.
+
+    torch.distributed.pipelining infers each stage's input/output shapes (on the first step, and again after
+    every eval/train switch) by running the stage forward once, outside the training passes. torch forks its
+    own RNG for it, but stateful samplers of our own (random-LTD's per-layer draw counts) would count that
+    pass as a micro-batch; their `paused()` contexts, registered by whoever owns them, keep it out.
+    """
+
+    class _MetadataPassStage(base):
+        def __init__(self, *args, metadata_pass_contexts: list, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._metadata_pass_contexts = metadata_pass_contexts
+
+        def _prepare_forward_infra(self, *args, **kwargs):
+            with contextlib.ExitStack() as stack:
+                for make_context in self._metadata_pass_contexts:
+                    stack.enter_context(make_context())
+                return super()._prepare_forward_infra(*args, **kwargs)
+
+    return _MetadataPassStage
+
+
 class PipelineParallel:
     def __init__(self, gpt: GPT, group, schedule: str, n_microbatches: int, partition: str, device: torch.device,
                  all_pipelines: list[list[int]] | None = None):
@@ -124,23 +192,33 @@ class PipelineParallel:
         per_rank = stages_per_rank(schedule)
         num_stages = self.size * per_rank
         ranges = partition_blocks(gpt, num_stages, partition)
-        # interleaved: rank r runs stages r, r + pp, ... (torch's looped layout)
-        self.stage_ids = [self.rank + k * self.size for k in range(per_rank)]
+        self.stage_ids = local_stage_ids(self.rank, self.size, schedule)
         self.first_rank, self.last_rank = 0, (num_stages - 1) % self.size
         self.stage_modules = [GPTStage(gpt, ranges[s], s == 0, s == num_stages - 1) for s in self.stage_ids]
         self.block_ranges = [ranges[s] for s in self.stage_ids]
         # imported here: torch.distributed.pipelining pulls in torch._dynamo (~0.7 s at every start-up otherwise)
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
-        self.stages = [PipelineStage(m, s, num_stages, device, group=group) for m, s in zip(self.stage_modules, self.stage_ids)]
+        # contexts entered while the schedule infers the stages' shapes by running them (see _MetadataPassStage)
+        self.metadata_pass_contexts: list = []
         self.has_first = 0 in self.stage_ids
         self.has_last = num_stages - 1 in self.stage_ids
+        stage_cls = _metadata_pass_stage_class(PipelineStage)
         schedule_cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}[schedule]
-        arg = self.stages if per_rank > 1 else self.stages[0]
         self.loss_scale = 1.0  # the fp16 loss scale of the step being run (train_step sets it)
         self.n_microbatches = n_microbatches
         # the loss function averages over micro-batches itself (see _scaled_loss): no gradient rescaling after
-        self.schedule = schedule_cls(arg, n_microbatches=n_microbatches, loss_fn=self._scaled_loss, scale_grads=False)
+        def make_schedule():
+            stages = [stage_cls(m, s, num_stages, device, group=group, metadata_pass_contexts=self.metadata_pass_contexts)
+                      for m, s in zip(self.stage_modules, self.stage_ids)]
+            return schedule_cls(stages if per_rank > 1 else stages[0], n_microbatches=n_microbatches, loss_fn=self._scaled_loss,
+                                scale_grads=False)
+
+        self._make_schedule = make_schedule
+        # one schedule per batch shape: stages infer their activation shapes once and keep receive buffers of
+        # that shape, so a sequence-length curriculum (or seqlen pack mode's rows) needs a schedule per shape;
+        # the most recent few are kept (a curriculum only grows; evaluation runs at the full length)
+        self._schedules: collections.OrderedDict[tuple, object] = collections.OrderedDict()
         self.tied = gpt.cfg.tie_embeddings and self.size > 1
         self.tied_group = None
         if self.tied and {self.first_rank, self.last_rank} == set(range(self.size)):
@@ -190,6 +268,16 @@ class PipelineParallel:
         """The micro-batch's loss x loss scale / micro-batches: what its backward starts from."""
         return lm_loss(logits, labels) * (self.loss_scale / self.n_microbatches)
 
+    def schedule_for(self, shape: tuple) -> object:
+        """The schedule for batches of `shape` (every rank of the pipeline sees the step's batch, so all pick alike)."""
+        schedule = self._schedules.get(shape)
+        if schedule is None:
+            schedule = self._schedules[shape] = self._make_schedule()
+            while len(self._schedules) > MAX_SCHEDULES:
+                self._schedules.popitem(last=False)
+        self._schedules.move_to_end(shape)
+        return schedule
+
     def train_step(self, input_ids: torch.Tensor, labels: torch.Tensor, loss_scale: float = 1.0) -> torch.Tensor:
         """Forward + backward of all micro-batches, each loss multiplied by loss_scale (fp16 loss scaling);
         returns the mean (unscaled) loss on every rank of the group."""
@@ -198,10 +286,11 @@ class PipelineParallel:
         kwargs = {}
         if self.has_last:
             kwargs = {"target": labels, "losses": losses}
+        schedule = self.schedule_for(tuple(input_ids.shape))
         if self.has_first:
-            self.schedule.step(input_ids, **kwargs)
+            schedule.step(input_ids, **kwargs)
         else:
-            self.schedule.step(**kwargs)
+            schedule.step(**kwargs)
         self.reduce_tied_grads()
         loss = self._broadcast_loss(losses) * (self.n_microbatches / self.loss_scale)
         self.loss_scale = 1.0
@@ -211,10 +300,11 @@ class PipelineParallel:
     def eval_loss(self, input_ids: torch.Tensor, labels: torch.Tensor) -> float:
         losses: list[torch.Tensor] = []
         kwargs = {"target": labels, "losses": losses} if self.has_last else {}
+        schedule = self.schedule_for(tuple(input_ids.shape))
         if self.has_first:
-            self.schedule.eval(input_ids, **kwargs)
+            schedule.eval(input_ids, **kwargs)
         else:
-            self.schedule.eval(**kwargs)
+            schedule.eval(**kwargs)
         return float(self._broadcast_loss(losses)) * self.n_microbatches
 
     def _broadcast_loss(self, losses: list[torch.Tensor]) -> torch.Tensor:

@@ -23,6 +23,21 @@ from dsrecipes.models.moe import Experts, MoELayer
 from dsrecipes.models.moe_config import MoEConfig, validate_moe_config
 
 
+def _without_constructor_draws():
+    """Fork the random state of the CPU and of the default device (CUDA) around module construction."""
+    device = torch.get_default_device()
+    return torch.random.fork_rng(devices=[device] if device.type == "cuda" else [], device_type=device.type)
+
+
+def _normal(tensor: torch.Tensor, std: float, draw_device: torch.device) -> None:
+    """N(0, std) into `tensor`; a meta tensor draws into a dropped scratch copy on draw_device, so the random
+    stream advances exactly as if it were materialised."""
+    if tensor.is_meta:
+        torch.empty(tensor.shape, dtype=tensor.dtype, device=draw_device).normal_(0.0, std)
+    else:
+        nn.init.normal_(tensor, mean=0.0, std=std)
+
+
 @dataclass
 class GPTOutput:
     logits: torch.Tensor
@@ -47,14 +62,19 @@ class GPT(nn.Module):
         if self.moe_cfg is not None:
             validate_moe_config(self.moe_cfg, cfg, world_size=self.moe_cfg.ep_size)
         moe_ids = set(self.moe_cfg.moe_layer_ids(cfg.n_layer)) if self.moe_cfg else set()
-        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.pos_emb = nn.Embedding(cfg.max_seq_len, cfg.d_model) if cfg.style == "gpt2" else None
-        self.emb_dropout = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(
-            Block(cfg, MoELayer(cfg, self.moe_cfg) if i in moe_ids else None) for i in range(cfg.n_layer)
-        )
-        self.final_norm = make_norm(cfg)
-        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        # torch's layers draw their default initialisation while they are built, which init_weights then
+        # overwrites; those draws are kept off the random stream, so that init_weights starts from the same
+        # state whether the model is built for real or on the meta device (pipeline ranks, which build only
+        # their stages: dsrecipes.distributed.pipeline_parallel.materialize_pipeline_rank)
+        with _without_constructor_draws():
+            self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+            self.pos_emb = nn.Embedding(cfg.max_seq_len, cfg.d_model) if cfg.style == "gpt2" else None
+            self.emb_dropout = nn.Dropout(cfg.dropout)
+            self.blocks = nn.ModuleList(
+                Block(cfg, MoELayer(cfg, self.moe_cfg) if i in moe_ids else None) for i in range(cfg.n_layer)
+            )
+            self.final_norm = make_norm(cfg)
+            self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
         if cfg.style == "llama":
@@ -66,17 +86,25 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def init_weights(self) -> None:
-        """GPT-2 initialisation: N(0, init_std), output projections scaled by 1/sqrt(2*n_layer)."""
+        """GPT-2 initialisation: N(0, init_std), output projections scaled by 1/sqrt(2*n_layer).
+
+        Parameters left on the meta device (those another pipeline rank holds, see
+        dsrecipes.distributed.pipeline_parallel.materialize_pipeline_rank) draw their values into a scratch
+        tensor that is dropped, so every parameter this rank does hold gets exactly the single process's values.
+        """
         std = self.cfg.init_std
+        draw_device = next((p.device for p in self.parameters() if not p.is_meta), torch.device("cpu"))
         for name, module in self.named_modules():
             if isinstance(module, nn.Linear):
                 is_output_proj = name.endswith(("out_proj", "fc_out"))
                 scale = 1.0 / math.sqrt(2 * self.cfg.n_layer) if is_output_proj else 1.0
-                nn.init.normal_(module.weight, mean=0.0, std=std * scale)
+                _normal(module.weight, std * scale, draw_device)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
             elif isinstance(module, nn.Embedding):
-                nn.init.normal_(module.weight, mean=0.0, std=std)
+                _normal(module.weight, std, draw_device)
+            elif isinstance(module, Experts):
+                module.reset_parameters(draw_device=draw_device)
             elif isinstance(module, (nn.LayerNorm, RMSNorm)) or callable(getattr(module, "reset_parameters", None)):
                 module.reset_parameters()  # norms, including fused ones swapped in by kernel injection
         self.init_rope()

@@ -65,16 +65,21 @@ class Experts(nn.Module):
         return [name for name, _ in self.named_parameters(recurse=False)]
 
     @torch.no_grad()
-    def reset_parameters(self) -> None:
-        """Draw every global expert's weights (same RNG use at any EP degree), keep this rank's slice."""
+    def reset_parameters(self, draw_device: torch.device | None = None) -> None:
+        """Draw every global expert's weights (same RNG use at any EP degree), keep this rank's slice.
+
+        Meta parameters (held by another pipeline rank) draw on `draw_device` (default CPU) and keep nothing,
+        so the random stream advances as if they were materialised."""
         lo, hi = self.first_expert, self.first_expert + self.num_experts
         for name, param in self.named_parameters(recurse=False):
             if name.startswith("b_"):
                 param.zero_()
                 continue
             std = self.out_std if name == "w_out" else self.init_std
-            full = torch.empty(self.global_experts, *param.shape[1:], device=param.device, dtype=param.dtype)
-            param.copy_(full.normal_(0.0, std)[lo:hi])
+            device = (draw_device or torch.device("cpu")) if param.is_meta else param.device
+            full = torch.empty(self.global_experts, *param.shape[1:], device=device, dtype=param.dtype).normal_(0.0, std)
+            if not param.is_meta:
+                param.copy_(full[lo:hi])
 
     @torch.no_grad()
     def keep_local(self, rank: int, world: int) -> None:

@@ -75,7 +75,7 @@ def build_engine(
             named_groups = named_param_groups(model_parameters, model)
     device = resolve_device(cfg.trainer.device)
     precision = Precision(cfg.precision, device)
-    model.to(device)
+    _to_device(model, device)
     plan = parallelize(model, dims, cfg, precision, device, micro_batches=batch.gradient_accumulation_steps,
                        transforms=transforms)
     strategy = plan.strategy
@@ -117,6 +117,14 @@ def build_engine(
     if cfg.fp8.precompute_float8_dynamic_scale_for_fsdp:
         engine.post_step_hooks.append(functools.partial(float8_post_step, plan.module, cfg.fp8))
     return engine
+
+
+def _to_device(model: nn.Module, device: torch.device) -> None:
+    """model.to(device), leaving meta tensors (parts another pipeline rank holds) where they are."""
+    if any(t.is_meta for t in (*model.parameters(), *model.buffers())):
+        model._apply(lambda t: t if t.is_meta else t.to(device))
+    else:
+        model.to(device)
 
 
 def _optimizer_config(cfg, dims: ParallelDims):

@@ -13,13 +13,16 @@ One of dsrecipes.training.recipe_extensions.RECIPE_EXTENSIONS. What it adds:
     it stays in eval mode without gradients and runs under the engine's autocast (the student's
     compute dtype).
   * callback: on_train_start brings the schedules to the engine's step; on_step_end (after the
-    optimizer step) advances bits / masks to the next step and multiplies the masks into the
-    parameters the optimizer updates (also the fp32 masters when precision.master_weights); under
-    DDP every replica applies the same masks to the same weights. on_train_end runs redundancy
-    clean, writes <run dir>/<export_dirname>/ (safetensors + config), loads it back, evaluates it, and
-    adds summary["compression"] = {bytes and validation loss before / after, ratio, path}. The
-    Compressor's state (bit schedules, masks, activation ranges) is saved in every checkpoint.
-FSDP-sharded parameters (zero.stage >= 2 at world size > 1) are refused by validate_recipe.
+    optimizer step) advances bits / masks to the next step and hands the masks, by parameter name,
+    to the data-parallel strategy's apply_masks, which multiplies them into every copy of the weight
+    it holds (module parameters, fp32 masters, ZeRO-2 master shards, FSDP2 / tensor-parallel
+    shards: each rank its piece). Masks and quantization scales are computed from whole weights
+    (DTensors gathered), so a sharded run decides what one process decides. on_train_end runs
+    redundancy clean (on a plain copy holding the gathered weights when they are sharded), writes
+    <run dir>/<export_dirname>/ (safetensors + config), loads it back, evaluates it, and adds
+    summary["compression"] = {bytes and validation loss before / after, ratio, path}. The
+    Compressor's state (bit schedules, masks, activation ranges) is saved in every checkpoint, so a
+    resume continues the same masks (a schedule point already reached is not recomputed).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import math
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from dsrecipes.compression.clean import state_dict_bytes
 from dsrecipes.compression.compress import Compressor
@@ -106,18 +110,10 @@ class CompressionCallback(Callback):
         if self.compressor is not None and state:
             self.compressor.load_state_dict(state)
 
-    @torch.no_grad()
     def _apply_masks(self, context: RunContext) -> None:
-        pairs = self.compressor.mask_pairs()
-        for t, m in pairs:
-            t.mul_(m.to(device=t.device, dtype=t.dtype))
-        master = context.engine.masters
-        if master is not None and pairs:
-            masks = {id(t): m for t, m in pairs}
-            for low, fp32 in master.pairs:
-                m = masks.get(id(low))
-                if m is not None:
-                    fp32.mul_(m.to(device=fp32.device, dtype=fp32.dtype))
+        """The masks, computed from whole weights, into every copy of each weight the strategy holds
+        (module parameters or their shards, fp32 masters, ZeRO-2 master shards)."""
+        context.engine.strategy.apply_masks(self.compressor.named_masks())
 
     def _advance(self, context: RunContext, step: int) -> None:
         c = self.compressor
@@ -163,11 +159,19 @@ class CompressionCallback(Callback):
     def export(self, context: RunContext, summary: dict) -> dict | None:
         from dsrecipes.models.compressed_export import export_compressed, load_compressed
 
+        model = context.engine.strategy.unwrapped
+        sharded = any(isinstance(p, DTensor) for p in model.parameters())
+        state = context.engine.module_state_dict() if sharded else None  # a collective: every rank gathers
         if not context.is_logging_rank:
             return None
-        model = context.engine.strategy.unwrapped
         master = context.engine.masters
-        if master is not None:  # clean from the fp32 masters
+        if sharded:  # FSDP2 / tensor-parallel shards: clean a plain copy holding the whole fp32 weights
+            from dsrecipes.models import GPT
+
+            plain = GPT(model.cfg, moe=context.cfg.moe).to(context.device)
+            plain.load_state_dict(state)
+            model = plain
+        elif master is not None:  # clean from the fp32 masters
             import copy
 
             model = copy.deepcopy(model)

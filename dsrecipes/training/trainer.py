@@ -24,6 +24,7 @@ from rich.table import Table
 
 from dsrecipes.data import BatchIterator, eval_batches, prepare_data
 from dsrecipes.distributed.parallel_dims import ParallelDims, device_type_of
+from dsrecipes.distributed.pipeline_parallel import materialize_pipeline_rank
 from dsrecipes.distributed.utils import is_distributed, maybe_inject_failure, mean_over_ranks, rank_zero_first
 from dsrecipes.models import GPT
 from dsrecipes.models.config import padded_vocab_size
@@ -115,6 +116,12 @@ class Trainer:
         if model_cfg.path:  # model=hf: start from a Hugging Face checkpoint's weights
             self.gpt = gpt_from_hf(model_cfg, self.device, moe=cfg.moe)
             self.log.info("model: weights from %s, tokenizer %s", model_cfg.path, cfg.data.tokenizer)
+        elif self.dims.pp > 1:  # this rank allocates only its stages, initialised as the single process's
+            with torch.device("meta"):
+                self.gpt = GPT(model_cfg, moe=cfg.moe)
+            par = cfg.parallel
+            materialize_pipeline_rank(self.gpt, self.dims.get_mesh("pp").get_local_rank(), self.dims.pp,
+                                      par.pp_schedule, par.pp_partition, self.device)
         else:
             with torch.device(self.device):
                 self.gpt = GPT(model_cfg, moe=cfg.moe)

@@ -9,6 +9,7 @@ Engine talks to it through these methods only:
     per micro-batch:  strategy.before_forward(boundary); forward; loss.backward()
     at the boundary:  strategy.reduce_gradients(); norm = strategy.grad_norm(); strategy.scale_grads(f)
                       optimizer.step(); strategy.after_step(); strategy.zero_grad()
+    pruning masks:    strategy.apply_masks({name: mask})   # every copy of the weight: shards, fp32 masters
     checkpoints:      strategy.checkpoint_format ("dcp" | "full"), state_module, full_state_dict(), ...
 
 The default implementations here are those of a mechanism that keeps whole parameters and whole
@@ -31,6 +32,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.tensor import DTensor
 
 from dsrecipes.distributed.master_weights import MasterWeights
+from dsrecipes.utils.dtensors import mask_
 
 if TYPE_CHECKING:
     from dsrecipes.distributed.config import ZeroConfig
@@ -147,6 +149,29 @@ class DataParallelStrategy:
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
         self.module.zero_grad(set_to_none=True)
+
+    @torch.no_grad()
+    def apply_masks(self, masks: dict[str, torch.Tensor]) -> None:
+        """Multiply 0/1 masks, keyed by parameter name (as in the unwrapped model's named_parameters) and
+        each over the whole parameter (or broadcastable to it), into every copy of that parameter this
+        strategy holds: the module's parameter (its local piece when it is a DTensor: FSDP2 shards,
+        tensor-parallel weights) and the separate copies the optimizer steps (`optimizer_copies`).
+        Called after optimizer.step() and after_step(), so pruned weights stay zero everywhere."""
+        if not masks:
+            return
+        copies = self.optimizer_copies()
+        for name, param in self.unwrapped.named_parameters(remove_duplicate=False):  # tied names too
+            mask = masks.get(name)
+            if mask is None:
+                continue
+            for tensor in (param, *copies.get(id(param), ())):
+                mask_(tensor, mask)
+
+    def optimizer_copies(self) -> dict[int, list[torch.Tensor]]:
+        """id(module parameter) -> the tensors other than it that the optimizer steps for it (fp32 masters)."""
+        if self.masters is None:
+            return {}
+        return {id(low): [master] for low, master in self.masters.pairs}
 
     # ------------------------------------------------------------------ checkpoints
     @property

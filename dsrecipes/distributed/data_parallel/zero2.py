@@ -47,6 +47,11 @@ class ReplicatedZeroStage2Strategy(DataParallelStrategy):
     def after_step(self) -> None:
         self.zero2.gather_params()  # every rank's updated shard into every rank's parameters
 
+    def optimizer_copies(self) -> dict[int, list[torch.Tensor]]:
+        """The sharded masters (views of the parameters in fp32, separate fp32 copies with master weights):
+        masking only the parameters would be undone by the next gather_params."""
+        return {key: [master] for key, master in self.zero2.masters().items()}
+
     @property
     def state_module(self) -> nn.Module:
         return self.zero2.shadow  # the model's names holding the sharded masters

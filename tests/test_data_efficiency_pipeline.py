@@ -1,0 +1,96 @@
+"""Data efficiency under pipeline parallelism reproduces the single process.
+
+random-LTD draws each dropping layer's token subsets from its own stream (seed, data-parallel rank, layer,
+draw), so pipeline stages, which run some of the layers, draw what one process running all of them draws,
+and the schedule's shape-inference forward takes no draw. The sequence-length curriculum changes the batch
+shape between steps; the pipeline keeps one schedule per shape.
+
+The recipe runs both at once (seqlen curriculum in pack mode, which also changes the row count, and
+random-LTD in the middle layers) with evaluation every 5 steps (eval/train switches re-run the schedule's
+shape inference): pp 2 against one process, losses and validation losses within 2e-5, exported parameters
+within 5e-5 (fp32 summation order: gradients averaged over micro-batches by the schedule, the tied
+embedding's gradient summed across stages).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from dsrecipes.data_efficiency import RandomLTD, RandomLTDScheduler
+
+from dsrecipes.models import GPT, ModelConfig
+from tests.helpers.equivalence import common, run_and_read
+
+DATA_EFFICIENCY = [
+    "data_efficiency=combined", "data_efficiency.curriculum_learning.seqlen_mode=pack",
+    "data_efficiency.curriculum_learning.min_difficulty=16", "data_efficiency.curriculum_learning.total_curriculum_step=8",
+    "data_efficiency.random_ltd.min_value=16", "data_efficiency.random_ltd.require_steps=8",
+    "trainer.eval_interval=5", "trainer.train_micro_batch_size_per_gpu=8",
+]
+
+
+def _val_losses(folder) -> list[float]:
+    (metrics,) = list(folder.glob("outputs/*/*/metrics.jsonl"))
+    return [r["val/loss"] for r in map(json.loads, metrics.read_text().splitlines()) if "val/loss" in r]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_pp2_with_seqlen_curriculum_and_random_ltd_reproduces_single_process(tmp_path, datasets_cache):
+    recipe = common(datasets_cache) + DATA_EFFICIENCY
+    ref_losses, ref_params = run_and_read(tmp_path, "one", recipe + ["launcher.nproc_per_node=1"])
+    losses, params = run_and_read(tmp_path, "pp2", recipe + ["launcher.nproc_per_node=2", "parallel.pp=2"])
+    assert ref_losses[-1] < ref_losses[0] - 0.3
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=0, atol=2e-5)
+    ref_val, val = _val_losses(tmp_path / "one"), _val_losses(tmp_path / "pp2")
+    assert len(ref_val) == 2
+    torch.testing.assert_close(torch.tensor(val), torch.tensor(ref_val), rtol=0, atol=2e-5)
+    for name in ref_params:
+        torch.testing.assert_close(params[name], ref_params[name], rtol=0, atol=5e-5, msg=name)
+
+
+def _gpt() -> GPT:
+    torch.manual_seed(0)
+    return GPT(ModelConfig(style="gpt2", n_layer=4, n_head=4, d_model=32, max_seq_len=32, vocab_size=64))
+
+
+def _ltd(model, layer_ids=(1, 2)) -> RandomLTD:
+    ltd = RandomLTD(model, list(layer_ids), RandomLTDScheduler(min_value=8, max_value=32, require_steps=10,
+                                                               seq_per_step=1))
+    ltd.update(0)
+    return ltd
+
+
+def test_random_ltd_layers_draw_the_same_subsets_whichever_layers_a_process_runs():
+    """A 'stage' running block 2 alone draws, pass after pass, what block 2 draws in the whole model."""
+    whole, stage = _gpt(), _gpt()
+    whole_ltd, stage_ltd = _ltd(whole), _ltd(stage, layer_ids=(2,))
+    x = torch.randn(2, 32, 32)
+    for _ in range(3):
+        whole(torch.randint(0, 64, (2, 32)))
+        stage.blocks[2](x)
+        assert torch.equal(whole_ltd.last_indices[2], stage_ltd.last_indices[2])
+
+
+def test_random_ltd_paused_draws_do_not_count():
+    """A pass inside paused() (a pipeline schedule's shape inference) leaves the next real draw unchanged."""
+    a, b = _gpt(), _gpt()
+    la, lb = _ltd(a), _ltd(b)
+    ids = torch.randint(0, 64, (2, 32))
+    with la.paused():
+        a(ids)
+    a(ids)
+    b(ids)
+    assert la.draws == lb.draws == {1: 1, 2: 1}
+    assert torch.equal(la.last_indices[1], lb.last_indices[1])
+
+
+def test_random_ltd_state_from_before_per_layer_streams_loads():
+    """Checkpoints written with one draw count for all layers resume with the count split over the layers."""
+    ltd = _ltd(_gpt())
+    state = ltd.state_dict()
+    state["draws"] = 6
+    ltd.load_state_dict(state)
+    assert ltd.draws == {1: 3, 2: 3}
