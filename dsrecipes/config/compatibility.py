@@ -263,7 +263,7 @@ SUPPORTED: tuple[Supported, ...] = (
               "(tests/test_pipeline_zero.py)"),
     Supported("pp with fp16 loss scaling / fp32 master weights", "supported (the schedule's loss is scaled; masters "
               "beside the stage modules, DCP checkpoints of every stage's masters); tested pp 2 with precision=fp16 "
-              "and bf16_master against one process (tests/test_pipeline_zero.py)"),
+              "and dp 2 x pp 2 ZeRO-1 with bf16_master against one process (tests/test_pipeline_zero.py)"),
     Supported("pp x tp (x dp)", "supported: tensor-parallel stages, vocab-parallel loss on the last one; tested "
               "dp 2 x tp 2 x pp 2 at world size 8, the layout of `+experiment=gpt_3d`"),
     Supported("moe.ep_size > 1 x dp, any zero.stage", "supported (stage 1: zero1_boundary, experts partitioned "
