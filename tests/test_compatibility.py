@@ -18,9 +18,9 @@ CASES = {
     "pp with sp": (["parallel.pp=2", "parallel.sp=2", "trainer.gradient_accumulation_steps=2",
                     "trainer.train_micro_batch_size_per_gpu=16"], 4,
                    "parallel.pp=2 with parallel.sp is not supported yet"),
-    "pp with MoE": (["parallel.pp=2", "moe=top2", "trainer.gradient_accumulation_steps=2",
-                     "trainer.train_micro_batch_size_per_gpu=16"], 2,
-                    "parallel.pp=2 with moe.num_experts is not supported yet"),
+    "pp with expert parallelism (moe.ep_size > 1)": (
+        ["parallel.pp=2", "moe=top2", "moe.ep_size=2", "trainer.gradient_accumulation_steps=2",
+         "trainer.train_micro_batch_size_per_gpu=16"], 4, "parallel.pp=2 with moe.ep_size > 1 (expert parallelism)"),
     "pp with compression": (["parallel.pp=2", "compression=qat_int8", "trainer.gradient_accumulation_steps=2",
                              "trainer.train_micro_batch_size_per_gpu=16"], 2,
                             "parallel.pp=2 with compression"),

@@ -12,6 +12,8 @@ steps); the only differences are fp32 summation orders (gradients summed across 
 EP group by the all_to_all backward).
 """
 
+import json
+
 import pytest
 import torch
 
@@ -103,3 +105,45 @@ def test_expert_data_parallel_world_4_ep_2_reproduces_single_process(tmp_path, d
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref), rtol=0, atol=2e-5)
     for name in ref_params:
         torch.testing.assert_close(params[name], ref_params[name], rtol=0, atol=5e-5, msg=name)
+
+
+def _metric(folder, key: str) -> list[float]:
+    (metrics,) = list(folder.glob("outputs/*/*/metrics.jsonl"))
+    return [r[key] for r in map(json.loads, metrics.read_text().splitlines()) if key in r]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("world", [2, 4])
+def test_moe_under_pipeline_parallel_reproduces_single_process(tmp_path, datasets_cache, moe_single_process, world):
+    """pp 2 (world 2; and dp 2 x pp 2, world 4): every stage adds its own MoE layers' auxiliary-loss gradients
+    where they arise (dsrecipes.distributed.pipeline_loss_terms); losses, the logged auxiliary loss and the
+    exported parameters match one process (micro-batch 4, so every forward routes the same 4 rows)."""
+    ref_losses, ref_params = moe_single_process
+    gas = "trainer.gradient_accumulation_steps=4" if world == 2 else "trainer.gradient_accumulation_steps=2"
+    losses, params = run_and_read(tmp_path, "pp", common(datasets_cache) + MOE + [
+        "parallel.pp=2", f"launcher.nproc_per_node={world}", "trainer.train_micro_batch_size_per_gpu=4", gas])
+    assert_matches_single_process(losses, params, ref_losses, ref_params)
+    (single,) = {p.resolve() for p in tmp_path.parent.glob("moe_single*/single")}  # the fixture's run ("current" links)
+    torch.testing.assert_close(torch.tensor(_metric(tmp_path / "pp", "train/moe_aux_loss")),
+                               torch.tensor(_metric(single, "train/moe_aux_loss")), rtol=0, atol=1e-6)
+
+
+def test_stage_loss_gradient_equals_adding_the_term_to_the_loss():
+    """add_loss_gradient(x, term, s): x's backward also gives term the gradient s, as loss + term would."""
+    from dsrecipes.distributed.pipeline_loss_terms import add_loss_gradient
+
+    torch.manual_seed(0)
+    w = torch.randn(4, 3, requires_grad=True)
+    x = torch.randn(2, 4)
+
+    def run(inject: bool):
+        w.grad = None
+        h = x @ w
+        term = (h ** 2).mean()
+        out = add_loss_gradient(h * 2, term, 8.0) if inject else h * 2
+        loss = out.sum() * 8.0 + (0 if inject else term * 8.0)
+        loss.backward()
+        return w.grad.clone()
+
+    torch.testing.assert_close(run(True), run(False))

@@ -218,7 +218,9 @@ def _nvme_layout(root, dims):
 
 REFUSED: tuple[Refusal, ...] = (
     Refusal("pp with sp", "not implemented yet", _pp(lambda r: r.parallel.sp > 1, "parallel.sp")),
-    Refusal("pp with MoE", "not implemented yet", _pp(lambda r: r.moe.enabled, "moe.num_experts")),
+    Refusal("pp with expert parallelism (moe.ep_size > 1)", "expert-parallel groups inside each stage are not "
+            "implemented yet; MoE with moe.ep_size=1 runs under pipelines",
+            _pp(lambda r: r.moe.enabled and r.moe.ep_size > 1, "moe.ep_size > 1 (expert parallelism)")),
     Refusal("pp with compression", "not implemented yet", _pp(lambda r: bool(_compression_enabled(r)), "compression")),
     Refusal("pp x dp with zero.stage 2/3 (and pp x tp x dp with zero.stage 1)", "gradient / parameter sharding of "
             "pipeline stages is not implemented (DeepSpeed refuses ZeRO-2/3 with pipelines too); ZeRO-1 of "
@@ -268,6 +270,9 @@ SUPPORTED: tuple[Supported, ...] = (
               "dp 2 x tp 2 x pp 2 at world size 8, the layout of `+experiment=gpt_3d`"),
     Supported("moe.ep_size > 1 x dp, any zero.stage", "supported (stage 1: zero1_boundary, experts partitioned "
               "over their expert-data-parallel group); tested EP=2 against one process at stages 0, 1 and 3"),
+    Supported("pp with MoE (moe.ep_size=1)", "supported: each stage adds its MoE layers' auxiliary-loss gradients "
+              "where they arise; tested pp 2 and dp 2 x pp 2 against one process (tests/test_moe_distributed.py::"
+              "test_moe_under_pipeline_parallel_reproduces_single_process)"),
     Supported("pruning / QAT with zero.stage 2/3 at dp > 1", "supported: masks and scales from whole weights, masks "
               "applied to every copy the strategy holds (ZeRO-2 master shards, FSDP2 shards); tested dp 2 at ZeRO-2 "
               "and ZeRO-3 (tests/test_compression_sharded.py::test_layout[dp2_zero2], "

@@ -36,8 +36,10 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from dsrecipes.distributed.config import PP_PARTITIONS, PP_SCHEDULES  # noqa: F401 (exported here too)
+from dsrecipes.distributed.pipeline_loss_terms import StageLossTerms
 from dsrecipes.distributed.tensor_parallel import vocab_parallel_cross_entropy
 from dsrecipes.models.gpt import GPT
+from dsrecipes.models.moe import routing_stats_paused
 
 MAX_SCHEDULES = 3  # schedules (one per batch shape) kept alive: the current training and evaluation shapes, one spare
 
@@ -113,6 +115,8 @@ def materialize_pipeline_rank(gpt: GPT, pp_rank: int, pp_size: int, schedule: st
 class GPTStage(nn.Module):
     """The part of a GPT one pipeline stage runs: [embeddings] -> blocks[i..j) -> [final norm, LM head]."""
 
+    loss_terms: StageLossTerms | None = None  # extra loss terms arising in this stage (PipelineParallel.set_loss_terms)
+
     def __init__(self, gpt: GPT, blocks: range, first: bool, last: bool):
         super().__init__()
         self.first, self.last, self.style = first, last, gpt.cfg.style
@@ -140,7 +144,9 @@ class GPTStage(nn.Module):
         for block in self.blocks.values():
             x = block(x, rope)
         if self.last:
-            return self.lm_head(self.final_norm(x))
+            x = self.lm_head(self.final_norm(x))
+        if self.loss_terms is not None:  # e.g. this stage's MoE auxiliary losses, whose gradient is added here
+            x = self.loss_terms.apply(self, x)
         return x
 
 
@@ -172,10 +178,19 @@ def _metadata_pass_stage_class(base: type) -> type:
             self._metadata_pass_contexts = metadata_pass_contexts
 
         def _prepare_forward_infra(self, *args, **kwargs):
+            with self._metadata_pass():
+                return super()._prepare_forward_infra(*args, **kwargs)
+
+        def _prepare_backward_infra(self, *args, **kwargs):
+            with self._metadata_pass():
+                return super()._prepare_backward_infra(*args, **kwargs)
+
+        @contextlib.contextmanager
+        def _metadata_pass(self):
             with contextlib.ExitStack() as stack:
                 for make_context in self._metadata_pass_contexts:
                     stack.enter_context(make_context())
-                return super()._prepare_forward_infra(*args, **kwargs)
+                yield
 
     return _MetadataPassStage
 
@@ -200,7 +215,8 @@ class PipelineParallel:
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
         # contexts entered while the schedule infers the stages' shapes by running them (see _MetadataPassStage)
-        self.metadata_pass_contexts: list = []
+        self.metadata_pass_contexts: list = [routing_stats_paused]
+        self.loss_terms: StageLossTerms | None = None
         self.has_first = 0 in self.stage_ids
         self.has_last = num_stages - 1 in self.stage_ids
         stage_cls = _metadata_pass_stage_class(PipelineStage)
@@ -229,6 +245,16 @@ class PipelineParallel:
                 tied = dist.new_group(sorted({ranks[self.first_rank], ranks[self.last_rank]}))
                 if me in (ranks[self.first_rank], ranks[self.last_rank]):
                     self.tied_group = tied
+
+    def set_loss_terms(self, terms: list) -> StageLossTerms:
+        """Evaluate stage-local loss terms (MoE auxiliary losses) in every stage of this rank; their gradients
+        join the backward where they arise (dsrecipes.distributed.pipeline_loss_terms)."""
+        if self.loss_terms is None:
+            self.loss_terms = StageLossTerms(terms)
+            self.metadata_pass_contexts.append(self.loss_terms.paused)
+            for module in self.stage_modules:
+                module.loss_terms = self.loss_terms
+        return self.loss_terms
 
     def local_module(self, gpt: GPT) -> GPTStage:
         """One module holding every parameter of this rank's stages under the model's names: what the

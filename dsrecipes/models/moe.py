@@ -17,6 +17,7 @@ index, so an EP=2 model starts from exactly the EP=1 model's weights.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -125,6 +126,21 @@ def all_to_all(x: torch.Tensor, group) -> torch.Tensor:
     return _AllToAll.apply(x, group)
 
 
+_STATS_PAUSED = False
+
+
+@contextlib.contextmanager
+def routing_stats_paused():
+    """Forwards that are not training passes (a pipeline schedule's shape inference, on uninitialised
+    activations) leave the routing statistics alone."""
+    global _STATS_PAUSED
+    previous, _STATS_PAUSED = _STATS_PAUSED, True
+    try:
+        yield
+    finally:
+        _STATS_PAUSED = previous
+
+
 class MoELayer(nn.Module):
     """Drop-in replacement for a block's MLP: [B, T, M] -> [B, T, M]."""
 
@@ -151,7 +167,7 @@ class MoELayer(nn.Module):
         self.stat_routes = 0  # routes gated (tokens x k)
 
     def _record(self, routing: Routing) -> None:
-        if torch._C._current_graph_task_id() != -1:  # activation-checkpoint recomputation in backward
+        if torch._C._current_graph_task_id() != -1 or _STATS_PAUSED:  # checkpoint recomputation, shape inference
             return
         counts, dropped = routing.expert_counts.detach().float(), routing.dropped.detach().float()
         if self.stat_expert_load is None:  # kept on the device: no host sync per forward

@@ -36,6 +36,8 @@ def moe_loss_terms(aux_coef: float, z_coef: float):
             terms["moe_z_loss"] = z_coef * sum(m.z_loss for m in layers)
         return terms
 
+    # reads only the layers' state after the module's forward: a pipeline stage evaluates it on its own layers
+    loss_term.stage_local = True
     return loss_term
 
 
@@ -45,13 +47,15 @@ class MoEMetrics(Callback):
     def on_step_end(self, context: RunContext, step: int, metrics: dict) -> None:
         if not context.is_log_step(step):
             return
-        layers = _named_moe_layers(context.engine.module)
-        if not layers:
+        # one row per MoE layer of the whole model (a pipeline rank holds some of them), by block index
+        layer_ids = context.cfg.moe.moe_layer_ids(context.cfg.model.n_layer)
+        local = {_block_index(name): layer for name, layer in _named_moe_layers(context.engine.module)}
+        if not layer_ids or not local:
             return
         device = context.device
-        num_experts = layers[0][1].num_experts
-        stats = torch.zeros(len(layers), num_experts + 2, dtype=torch.float64, device=device)
-        for row, (_, layer) in enumerate(layers):
+        num_experts = context.cfg.moe.num_experts
+        stats = torch.zeros(len(layer_ids), num_experts + 2, dtype=torch.float64, device=device)
+        for row, layer in ((layer_ids.index(i), layer) for i, layer in local.items()):
             if layer.stat_expert_load is not None:
                 stats[row, :num_experts] = layer.stat_expert_load.to(device, torch.float64)
                 stats[row, num_experts] = layer.stat_dropped.to(device, torch.float64)
@@ -69,9 +73,13 @@ class MoEMetrics(Callback):
             "moe/dropped_frac": float(dropped.sum() / routes.sum()),
             "moe/max_load_ratio": float((loads.max(dim=1).values / mean_load).mean()),
         }, step)
-        for (name, _), load in zip(layers, loads):
-            block = name.split(".")[1] if name.startswith("blocks.") else name
+        for block, load in zip(layer_ids, loads):
             context.loggers.log_histogram(f"moe/expert_load/block{block}", load.tolist(), step)
+
+
+def _block_index(name: str) -> int:
+    """blocks.<i>.mlp -> i (the GPT's and a pipeline stage's names alike)."""
+    return int(name.split(".")[1])
 
 
 def moe_extension(cfg) -> Extensions:

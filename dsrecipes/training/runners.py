@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import nn
 
+from dsrecipes.distributed.pipeline_loss_terms import is_stage_local
 from dsrecipes.distributed.pipeline_parallel import PipelineParallel
 from dsrecipes.distributed.sequence_parallel import SequenceParallel, sequence_parallel_disabled
 from dsrecipes.distributed.utils import mean_over_ranks
@@ -102,16 +103,33 @@ class PipelineRunner(StepRunner):
                          "every micro-batch of a step; use engine.train_batch(next_batch) and engine.eval_loss(batches)")
 
     def train_batch(self, engine, next_batch, loss_terms=()) -> dict[str, torch.Tensor]:
-        if loss_terms:
-            raise ValueError("extra loss terms (MoE auxiliary loss, distillation) are not supported under pipeline "
-                             "parallelism: the last stage computes the language-model loss only")
+        stage_terms = self._stage_loss_terms(loss_terms)
         gas = engine.gradient_accumulation_steps
         micro = [next_batch() for _ in range(gas)]
         input_ids, labels = (torch.cat([b[key] for b in micro]).to(engine.device) for key in ("input_ids", "labels"))
+        if stage_terms is not None:
+            # as the language-model loss: x the fp16 loss scale / micro-batches (PipelineParallel._scaled_loss)
+            stage_terms.loss_scale = engine.precision.loss_scale / gas
         with engine.phases("forward_backward"), engine.forward_context():
             loss = self.pipeline.train_step(input_ids, labels, loss_scale=engine.precision.loss_scale)
         engine.step_after_accumulation(gas)
-        return {"loss": loss * gas}
+        if stage_terms is None:
+            return {"loss": loss * gas}
+        terms = stage_terms.step_totals(self.pipeline.group, engine.device)
+        lm_loss = loss * gas
+        return {"lm_loss": lm_loss, **terms, "loss": lm_loss + sum(terms.values(), torch.zeros_like(lm_loss))}
+
+    def _stage_loss_terms(self, loss_terms):
+        """Loss terms evaluated inside each stage (MoE auxiliary losses); a term that needs the batch or the
+        logits (distillation) cannot be, and is refused."""
+        if not loss_terms:
+            return None
+        needs_output = [term for term in loss_terms if not is_stage_local(term)]
+        if needs_output:
+            raise ValueError("extra loss terms that read the batch or the logits (layer reduction's distillation) are "
+                             "not supported under pipeline parallelism: the last stage computes the language-model "
+                             "loss only (MoE auxiliary losses are added inside each stage)")
+        return self.pipeline.set_loss_terms(list(loss_terms))
 
     def eval_loss(self, engine, batches) -> float:
         """Validation through the schedule, gradient_accumulation_steps micro-batches at a time (a last
