@@ -29,7 +29,7 @@ DP2_PP2_ZERO1 = ["parallel.pp=2", "zero.stage=1", "launcher.nproc_per_node=4", "
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(400)
 def test_dp2_x_pp2_zero1_reproduces_single_process_and_resumes_in_one(tmp_path, datasets_cache, single_gpt):
     base = common(datasets_cache) + ["checkpoint.interval=5"]
     losses, params = run_and_read(tmp_path, "layout", base + [
@@ -46,7 +46,7 @@ def test_dp2_x_pp2_zero1_reproduces_single_process_and_resumes_in_one(tmp_path, 
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(400)
 @pytest.mark.parametrize("precision, layout", [("fp16", PP2), ("bf16_master", DP2_PP2_ZERO1)], ids=["fp16-pp2",
                          "bf16_master-dp2xpp2-zero1"])
 def test_pipeline_with_master_weights_follows_one_process(tmp_path, datasets_cache, precision, layout):
