@@ -15,12 +15,13 @@ from dsrecipes.config.store import compose
 
 # combination -> (overrides, world size, a fragment of the message)
 CASES = {
-    "pp with sp": (["parallel.pp=2", "parallel.sp=2", "trainer.gradient_accumulation_steps=2",
-                    "trainer.train_micro_batch_size_per_gpu=16"], 4,
-                   "parallel.pp=2 with parallel.sp is not supported yet"),
     "pp with expert parallelism (moe.ep_size > 1)": (
         ["parallel.pp=2", "moe=top2", "moe.ep_size=2", "trainer.gradient_accumulation_steps=2",
          "trainer.train_micro_batch_size_per_gpu=16"], 4, "parallel.pp=2 with moe.ep_size > 1 (expert parallelism)"),
+    "pp x tp with MoE": (
+        ["parallel.pp=2", "parallel.tp=2", "moe=top2", "trainer.gradient_accumulation_steps=2",
+         "trainer.train_micro_batch_size_per_gpu=16"], 4,
+        "parallel.pp=2 with moe.num_experts > 0 and parallel.tp > 1"),
     "pp with compression": (["parallel.pp=2", "compression=qat_int8", "trainer.gradient_accumulation_steps=2",
                              "trainer.train_micro_batch_size_per_gpu=16"], 2,
                             "parallel.pp=2 with compression"),
@@ -31,12 +32,14 @@ CASES = {
                            "data_efficiency.random_ltd.enabled=true is not supported with parallel.sp=2"),
     "sp with the sequence-length curriculum": (["parallel.sp=2", "data_efficiency=seqlen_curriculum"], 2,
                                                "data_efficiency.curriculum_learning.metric=seqlen is not supported"),
-    "sp with tp": (["parallel.sp=2", "parallel.tp=2", "model.n_head=4", "model.d_model=128"], 4,
-                   "parallel.sp=2 with parallel.tp=2 is not supported yet"),
+    "pp x sp with zero.stage > 0": (["parallel.pp=2", "parallel.sp=2", "zero.stage=1",
+                                     "trainer.gradient_accumulation_steps=2", "trainer.train_micro_batch_size_per_gpu=16"],
+                                    4, "parallel.pp=2 with parallel.sp=2 needs zero.stage=0"),
+    "sp x tp with zero.stage 1": (["parallel.sp=2", "parallel.tp=2", "model.n_head=4", "model.d_model=128",
+                                   "zero.stage=1"], 4, "parallel.sp=2 with parallel.tp=2 needs zero.stage 0, 2 or 3"),
     "sp with MoE": (["parallel.sp=2", "moe=top2"], 2, "parallel.sp=2 with moe.num_experts=8"),
     "tp x dp with zero.stage 0/1": (["parallel.tp=2"], 4,
                                     "parallel.tp=2 with 2 data-parallel ranks needs zero.stage 2 or 3"),
-    "tp with MoE": (["parallel.tp=2", "moe=top2"], 2, "MoE layers have no tensor-parallel plan"),
     "tp with fp32 master weights at dp 1": (["parallel.tp=2", "precision=bf16_master"], 2,
                                             "parallel.tp=2 with precision.master_weights=true"),
     "tp with optimizer.impl fused/foreach": (["parallel.tp=2", "optimizer.impl=foreach"], 2,
@@ -46,8 +49,6 @@ CASES = {
         "parallel.tp=2 with compression.activation_quantization.enabled=true"),
     "tp with random-LTD": (["parallel.tp=2", "data_efficiency=random_ltd"], 2,
                            "parallel.tp=2 with data_efficiency.random_ltd.enabled=true"),
-    "moe.ep_size > 1 with fp32 master weights at zero.stage 0": (["moe=top2", "moe.ep_size=2", "precision=bf16_master"],
-                                                                 2, "moe.ep_size=2 with precision.master_weights=true"),
     "1-bit optimizers with zero.stage >= 1": (["optimizer=onebitadam", "zero.stage=1"], 2,
                                               "optimizer=onebitadam with zero.stage=1 is not supported"),
     "1-bit optimizers with tp / pp / sp / ep": (["optimizer=onebitlamb", "parallel.sp=2"], 2,

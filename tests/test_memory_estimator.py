@@ -201,7 +201,8 @@ def test_estimate_cli_prints_the_layout(capsys):
     (["moe.num_experts=4", "moe.ep_size=3", "world_size=4"], "moe.ep_size=3 must divide the world size 4"),
     (["parallel.tp=2", "zero.stage=0", "world_size=4"], "parallel.tp=2 with 2 data-parallel ranks needs zero.stage 2 or 3"),
     (["parallel.tp=3", "world_size=3"], "parallel.tp=3 does not divide model.n_head=4"),
-    (["parallel.pp=2", "moe.num_experts=4", "moe.ep_size=2", "world_size=4"], "parallel.pp=2 with moe.ep_size > 1"),
+    (["parallel.pp=2", "moe.num_experts=4", "moe.ep_size=2", "world_size=4"],
+     "parallel.pp=2 with moe.ep_size > 1 (expert parallelism) is not supported"),
     (["parallel.pp=8", "world_size=8"], "parallel.pp=8 with pp_schedule=1f1b makes 8 stages, more than model.n_layer=4"),
 ])
 def test_estimate_cli_refuses_layouts_that_do_not_fit(overrides, message):

@@ -45,8 +45,11 @@ def test_layout_line_of_gpt_3d_names_every_axis_and_the_schedule():
                              "pipeline: 1f1b, 4 micro-batches per step, partition by ")
     assert "tensor parallel: sequence-parallel activations" in layout
     assert "data parallel: allreduce: gradients averaged" in layout
-    assert "| precision: fp32 weights and compute | kernels: torch | compile: off | activation checkpointing: none" \
-        in layout
+    # gpt_3d says precision=auto: bf16 autocast on a CPU with AMX bf16 tiles (this kind of machine), else fp32
+    from dsrecipes.training.precision import fast_bf16
+
+    chosen = "bf16 autocast compute over fp32 weights" if fast_bf16(torch.device("cpu"))[0] else "fp32 weights and compute"
+    assert f"| precision: {chosen} | kernels: torch | compile: off | activation checkpointing: none" in layout
 
 
 def test_layout_line_of_gpt_moe_ep_and_zero3_offload():

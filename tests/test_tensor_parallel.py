@@ -51,7 +51,8 @@ def test_bad_parallel_layouts_are_refused_naming_the_keys():
         ("parallel.tp=2", "model.n_head=3", "model.d_model=96", "launcher.nproc_per_node=2"):
             "parallel.tp=2 does not divide model.n_head=3",
         ("parallel.tp=2", "launcher.nproc_per_node=4"): "parallel.tp=2 with 2 data-parallel ranks needs zero.stage 2 or 3",
-        ("parallel.tp=2", "moe=top2", "launcher.nproc_per_node=2"): "MoE layers have no tensor-parallel plan",
+        ("parallel.tp=2", "moe=top2", "moe.ep_size=2", "launcher.nproc_per_node=2"):
+            "moe.ep_size=2 must divide the data-parallel size 1 (= world / parallel.tp",
         ("parallel.tp=2", "optimizer.impl=foreach", "launcher.nproc_per_node=2"): "parallel.tp=2 with optimizer.impl=foreach",
         ("parallel.tp=2", "data.block_size=63", "launcher.nproc_per_node=2"): "needs data.block_size divisible by 2",
     }

@@ -82,9 +82,19 @@ def _sp_seqlen(root, dims):
     return None
 
 
-def _sp_tp(root, dims):
-    if dims.sp > 1 and dims.tp > 1:
-        return f"parallel.sp={dims.sp} with parallel.tp={dims.tp} is not supported yet; use one of them"
+def _sp_tp_zero1(root, dims):
+    if dims.sp > 1 and dims.tp > 1 and root.zero.stage == 1:
+        return (f"parallel.sp={dims.sp} with parallel.tp={dims.tp} needs zero.stage 0, 2 or 3: ZeRO-1 wraps the model "
+                "in DDP, which cannot take tensor-parallel DTensor parameters (stage 0 all-reduces their local shards "
+                "at the boundary, stages 2/3 shard them with FSDP2 over dp x sp); got zero.stage=1")
+    return None
+
+
+def _pp_sp_sharded(root, dims):
+    if dims.pp > 1 and dims.sp > 1 and root.zero.stage > 0:
+        return (f"parallel.pp={dims.pp} with parallel.sp={dims.sp} needs zero.stage=0 (each stage's gradients are "
+                f"averaged over its data- and sequence-parallel ranks; ZeRO sharding of stages is not implemented); "
+                f"got zero.stage={root.zero.stage}")
     return None
 
 
@@ -98,13 +108,6 @@ def _tp_replicated_dp(root, dims):
     if dims.tp > 1 and dims.dp > 1 and root.zero.stage < 2 and dims.pp == 1:
         return (f"parallel.tp={dims.tp} with {dims.dp} data-parallel ranks needs zero.stage 2 or 3 (FSDP2 composes "
                 f"with tensor-parallel DTensors on the data-parallel axis); got zero.stage={root.zero.stage}")
-    return None
-
-
-def _tp_moe(root, dims):
-    if dims.tp > 1 and root.moe.enabled:
-        return (f"parallel.tp={dims.tp} with moe.num_experts={root.moe.num_experts}: MoE layers have no "
-                "tensor-parallel plan; shard experts with moe.ep_size instead")
     return None
 
 
@@ -139,11 +142,6 @@ def _tp_random_ltd(root, dims):
     return None
 
 
-def _ep_masters_stage0(root, dims):
-    if dims.ep > 1 and root.precision.master_weights and root.zero.stage == 0:
-        return (f"moe.ep_size={dims.ep} with precision.master_weights=true and zero.stage=0 is not supported "
-                "(full-state checkpoints hold one rank's experts); use precision=bf16 (autocast) or zero.stage 2/3, "
-                "whose sharded fp32 parameters are the master weights")
     return None
 
 
@@ -217,29 +215,30 @@ def _nvme_layout(root, dims):
 
 
 REFUSED: tuple[Refusal, ...] = (
-    Refusal("pp with sp", "not implemented yet", _pp(lambda r: r.parallel.sp > 1, "parallel.sp")),
     Refusal("pp with expert parallelism (moe.ep_size > 1)", "expert-parallel groups inside each stage are not "
             "implemented yet; MoE with moe.ep_size=1 runs under pipelines",
             _pp(lambda r: r.moe.enabled and r.moe.ep_size > 1, "moe.ep_size > 1 (expert parallelism)")),
+    Refusal("pp x tp with MoE", "expert-tensor parallelism's expert mesh spans one pipeline stage's ranks only "
+            "when pp = 1; not implemented yet", _pp(lambda r: r.moe.enabled and r.parallel.tp > 1,
+                                                     "moe.num_experts > 0 and parallel.tp > 1 (expert-tensor parallelism)")),
     Refusal("pp with compression", "not implemented yet", _pp(lambda r: bool(_compression_enabled(r)), "compression")),
     Refusal("pp x dp with zero.stage 2/3 (and pp x tp x dp with zero.stage 1)", "gradient / parameter sharding of "
             "pipeline stages is not implemented (DeepSpeed refuses ZeRO-2/3 with pipelines too); ZeRO-1 of "
             "tensor-parallel stages is untested", _pp_sharded_dp),
     Refusal("sp with random-LTD", "each sequence chunk would drop different tokens", _sp_random_ltd),
     Refusal("sp with the sequence-length curriculum", "the length must stay divisible by sp", _sp_seqlen),
-    Refusal("sp with tp", "not implemented yet", _sp_tp),
+    Refusal("pp x sp with zero.stage > 0", "ZeRO sharding of pipeline stages is not implemented yet", _pp_sp_sharded),
+    Refusal("sp x tp with zero.stage 1", "ZeRO-1 wraps the model in DDP, which cannot take tensor-parallel DTensors: "
+            "use zero.stage 0 (boundary all-reduce) or 2/3 (FSDP2)", _sp_tp_zero1),
     Refusal("sp with MoE", "not implemented yet", _sp_moe),
     Refusal("tp x dp with zero.stage 0/1", "FSDP2 composes with tensor-parallel DTensors; DDP does not: use ZeRO-2/3",
             _tp_replicated_dp),
-    Refusal("tp with MoE", "MoE layers have no tensor-parallel plan yet (use moe.ep_size)", _tp_moe),
     Refusal("tp with fp32 master weights at dp 1", "not implemented yet (use precision=bf16)", _tp_masters),
     Refusal("tp with optimizer.impl fused/foreach", "DTensor and plain parameters cannot share one kernel; tp runs "
             "the optimizer's for-loop implementation", _tp_foreach),
     Refusal("tp with activation quantization or layer reduction", "not implemented yet (activation ranges would "
             "come from a row-parallel input shard; KD from vocab-parallel logits)", _tp_compression),
     Refusal("tp with random-LTD", "not implemented yet", _tp_random_ltd),
-    Refusal("moe.ep_size > 1 with fp32 master weights at zero.stage 0",
-            "full-state checkpoints would hold one rank's experts", _ep_masters_stage0),
     Refusal("1-bit optimizers with zero.stage >= 1", "they average the whole momentum themselves (DeepSpeed refuses "
             "it too)", _onebit_zero),
     Refusal("1-bit optimizers with tp / pp / sp / ep", "not implemented yet (plain data parallelism only)",
@@ -259,6 +258,10 @@ SUPPORTED: tuple[Supported, ...] = (
     Supported("tp x dp, zero.stage 2/3", "supported (FSDP2 on dp, TP on tp); tested dp 2 x tp 2 under ZeRO-3"),
     Supported("tp with dp = 1", "supported, any zero.stage (nothing to shard)"),
     Supported("sp x dp, any zero.stage", "supported (gradients reduced over dp x sp); tested sp 2 and sp 2 under ZeRO-3"),
+    Supported("sp x tp, zero.stage 0/2/3 (x dp: 2/3)", "supported: Ulysses splits each tensor-parallel rank's heads over "
+              "sp (stage 0: boundary all-reduce of the local shards over dp x sp; 2/3: FSDP2 over dp x sp); tested "
+              "sp 2 x tp 2 at zero.stage 0 and 3, sequence-parallel and replicated tp activations "
+              "(tests/test_sequence_parallel_combos.py)"),
     Supported("pp x dp, zero.stage 0", "supported; tested pp 2 (every schedule, both partitions) and dp 2 x pp 2"),
     Supported("pp x dp, zero.stage 1", "supported (zero1_boundary: optimizer state partitioned over dp, DCP "
               "checkpoints); tested dp 2 x pp 2 against one process, and its checkpoint resumed in one process "
@@ -268,8 +271,17 @@ SUPPORTED: tuple[Supported, ...] = (
               "and dp 2 x pp 2 ZeRO-1 with bf16_master against one process (tests/test_pipeline_zero.py)"),
     Supported("pp x tp (x dp)", "supported: tensor-parallel stages, vocab-parallel loss on the last one; tested "
               "dp 2 x tp 2 x pp 2 at world size 8, the layout of `+experiment=gpt_3d`"),
+    Supported("pp x sp (x tp, x dp), zero.stage 0", "supported: every stage runs this rank's sequence chunk at its "
+              "positions, gradients averaged over dp x sp; tested sp 2 x pp 2 (gpt2, Llama with GQA) and "
+              "sp 2 x tp 2 x pp 2 at world size 8 (tests/test_sequence_parallel_combos.py)"),
     Supported("moe.ep_size > 1 x dp, any zero.stage", "supported (stage 1: zero1_boundary, experts partitioned "
               "over their expert-data-parallel group); tested EP=2 against one process at stages 0, 1 and 3"),
+    Supported("moe.ep_size > 1 with fp32 master weights at zero.stage 0", "supported: full-state checkpoints and "
+              "exports gather every rank's experts (fp32 masters and optimizer moments); tested EP=2 bf16_master "
+              "against one process and its checkpoint resumed in one process (tests/test_moe_tensor_parallel.py)"),
+    Supported("tp with MoE (dp = 1, or tp x dp at zero.stage 2/3, ep over dp)", "supported: expert-tensor parallelism "
+              "(each expert's hidden width sliced over tp, ep groups within one tp rank); tested tp 2 and dp 2 x tp 2 "
+              "x ep 2 against one process (tests/test_moe_tensor_parallel.py)"),
     Supported("pp with MoE (moe.ep_size=1)", "supported: each stage adds its MoE layers' auxiliary-loss gradients "
               "where they arise; tested pp 2 and dp 2 x pp 2 against one process (tests/test_moe_distributed.py::"
               "test_moe_under_pipeline_parallel_reproduces_single_process)"),

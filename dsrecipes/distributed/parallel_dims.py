@@ -7,8 +7,9 @@ world = pp x dp_replicate x dp_shard x sp x tp, tensor parallelism innermost (co
 a TP group, so its collectives stay inside a node), then sequence parallelism, then data
 parallelism (dp = dp_replicate x dp_shard, split by the ZeRO stage and zero.hybrid_shard_size),
 pipeline stages outermost. Expert parallelism (moe.ep_size) views the same ranks as edp x ep with
-consecutive ranks in one expert-parallel group (DeepSpeed's layout; MoE composes with data
-parallelism only, see the compatibility matrix).
+consecutive ranks in one expert-parallel group (DeepSpeed's layout); with tp > 1 it is edp x ep x etp,
+an expert-parallel group holding ranks of one tp rank and each expert's hidden width sliced over etp
+(the tp ranks).
 
 Mesh names for `get_mesh`:
 
@@ -19,7 +20,8 @@ Mesh names for `get_mesh`:
 | dp_sp | dp x sp | gradient reduction and loss averaging (sequence-parallel ranks hold other tokens of the same samples) |
 | dp_shard_sp | dp_shard x sp | FSDP2's shard axis |
 | fsdp | dp_shard_sp, or (dp_replicate, dp_shard_sp) under hybrid sharding | FSDP2 |
-| ep, edp, expert | expert-parallel groups, their data-parallel peers, and the 2-D (edp, ep) mesh | MoE |
+| ep, edp, expert | expert-parallel groups, their data-parallel peers, and the (edp, ep) mesh; (edp, ep, etp) when tp > 1 | MoE |
+| etp | with tp > 1: the tp ranks as the expert mesh's innermost axis (expert-tensor parallelism) | MoE |
 
 Nodes: `node_size` is the number of ranks per node (LOCAL_WORLD_SIZE, as torchrun, srun and the
 elastic agent set it; one node when unknown). Global ranks fill nodes in order, so the innermost axes
@@ -109,6 +111,9 @@ class ParallelDims:
         if world_size % ep:
             raise ValueError(f"moe.ep_size={ep} must divide the world size {world_size} (valid: {_divisors(world_size)})")
         dp = world_size // model_parallel
+        if ep > 1 and model_parallel > 1 and dp % ep:
+            raise ValueError(f"moe.ep_size={ep} must divide the data-parallel size {dp} (= world / parallel.tp; "
+                             f"expert-parallel groups hold ranks of one tp rank); valid: {_divisors(dp)}")
         if zero_stage < 2:
             return cls(world_size, dp, 1, tp, sp, pp, ep, device_type)
         shard = hybrid_shard_size or dp
@@ -160,7 +165,8 @@ class ParallelDims:
             groups = node.reshape(shape).movedim(index, -1).reshape(-1, shape[index])
             if shape[index] > 1 and bool((groups != groups[:, :1]).any()):
                 crossing.append(axis)
-        if self.ep > 1 and bool((node.reshape(-1, self.ep) != node.reshape(-1, self.ep)[:, :1]).any()):
+        ep_groups = node.reshape(-1, self.ep, self.tp).transpose(1, 2).reshape(-1, self.ep)
+        if self.ep > 1 and bool((ep_groups != ep_groups[:, :1]).any()):
             crossing.append("ep")
         return crossing
 
@@ -239,14 +245,22 @@ class ParallelDims:
         elif name == "fsdp":
             mesh = self._fsdp_mesh()
         elif name == "expert":
-            mesh = init_device_mesh(self.device_type, (self.world_size // self.ep, self.ep), mesh_dim_names=_EXPERT_DIMS)
-        elif name in _EXPERT_DIMS:
+            mesh = self._expert_mesh()
+        elif name in _EXPERT_DIMS or name == "etp":
             mesh = self.get_mesh("expert")[name]
         else:
-            valid = (*WORLD_DIMS, *_FLATTENED, "fsdp", "expert", *_EXPERT_DIMS)
+            valid = (*WORLD_DIMS, *_FLATTENED, "fsdp", "expert", *_EXPERT_DIMS, "etp")
             raise KeyError(f"no mesh named {name!r}; valid names: {', '.join(valid)}")
         self._meshes[name] = mesh
         return mesh
+
+    def _expert_mesh(self) -> DeviceMesh:
+        """(edp, ep) over consecutive ranks; with tp > 1, (edp, ep, etp): ep groups hold ranks of one tp
+        rank (the tp axis is innermost), so they exchange tokens between data-parallel ranks only."""
+        if self.tp == 1:
+            return init_device_mesh(self.device_type, (self.world_size // self.ep, self.ep), mesh_dim_names=_EXPERT_DIMS)
+        shape = (self.world_size // (self.ep * self.tp), self.ep, self.tp)
+        return init_device_mesh(self.device_type, shape, mesh_dim_names=(*_EXPERT_DIMS, "etp"))
 
     def _flattened(self, name: str) -> DeviceMesh:
         """Several world axes as one; when at most one of them is larger than 1, that axis itself

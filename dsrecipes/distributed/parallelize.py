@@ -98,7 +98,7 @@ def parallelize(model: nn.Module, dims: ParallelDims, cfg, precision, device: to
     sequence_parallel = _sequence_parallel(model, dims, applied)
     pipeline = None
     if dims.pp > 1:
-        pipeline = _pipeline_split(model, dims, cfg.parallel, micro_batches, device)
+        pipeline = _pipeline_split(model, dims, cfg.parallel, micro_batches, device, sequence_parallel)
         model = pipeline.local_module(model)
         applied.append(f"pipeline: {dims.pp} ranks, schedule {cfg.parallel.pp_schedule}, this rank's blocks "
                        f"{[list(r) for r in pipeline.block_ranges]}")
@@ -192,12 +192,13 @@ def _sequence_parallel(model: nn.Module, dims: ParallelDims, applied: list[str])
     return sequence_parallel
 
 
-def _pipeline_split(model: nn.Module, dims: ParallelDims, par_cfg, micro_batches: int,
-                    device: torch.device) -> PipelineParallel:
+def _pipeline_split(model: nn.Module, dims: ParallelDims, par_cfg, micro_batches: int, device: torch.device,
+                    sequence_parallel: SequenceParallel | None = None) -> PipelineParallel:
     _require_gpt(model, "parallel.pp", dims.pp)
     all_pipelines = dims.world_mesh.mesh.reshape(dims.pp, -1).t().tolist()
     return PipelineParallel(model, dims.get_mesh("pp").get_group(), par_cfg.pp_schedule, micro_batches,
-                            par_cfg.pp_partition, device, all_pipelines=all_pipelines)
+                            par_cfg.pp_partition, device, all_pipelines=all_pipelines,
+                            sequence_parallel=sequence_parallel)
 
 
 def _compile(model: nn.Module, cfg, applied: list[str]) -> None:

@@ -22,12 +22,18 @@
 * fp16 loss scaling: `train_step(..., loss_scale=s)` multiplies each micro-batch's loss by s as well
   (loss x s / micro-batches, DeepSpeed's order: accumulated 16-bit gradients overflow exactly when the
   single process's would); the returned loss is unscaled.
+* Ulysses sequence parallelism (parallel.sp): every stage runs this rank's chunk of each sequence;
+  `position_offset` (train_step / eval_loss) places it for the position embedding and the rotary
+  tables, and the last stage reweights its chunk-mean loss by its share of counted labels
+  (dsrecipes.distributed.sequence_parallel.sequence_parallel_loss), so the mean over the sp ranks is
+  the full-sequence loss.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 
 import torch
 import torch.distributed as dist
@@ -37,6 +43,7 @@ from torch.distributed.tensor import DTensor
 
 from dsrecipes.distributed.config import PP_PARTITIONS, PP_SCHEDULES  # noqa: F401 (exported here too)
 from dsrecipes.distributed.pipeline_loss_terms import StageLossTerms
+from dsrecipes.distributed.sequence_parallel import SequenceParallel
 from dsrecipes.distributed.tensor_parallel import vocab_parallel_cross_entropy
 from dsrecipes.models.gpt import GPT
 from dsrecipes.models.moe import routing_stats_paused
@@ -113,7 +120,12 @@ def materialize_pipeline_rank(gpt: GPT, pp_rank: int, pp_size: int, schedule: st
 
 
 class GPTStage(nn.Module):
-    """The part of a GPT one pipeline stage runs: [embeddings] -> blocks[i..j) -> [final norm, LM head]."""
+    """The part of a GPT one pipeline stage runs: [embeddings] -> blocks[i..j) -> [final norm, LM head].
+
+    position_offset: the position of the stage input's first token (a sequence-parallel rank's chunk
+    start, set by PipelineParallel for each step; 0 otherwise)."""
+
+    position_offset = 0
 
     loss_terms: StageLossTerms | None = None  # extra loss terms arising in this stage (PipelineParallel.set_loss_terms)
 
@@ -132,15 +144,16 @@ class GPTStage(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         seq_len = x.shape[1] if self.first else x.shape[1] * self.seq_shards
+        start, end = self.position_offset, self.position_offset + seq_len
         if self.first:
             ids = x
             x = self.tok_emb(ids)
             if self.pos_emb is not None:
-                x = x + self.pos_emb(torch.arange(seq_len, device=ids.device))
+                x = x + self.pos_emb(torch.arange(start, end, device=ids.device))
             x = self.emb_dropout(x)
         rope = None
         if self.style == "llama":
-            rope = (self.rope_cos[:seq_len], self.rope_sin[:seq_len])
+            rope = (self.rope_cos[start:end], self.rope_sin[start:end])
         for block in self.blocks.values():
             x = block(x, rope)
         if self.last:
@@ -150,12 +163,15 @@ class GPTStage(nn.Module):
         return x
 
 
-def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def lm_loss(logits: torch.Tensor, labels: torch.Tensor, sequence_parallel: SequenceParallel | None = None) -> torch.Tensor:
     """Mean cross-entropy of the last stage's logits; vocab-sharded (tensor-parallel) logits use the
-    vocab-parallel loss (the Engine runs the schedule under loss_parallel)."""
+    vocab-parallel loss (the Engine runs the schedule under loss_parallel). Under sequence parallelism
+    the chunk's mean is reweighted by its share of the counted labels (exact with -100 labels)."""
     if isinstance(logits, DTensor):
-        return vocab_parallel_cross_entropy(logits.flatten(0, 1), labels.flatten())
-    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100)
+        loss = vocab_parallel_cross_entropy(logits.flatten(0, 1), labels.flatten())
+    else:
+        loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100)
+    return sequence_parallel.loss(loss, labels) if sequence_parallel is not None else loss
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -197,9 +213,10 @@ def _metadata_pass_stage_class(base: type) -> type:
 
 class PipelineParallel:
     def __init__(self, gpt: GPT, group, schedule: str, n_microbatches: int, partition: str, device: torch.device,
-                 all_pipelines: list[list[int]] | None = None):
+                 all_pipelines: list[list[int]] | None = None, sequence_parallel: SequenceParallel | None = None):
         """group: this rank's pipeline group; all_pipelines: the global ranks of every pipeline group
-        (every rank must create the tied-weight groups of all of them, in the same order)."""
+        (every rank must create the tied-weight groups of all of them, in the same order);
+        sequence_parallel: the Ulysses groups already installed on `gpt` (its loss reweighting is used)."""
         if schedule not in PP_SCHEDULES:
             raise ValueError(f"parallel.pp_schedule={schedule!r} is not valid; choose one of: {', '.join(PP_SCHEDULES)}")
         self.group, self.device = group, device
@@ -221,14 +238,16 @@ class PipelineParallel:
         self.has_last = num_stages - 1 in self.stage_ids
         stage_cls = _metadata_pass_stage_class(PipelineStage)
         schedule_cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}[schedule]
+        self._lm_loss = functools.partial(lm_loss, sequence_parallel=sequence_parallel) if sequence_parallel else lm_loss
         self.loss_scale = 1.0  # the fp16 loss scale of the step being run (train_step sets it)
         self.n_microbatches = n_microbatches
         # the loss function averages over micro-batches itself (see _scaled_loss): no gradient rescaling after
+
         def make_schedule():
             stages = [stage_cls(m, s, num_stages, device, group=group, metadata_pass_contexts=self.metadata_pass_contexts)
                       for m, s in zip(self.stage_modules, self.stage_ids)]
-            return schedule_cls(stages if per_rank > 1 else stages[0], n_microbatches=n_microbatches, loss_fn=self._scaled_loss,
-                                scale_grads=False)
+            return schedule_cls(stages if per_rank > 1 else stages[0], n_microbatches=n_microbatches,
+                                loss_fn=self._scaled_loss, scale_grads=False)
 
         self._make_schedule = make_schedule
         # one schedule per batch shape: stages infer their activation shapes once and keep receive buffers of
@@ -292,7 +311,7 @@ class PipelineParallel:
 
     def _scaled_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """The micro-batch's loss x loss scale / micro-batches: what its backward starts from."""
-        return lm_loss(logits, labels) * (self.loss_scale / self.n_microbatches)
+        return self._lm_loss(logits, labels) * (self.loss_scale / self.n_microbatches)
 
     def schedule_for(self, shape: tuple) -> object:
         """The schedule for batches of `shape` (every rank of the pipeline sees the step's batch, so all pick alike)."""
@@ -304,10 +323,17 @@ class PipelineParallel:
         self._schedules.move_to_end(shape)
         return schedule
 
-    def train_step(self, input_ids: torch.Tensor, labels: torch.Tensor, loss_scale: float = 1.0) -> torch.Tensor:
-        """Forward + backward of all micro-batches, each loss multiplied by loss_scale (fp16 loss scaling);
-        returns the mean (unscaled) loss on every rank of the group."""
+    def _place(self, position_offset: int) -> None:
+        for module in self.stage_modules:
+            module.position_offset = int(position_offset)
+
+    def train_step(self, input_ids: torch.Tensor, labels: torch.Tensor, position_offset: int = 0,
+                   loss_scale: float = 1.0) -> torch.Tensor:
+        """Forward + backward of all micro-batches; returns the mean loss on every rank of the group.
+        position_offset: the position of input_ids' first token (a sequence-parallel chunk's start);
+        loss_scale: each micro-batch's loss is multiplied by it (fp16 loss scaling), the returned loss is not."""
         self.loss_scale = float(loss_scale)
+        self._place(position_offset)
         losses: list[torch.Tensor] = []
         kwargs = {}
         if self.has_last:
@@ -323,7 +349,8 @@ class PipelineParallel:
         return loss
 
     @torch.no_grad()
-    def eval_loss(self, input_ids: torch.Tensor, labels: torch.Tensor) -> float:
+    def eval_loss(self, input_ids: torch.Tensor, labels: torch.Tensor, position_offset: int = 0) -> float:
+        self._place(position_offset)
         losses: list[torch.Tensor] = []
         kwargs = {"target": labels, "losses": losses} if self.has_last else {}
         schedule = self.schedule_for(tuple(input_ids.shape))

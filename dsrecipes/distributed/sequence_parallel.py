@@ -20,6 +20,11 @@ which is exact and costs only extra all-to-all volume.
 Positions: chunk r holds positions r·T/P .. (r+1)·T/P-1, passed to GPT.forward as position_offset,
 so learned position embeddings (gpt2) and rotary tables (llama) see the true positions.
 
+With tensor parallelism the hook receives this tp rank's n_head/tp heads (the column-parallel
+projections' local outputs), and the sp group is the ranks holding the same tp shard: Ulysses splits
+those heads over sp (model.n_head % (tp*sp) == 0). Under pipeline parallelism every stage's attention
+runs on the chunk; dsrecipes.distributed.pipeline_parallel passes the positions and reweights the loss.
+
 Loss and gradients: each rank's loss is the mean over its chunk. With equal chunks and every label
 counted, the mean of the sp ranks' losses is the full-sequence mean, and the mean of their local
 parameter gradients (DDP's all-reduce over a world that includes the sp group) is its gradient: the
@@ -73,7 +78,8 @@ def validate_sequence_parallel(
 
 def validate_sequence_parallel_recipe(cfg) -> None:
     """Recipe-level checks for parallel.sp > 1 (call from validate_recipe, before workers start):
-    heads and block size divisible, heads divisible by tp*sp with TP, no attention dropout. What
+    heads and block size divisible, heads (and, with sequence-parallel tp activations, the block size)
+    divisible by tp*sp with TP, no attention dropout. What
     sequence parallelism does not compose with is dsrecipes.config.compatibility's."""
     sp = cfg.parallel.sp
     model = cfg.model
@@ -85,6 +91,12 @@ def validate_sequence_parallel_recipe(cfg) -> None:
         raise ValueError(
             f"model.n_head={model.n_head} is not divisible by parallel.tp={tp} x parallel.sp={sp}: tensor "
             "parallelism splits the heads over tp ranks, then Ulysses splits each rank's heads over sp"
+        )
+    if tp > 1 and getattr(cfg.parallel, "tp_sequence_parallel", False) and cfg.data.block_size % (tp * sp):
+        raise ValueError(
+            f"data.block_size={cfg.data.block_size} is not divisible by parallel.sp={sp} x parallel.tp={tp}: each sp "
+            "rank's chunk is split again over the tp ranks (parallel.tp_sequence_parallel=true); use a multiple of "
+            f"{tp * sp} or set parallel.tp_sequence_parallel=false"
         )
     if model.dropout > 0:
         raise ValueError(

@@ -24,6 +24,13 @@ Between the sharded layers, the activations are either
   unchanged on plain [batch, seq, d_model] tensors, with two all-reduces per block forward (and two
   backward), as Megatron-LM without sequence parallelism.
 
+MoE layers (moe.num_experts > 0) are not sharded here: they take the whole tokens on every tp rank
+(gathered as for the dense MLP; with sequence-parallel activations the output is sliced back to
+this rank's sequence shard), so the tp ranks route identically and the router is replicated, with
+identical gradients. The experts' hidden width is sliced over tp by
+dsrecipes.distributed.expert_parallel (expert-tensor parallelism, DeepSpeed-MoE's
+enable_expert_tensor_parallelism).
+
 Parameters become DTensors sharded over the tp mesh: DCP checkpoints store their global shapes (a
 TP=2 checkpoint resumes at TP=1 or any other layout) and full state dicts gather them.
 """
@@ -38,6 +45,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
+    PrepareModuleInputOutput,
     PrepareModuleOutput,
     RowwiseParallel,
     SequenceParallel,
@@ -45,6 +53,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from dsrecipes.models.layers import CausalSelfAttention, GeluMLP, SwiGLUMLP
+from dsrecipes.models.moe import MoELayer
 
 
 def block_plan(block: nn.Module, sequence_parallel: bool = False) -> dict:
@@ -55,8 +64,8 @@ def block_plan(block: nn.Module, sequence_parallel: bool = False) -> dict:
         plan.update({"mlp.fc_in": ColwiseParallel(), "mlp.fc_out": row})
     elif isinstance(block.mlp, SwiGLUMLP):
         plan.update({"mlp.gate": ColwiseParallel(), "mlp.up": ColwiseParallel(), "mlp.fc_out": row})
-    else:
-        raise ValueError(f"tensor parallelism has no plan for a {type(block.mlp).__name__} MLP (MoE layers: use moe.ep_size)")
+    elif not isinstance(block.mlp, MoELayer):
+        raise ValueError(f"tensor parallelism has no plan for a {type(block.mlp).__name__} MLP")
     if sequence_parallel:  # norms on sequence shards; attention and the MLP gather the whole sequence first
         plan.update({
             "attn_norm": SequenceParallel(),
@@ -64,6 +73,10 @@ def block_plan(block: nn.Module, sequence_parallel: bool = False) -> dict:
             "attn": PrepareModuleInput(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)),
             "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
         })
+        if isinstance(block.mlp, MoELayer):  # whole tokens in (plain tensors), this rank's sequence shard out
+            plan["mlp"] = PrepareModuleInputOutput(
+                input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_input=True,
+                output_layouts=(Replicate(),), desired_output_layouts=(Shard(1),), use_local_output=True)
     return plan
 
 

@@ -12,7 +12,10 @@ vocabulary rows (each rank computes ceil(V/tp) logits; the last shard is zero-pa
 NCCL gather equal sizes) and one all-gather assembles the full, identical logits on every rank; at
 batch-1 decode the LM head is a large share of the weight bytes read per token (gpt2's 38.6M of
 124M), so each rank reads 1/tp of it. Embeddings and norms stay replicated (a tied embedding keeps
-its full table for lookups; the head's shard is a separate 1/tp copy).
+its full table for lookups; the head's shard is a separate 1/tp copy). MoE layers: the router stays
+whole (every rank routes the same tokens alike) and each expert's hidden width is sliced as the dense
+MLP's (`Experts.keep_hidden_slice`: partial outputs summed with one all-reduce, b_out added once); a
+residual MoE's dense MLP is sharded as any MLP.
 
 The sharding slices plain tensors (no DTensor): inference keeps no optimizer state or checkpoints,
 and plain modules let the quantized and kernel-injected paths run unchanged on every rank.
@@ -31,6 +34,7 @@ from torch import nn
 
 from dsrecipes.models.config import ModelConfig
 from dsrecipes.models.layers import CausalSelfAttention, GeluMLP, SwiGLUMLP
+from dsrecipes.models.moe import Experts
 
 
 def check_tp_size(cfg: ModelConfig, tp_size: int, world_size: int | None = None, key: str = "tensor_parallel.tp_size") -> None:
@@ -121,11 +125,10 @@ def shard_for_inference(model: nn.Module, group=None) -> int:
     check_tp_size(model.cfg, size)
     if size == 1:
         return 1
-    if getattr(model, "moe_cfg", None) is not None:
-        raise ValueError(f"tensor-parallel inference (tp_size={size}) does not shard MoE layers yet; "
-                         "generate from an MoE model with tp_size=1")
-    for module in model.modules():
-        if isinstance(module, CausalSelfAttention):
+    for module in list(model.modules()):
+        if isinstance(module, Experts):  # every rank routes alike; each keeps a slice of each expert's hidden width
+            module.keep_hidden_slice(rank, size, group)
+        elif isinstance(module, CausalSelfAttention):
             dev = module.q_proj.weight.device
             hd, n_kv = module.head_dim, module.n_kv_head
             module.q_proj = _rows(module.q_proj, _chunk_index(module.n_head * hd, rank, size, dev))

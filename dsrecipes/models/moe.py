@@ -45,6 +45,9 @@ class Experts(nn.Module):
         self.num_experts = num_experts  # experts held here (num_local after keep_local)
         self.global_experts = num_experts
         self.first_expert = 0
+        self.d_ff = d_ff  # every expert's hidden width (this rank holds [hidden_lo, hidden_hi) of it)
+        self.hidden_lo, self.hidden_hi = 0, d_ff
+        self.tp_size, self.tp_group = 1, None  # expert-tensor parallelism: set by keep_hidden_slice (None: the default group)
         self.swiglu = model_cfg.style == "llama"
         self.init_std = model_cfg.init_std
         self.out_std = model_cfg.init_std / math.sqrt(2 * model_cfg.n_layer)
@@ -65,9 +68,13 @@ class Experts(nn.Module):
     def weight_names(self) -> list[str]:
         return [name for name, _ in self.named_parameters(recurse=False)]
 
+    def hidden_dim(self, name: str) -> int | None:
+        """The dim of parameter `name` that runs over the expert's hidden width (None: b_out)."""
+        return {"w_gate": 2, "w_in": 2, "b_in": 2, "w_out": 1}.get(name)
+
     @torch.no_grad()
     def reset_parameters(self, draw_device: torch.device | None = None) -> None:
-        """Draw every global expert's weights (same RNG use at any EP degree), keep this rank's slice.
+        """Draw every global expert's weights (same RNG use at any EP / TP degree), keep this rank's slice.
 
         Meta parameters (held by another pipeline rank) draw on `draw_device` (default CPU) and keep nothing,
         so the random stream advances as if they were materialised."""
@@ -77,10 +84,12 @@ class Experts(nn.Module):
                 param.zero_()
                 continue
             std = self.out_std if name == "w_out" else self.init_std
+            shape = list(param.shape[1:])
+            shape[self.hidden_dim(name) - 1] = self.d_ff
             device = (draw_device or torch.device("cpu")) if param.is_meta else param.device
-            full = torch.empty(self.global_experts, *param.shape[1:], device=device, dtype=param.dtype).normal_(0.0, std)
+            full = torch.empty(self.global_experts, *shape, device=device, dtype=param.dtype).normal_(0.0, std)
             if not param.is_meta:
-                param.copy_(full[lo:hi])
+                param.copy_(full[lo:hi].narrow(self.hidden_dim(name), self.hidden_lo, self.hidden_hi - self.hidden_lo))
 
     @torch.no_grad()
     def keep_local(self, rank: int, world: int) -> None:
@@ -91,6 +100,22 @@ class Experts(nn.Module):
             local = param[rank * per_rank:(rank + 1) * per_rank].clone()
             setattr(self, name, nn.Parameter(local, requires_grad=param.requires_grad))
 
+    @torch.no_grad()
+    def keep_hidden_slice(self, rank: int, world: int, group) -> None:
+        """Expert-tensor parallelism (DeepSpeed-MoE's enable_expert_tensor_parallelism): keep hidden
+        units [rank * F/world, (rank+1) * F/world) of every expert; `group` (the tp ranks, which see the
+        same tokens) sums the partial outputs. b_out stays whole, added once after the sum."""
+        if self.d_ff % world:
+            raise ValueError(f"the experts' hidden width {self.d_ff} (moe.d_ff or the model's ffn width) is not "
+                             f"divisible by parallel.tp={world}")
+        width = self.d_ff // world
+        self.hidden_lo, self.hidden_hi, self.tp_size, self.tp_group = rank * width, (rank + 1) * width, world, group
+        for name, param in list(self.named_parameters(recurse=False)):
+            dim = self.hidden_dim(name)
+            if dim is not None:
+                local = param.narrow(dim, rank * width, width).clone()
+                setattr(self, name, nn.Parameter(local, requires_grad=param.requires_grad))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [E_local, N, M] -> [E_local, N, M]."""
         dtype = x.dtype
@@ -98,12 +123,46 @@ class Experts(nn.Module):
         def w(param):
             return param if param.dtype == dtype or torch.is_autocast_enabled() else param.to(dtype)
 
+        if self.tp_size > 1:  # Megatron's f: the same x on every tp rank, input gradients summed
+            x = _CopyToGroup.apply(x, self.tp_group)
         if self.swiglu:
             hidden = F.silu(torch.bmm(x, w(self.w_gate))) * torch.bmm(x, w(self.w_in))
-            return torch.bmm(hidden, w(self.w_out))
-        hidden = torch.bmm(x, w(self.w_in)) if self.b_in is None else torch.baddbmm(w(self.b_in), x, w(self.w_in))
-        hidden = F.gelu(hidden, approximate="tanh")
-        return torch.bmm(hidden, w(self.w_out)) if self.b_out is None else torch.baddbmm(w(self.b_out), hidden, w(self.w_out))
+        else:
+            hidden = torch.bmm(x, w(self.w_in)) if self.b_in is None else torch.baddbmm(w(self.b_in), x, w(self.w_in))
+            hidden = F.gelu(hidden, approximate="tanh")
+        if self.tp_size == 1:
+            return torch.bmm(hidden, w(self.w_out)) if self.b_out is None else torch.baddbmm(w(self.b_out), hidden, w(self.w_out))
+        out = _SumOverGroup.apply(torch.bmm(hidden, w(self.w_out)), self.tp_group)  # Megatron's g
+        return out if self.b_out is None else out + w(self.b_out)
+
+
+class _CopyToGroup(torch.autograd.Function):
+    """Identity forward; the backward sums the gradient over the group (each rank's hidden slice gives a part)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
+        ctx.group = group
+        return x
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class _SumOverGroup(torch.autograd.Function):
+    """All-reduce forward (partial outputs of the hidden slices); identity backward (the gradient is the same on every rank)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
+        x = x.contiguous().clone()
+        dist.all_reduce(x, group=group)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad, None
 
 
 class _AllToAll(torch.autograd.Function):

@@ -126,6 +126,12 @@ def _tp_shard_dims(gpt: nn.Module, sequence_parallel: bool) -> dict[str, int]:
             dims.update({f"{name}.weight": 1 if embedding else 0, f"{name}.bias": 0})
         elif isinstance(style, RowwiseParallel):  # Linear: input columns (bias replicated); Embedding: rows
             dims[f"{name}.weight"] = 0 if embedding else 1
+    from dsrecipes.models.moe import Experts
+
+    for name, module in modules.items():  # expert-tensor parallelism: every expert's hidden width over tp
+        if isinstance(module, Experts):
+            dims.update({f"{name}.{p}": module.hidden_dim(p) for p in module.weight_names()
+                         if module.hidden_dim(p) is not None})
     return dims
 
 

@@ -137,5 +137,5 @@ def _optimizer_config(cfg, dims: ParallelDims):
 
 def _runner(plan: ParallelPlan) -> StepRunner:
     if plan.pipeline is not None:
-        return PipelineRunner(plan.pipeline)
+        return PipelineRunner(plan.pipeline, plan.sequence_parallel)
     return MicroBatchRunner(plan.sequence_parallel)

@@ -8,7 +8,8 @@ Two formats, picked by the data-parallel strategy (`strategy.uses_full_state_che
   back what it needs. Expert-parallel experts are stored as global [E, ...] tensors.
 * full: consolidated `model.pt` (full-precision weights) and `optimizer.pt`, written by rank 0: for
   ZeRO-1's ZeroRedundancyOptimizer and fp32 master weights beside the module, which DCP cannot
-  describe; they resume with the same stage and precision.
+  describe; they resume with the same stage and precision. Expert-parallel experts (and their
+  optimizer moments) are gathered whole into them and cut back to each rank's slice on load.
 
 Every rank also writes its RNG state; rank 0 writes engine.pt (counters, LR schedule, loss scaler,
 client state) and the manifest last, and the directory is renamed into place only when every rank
@@ -110,9 +111,14 @@ def _write_states(engine, tmp: Path) -> None:
     if strategy.uses_full_state_checkpoints:
         strategy.prepare_full_save()
         model_state = full_model_state(engine)
+        experts = engine.plan.expert_parallel
+        # every rank holds its experts' moments: gathered whole on every rank (a collective)
+        optimizer_state = experts.full_optimizer_state(strategy.optimizer_state_for_save(), engine.optimizer) \
+            if experts is not None else None
         if engine.is_writer:
             save_file(model_state, tmp / "model.pt")
-            save_file(strategy.optimizer_state_for_save(), tmp / "optimizer.pt")
+            save_file(optimizer_state if experts is not None else strategy.optimizer_state_for_save(),
+                      tmp / "optimizer.pt")
     else:
         model_state, optimizer_state = _sharded_state(engine)
         with _single_process_dcp_quiet():
@@ -163,10 +169,14 @@ def load(engine, load_dir: str | os.PathLike, tag: str | None, load_optimizer_st
 def _load_full(engine, path: Path, load_optimizer_states: bool) -> None:
     model_state = read_checkpoint(path, "model.pt")
     check_state_dict_matches(full_model_state(engine), model_state, path / "model.pt")
+    experts = engine.plan.expert_parallel
+    if experts is not None:  # the files hold every expert whole; keep this rank's
+        model_state = experts.local_model_state(model_state)
     optimizer_loader = None
     if load_optimizer_states:
         def optimizer_loader():
-            return read_checkpoint(path, "optimizer.pt", map_location=engine.device)
+            state = read_checkpoint(path, "optimizer.pt", map_location=engine.device)
+            return experts.local_optimizer_state(state, engine.optimizer) if experts is not None else state
     engine.strategy.load_full_state(model_state, optimizer_loader)
 
 

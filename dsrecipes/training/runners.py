@@ -4,7 +4,8 @@
   layout but pipelines). Under Ulysses sequence parallelism it first cuts each micro-batch to this
   rank's chunk of every sequence (the batch slicing lives here, not in the loop).
 * PipelineRunner: all micro-batches of the step through the pipeline schedule at once, then the
-  optimizer step; the loss comes from the last stage.
+  optimizer step; the loss comes from the last stage. Under Ulysses it cuts the micro-batches to this
+  rank's sequence chunk too, and passes the chunk's position offset to the stages.
 
 Both give `Engine.train_batch` and `Engine.eval_loss` the same contract, so the Trainer's loop never
 asks which layout it runs:
@@ -95,8 +96,17 @@ class MicroBatchRunner(StepRunner):
 class PipelineRunner(StepRunner):
     """Micro-batches = gradient_accumulation_steps, as in DeepSpeed's PipelineEngine.train_batch."""
 
-    def __init__(self, pipeline: PipelineParallel):
+    def __init__(self, pipeline: PipelineParallel, sequence_parallel: SequenceParallel | None = None):
         self.pipeline = pipeline
+        self.sequence_parallel = sequence_parallel  # Ulysses: every stage runs this rank's chunk of each sequence
+
+    def _stacked(self, batches: list[dict], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """The micro-batches' input_ids and labels concatenated (the schedule splits them again), cut to this
+        rank's sequence chunk under sequence parallelism, and the chunk's position offset."""
+        batch = {key: torch.cat([b[key] for b in batches]).to(device) for key in ("input_ids", "labels")}
+        if self.sequence_parallel is not None:
+            batch = self.sequence_parallel.shard(batch)
+        return batch["input_ids"], batch["labels"], batch.get("position_offset", 0)
 
     def check_direct_use(self, call: str) -> None:
         raise ValueError(f"{call} is not available under pipeline parallelism (parallel.pp > 1): the schedule runs "
@@ -105,13 +115,13 @@ class PipelineRunner(StepRunner):
     def train_batch(self, engine, next_batch, loss_terms=()) -> dict[str, torch.Tensor]:
         stage_terms = self._stage_loss_terms(loss_terms)
         gas = engine.gradient_accumulation_steps
-        micro = [next_batch() for _ in range(gas)]
-        input_ids, labels = (torch.cat([b[key] for b in micro]).to(engine.device) for key in ("input_ids", "labels"))
+        input_ids, labels, offset = self._stacked([next_batch() for _ in range(gas)], engine.device)
         if stage_terms is not None:
             # as the language-model loss: x the fp16 loss scale / micro-batches (PipelineParallel._scaled_loss)
             stage_terms.loss_scale = engine.precision.loss_scale / gas
         with engine.phases("forward_backward"), engine.forward_context():
-            loss = self.pipeline.train_step(input_ids, labels, loss_scale=engine.precision.loss_scale)
+            loss = self.pipeline.train_step(input_ids, labels, position_offset=offset,
+                                                 loss_scale=engine.precision.loss_scale)
         engine.step_after_accumulation(gas)
         if stage_terms is None:
             return {"loss": loss * gas}
@@ -138,11 +148,14 @@ class PipelineRunner(StepRunner):
         for batch in batches:
             group.append(batch)
             if len(group) == gas:
-                input_ids, labels = (torch.cat([b[k] for b in group]).to(engine.device) for k in ("input_ids", "labels"))
+                input_ids, labels, offset = self._stacked(group, engine.device)
                 with engine.forward_context():
-                    losses.append(self.pipeline.eval_loss(input_ids, labels))
+                    losses.append(self.pipeline.eval_loss(input_ids, labels, position_offset=offset))
                 group = []
-        return sum(losses) / max(1, len(losses))
+        loss = sum(losses) / max(1, len(losses))
+        if self.sequence_parallel is not None:  # each sp rank scored its chunk: the mean is the full loss
+            loss = float(mean_over_ranks(torch.tensor([loss], device=engine.device))[0])
+        return loss
 
     def single_rank_module(self, engine):
         return contextlib.nullcontext(None)  # this rank holds only its stages

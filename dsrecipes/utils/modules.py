@@ -42,8 +42,11 @@ def module_view(module: nn.Module, replacements: dict[int, nn.Parameter]) -> nn.
 
 
 @torch.no_grad()
-def broadcast_module(module: nn.Module, group=None, src_group_rank: int = 0) -> None:
-    """Copy one rank's parameters and buffers into every rank of `group` (default: the world)."""
+def broadcast_module(module: nn.Module, group=None, src_group_rank: int = 0, skip: set | None = None) -> None:
+    """Copy one rank's parameters and buffers into every rank of `group` (default: the world), except the
+    parameters in `skip` (those that differ per rank by design, e.g. expert-parallel experts)."""
     source = dist.get_global_rank(group, src_group_rank) if group is not None else src_group_rank
     for tensor in list(module.parameters()) + list(module.buffers()):
+        if skip and tensor in skip:
+            continue
         dist.broadcast(tensor.data, src=source, group=group)

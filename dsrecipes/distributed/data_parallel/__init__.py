@@ -4,7 +4,7 @@
 |---|---|---|
 | none | nothing to replicate or shard | one data-parallel rank (dp x sp = 1), without offload |
 | zero1_boundary | gradients all-reduced at the boundary (no wrapper), optimizer state partitioned, owners broadcast the updated parameters | zero.stage=1 with pipeline or expert parallelism |
-| allreduce | one flat gradient all-reduce per step, no wrapper | pipeline parallelism at zero.stage=0 (a schedule runs the stages) |
+| allreduce | one flat gradient all-reduce per step, no wrapper | pipeline parallelism (a schedule runs the stages), or tensor x sequence parallelism at zero.stage=0 (DDP takes no DTensors) |
 | onebit | DDP until the 1-bit optimizer's freeze, then its compressed momentum all-reduce (data_parallel/onebit.py) | optimizer onebitadam / zerooneadam / onebitlamb with zero.stage=0 |
 | ddp | DistributedDataParallel | zero.stage=0 |
 | zero1 | DDP + ZeroRedundancyOptimizer | zero.stage=1 |
@@ -67,7 +67,8 @@ CHOICE: tuple[Choice, ...] = (
            lambda zero, dims: dims.dp_sp == 1 and not offloads(zero)),
     Choice("zero1_boundary", "zero.stage=1 with pipeline or expert parallelism",
            lambda zero, dims: zero.stage == 1 and (dims.pp > 1 or dims.ep > 1)),
-    Choice("allreduce", "pipeline parallelism at zero.stage=0", lambda zero, dims: dims.pp > 1),
+    Choice("allreduce", "pipeline parallelism, or tensor x sequence parallelism at zero.stage=0",
+           lambda zero, dims: dims.pp > 1 or (dims.tp > 1 and dims.sp > 1 and zero.stage == 0)),
     Choice("onebit", "optimizer onebitadam / zerooneadam / onebitlamb with zero.stage=0",
            lambda zero, dims: zero.stage == 0, ONEBIT_OPTIMIZERS),
     Choice("ddp", "zero.stage=0", lambda zero, dims: zero.stage == 0),

@@ -1,9 +1,11 @@
 """Data parallelism without a module wrapper: gradients averaged in one flat all-reduce at the boundary.
 
-For models that DDP cannot wrap because a schedule, not a forward call, runs them: the stages of
-a pipeline (torch.distributed.pipelining drives each stage's forward and backward itself). Each
-rank's stage gradients are averaged over its data-parallel peers once per optimizer step, as
-DeepSpeed's engine does for ZeRO-0 (`allreduce_gradients` at the accumulation boundary).
+For models that DDP cannot wrap: the stages of a pipeline (torch.distributed.pipelining drives each
+stage's forward and backward itself, not a forward call), and tensor-parallel models whose gradients
+must still be averaged over sequence-parallel peers (DDP takes no DTensor parameters; their local
+shards are all-reduced here). Each rank's gradients are averaged over its data- and sequence-parallel
+peers (dp x sp) once per optimizer step, as DeepSpeed's engine does for ZeRO-0 (`allreduce_gradients`
+at the accumulation boundary).
 
 fp32 master weights (precision.master_weights) live beside the local stage module; checkpoints are
 sharded (DCP) over the masters' tree, so every stage writes its own fp32 weights and optimizer state

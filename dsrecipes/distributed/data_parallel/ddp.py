@@ -43,11 +43,12 @@ class DDPStrategy(DataParallelStrategy):
         self.group = self.mesh.get_group()
 
     def wrap(self, model: nn.Module, ignored_params: set[nn.Parameter] | None = None) -> nn.Module:
-        if self.keeps_module_masters:
-            broadcast_module(model, self.group)  # the fp32 masters start equal on every rank
+        if self.keeps_module_masters:  # the fp32 masters start equal on every rank (experts differ by design)
+            broadcast_module(model, self.group, skip=ignored_params)
+        # named before the masters are attached: the module then holds low-precision copies under the same names
+        names = [name for name, p in model.named_parameters() if p in ignored_params] if ignored_params else []
         self._attach_masters(model)
-        if ignored_params:  # expert-parallel experts differ per rank: reduced over their own group
-            names = [name for name, p in model.named_parameters() if p in ignored_params]
+        if names:  # expert-parallel experts differ per rank: reduced over their own group
             DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, names)
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         wrapped = DistributedDataParallel(model, device_ids=device_ids, process_group=self.group)
