@@ -19,6 +19,7 @@ import torch
 from tests.helpers.equivalence import (
     STEPS,
     assert_matches_single_process,
+    assert_resumed_matches,
     common,
     run_and_read,
     run_layout,
@@ -39,10 +40,7 @@ def test_dp2_x_pp2_zero1_reproduces_single_process_and_resumes_in_one(tmp_path, 
     (checkpoint,) = list((tmp_path / "layout").glob("outputs/*/*/checkpoints/step_5"))
     resumed, params = run_and_read(tmp_path, "one", base + [
         "launcher.nproc_per_node=1", "trainer.train_micro_batch_size_per_gpu=8", f"trainer.resume={checkpoint}"])
-    ref_losses, ref_params = single_gpt
-    torch.testing.assert_close(torch.tensor(resumed), torch.tensor(ref_losses[5:]), rtol=0, atol=2e-5)
-    for name in ref_params:
-        torch.testing.assert_close(params[name], ref_params[name], rtol=0, atol=5e-5, msg=name)
+    assert_resumed_matches(resumed, params, single_gpt)
 
 
 @pytest.mark.slow
