@@ -15,18 +15,12 @@ from dsrecipes.config.store import compose
 
 # combination -> (overrides, world size, a fragment of the message)
 CASES = {
-    "pp with fp16 loss scaling": (["parallel.pp=2", "precision=fp16_autocast", "trainer.gradient_accumulation_steps=2",
-                                   "trainer.train_micro_batch_size_per_gpu=16"],
-                                  2, "parallel.pp=2 with precision.dtype=fp16 (loss scaling)"),
-    "pp with fp32 master weights": (["parallel.pp=2", "precision=bf16_master", "trainer.gradient_accumulation_steps=2",
-                                     "trainer.train_micro_batch_size_per_gpu=16"],
-                                    2, "parallel.pp=2 with precision.master_weights"),
     "pp with compression": (["parallel.pp=2", "compression=qat_int8", "trainer.gradient_accumulation_steps=2",
                              "trainer.train_micro_batch_size_per_gpu=16"], 2,
                             "parallel.pp=2 with compression"),
-    "pp x dp with zero.stage > 0": (["parallel.pp=2", "zero.stage=2", "trainer.gradient_accumulation_steps=2",
-                                     "trainer.train_micro_batch_size_per_gpu=16"], 4,
-                                    "parallel.pp=2 with 2 data-parallel ranks needs zero.stage=0"),
+    "pp x dp with zero.stage 2/3 (and pp x tp x dp with zero.stage 1)": (
+        ["parallel.pp=2", "zero.stage=2", "trainer.gradient_accumulation_steps=2",
+         "trainer.train_micro_batch_size_per_gpu=16"], 4, "parallel.pp=2 with 2 data-parallel ranks needs zero.stage 0 or 1"),
     "sp with random-LTD": (["parallel.sp=2", "data_efficiency=random_ltd"], 2,
                            "data_efficiency.random_ltd.enabled=true is not supported with parallel.sp=2"),
     "sp with the sequence-length curriculum": (["parallel.sp=2", "data_efficiency=seqlen_curriculum"], 2,
@@ -48,8 +42,6 @@ CASES = {
         "parallel.tp=2 with compression.activation_quantization.enabled=true"),
     "tp with random-LTD": (["parallel.tp=2", "data_efficiency=random_ltd"], 2,
                            "parallel.tp=2 with data_efficiency.random_ltd.enabled=true"),
-    "moe.ep_size > 1 with zero.stage 1": (["moe=top2", "moe.ep_size=2", "zero.stage=1"], 2,
-                                          "moe.ep_size=2 with zero.stage=1 is not supported"),
     "1-bit optimizers with zero.stage >= 1": (["optimizer=onebitadam", "zero.stage=1"], 2,
                                               "optimizer=onebitadam with zero.stage=1 is not supported"),
     "1-bit optimizers with tp / pp / sp / ep": (["optimizer=onebitlamb", "parallel.sp=2"], 2,

@@ -41,7 +41,7 @@ def moe_single_process(tmp_path_factory, datasets_cache):
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("zero", ["zero.stage=0", "zero.stage=3"])
+@pytest.mark.parametrize("zero", ["zero.stage=0", "zero.stage=1", "zero.stage=3"])
 def test_expert_parallel_2_reproduces_single_process(tmp_path, datasets_cache, moe_single_process, zero):
     ref_losses, ref_params = moe_single_process
     losses, params = run_and_read(tmp_path, "ep2", common(datasets_cache) + MOE + [zero, "moe.ep_size=2",
@@ -51,7 +51,9 @@ def test_expert_parallel_2_reproduces_single_process(tmp_path, datasets_cache, m
     layout = run_layout(tmp_path / "ep2")
     dp = "replicate 1 x shard 2" if zero == "zero.stage=3" else "replicate 2 x shard 1"
     assert layout.startswith(f"world 2 = pp 1 x dp 2 ({dp}) x sp 1 x tp 1; ep 2 | data parallel: ")
-    assert ("data parallel: fsdp2: FSDP2 (zero.stage=3)" if zero == "zero.stage=3" else "data parallel: ddp") in layout
+    expected = {"zero.stage=0": "data parallel: ddp", "zero.stage=1": "data parallel: zero1_boundary: ZeRO-1",
+                "zero.stage=3": "data parallel: fsdp2: FSDP2 (zero.stage=3)"}[zero]
+    assert expected in layout
 
 
 @pytest.mark.slow
@@ -82,7 +84,6 @@ def test_bad_moe_layouts_are_refused_naming_the_keys():
             "moe.num_experts=3 is not divisible by moe.ep_size=2",
         ("moe.num_experts=4", "moe.k=5"): "moe.k=5 must be between 1 and moe.num_experts=4",
         ("moe.num_experts=4", "moe.capacity_factor=0"): "moe.capacity_factor=0.0 must be > 0",
-        ("moe.num_experts=4", "moe.ep_size=2", "launcher.nproc_per_node=2", "zero.stage=1"): "zero.stage=1 is not supported",
         ("moe.num_experts=4", "moe.ep_size=4", "launcher.nproc_per_node=2"): "moe.ep_size=4 must divide the world size 2",
     }
     assert_refused(cases)

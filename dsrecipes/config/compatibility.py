@@ -58,10 +58,13 @@ def _pp(cond: Callable, key: str) -> Callable:
 
 
 def _pp_sharded_dp(root, dims):
-    if dims.pp > 1 and dims.dp > 1 and root.zero.stage > 0:
-        return (f"parallel.pp={dims.pp} with {dims.dp} data-parallel ranks needs zero.stage=0 (each stage's gradients "
-                f"are averaged over its data-parallel ranks; ZeRO sharding of stages is not implemented); "
-                f"got zero.stage={root.zero.stage}")
+    if dims.pp > 1 and dims.dp > 1 and root.zero.stage > 1:
+        return (f"parallel.pp={dims.pp} with {dims.dp} data-parallel ranks needs zero.stage 0 or 1 (gradient and "
+                f"parameter sharding of pipeline stages is not implemented; DeepSpeed refuses ZeRO-2/3 with "
+                f"pipelines too); got zero.stage={root.zero.stage}")
+    if dims.pp > 1 and dims.dp > 1 and dims.tp > 1 and root.zero.stage == 1:
+        return (f"parallel.pp={dims.pp} x parallel.tp={dims.tp} with {dims.dp} data-parallel ranks and zero.stage=1 "
+                "is not supported yet (ZeRO-1 of tensor-parallel pipeline stages is untested); use zero.stage=0")
     return None
 
 
@@ -139,10 +142,6 @@ def _tp_random_ltd(root, dims):
     return None
 
 
-def _ep_zero1(root, dims):
-    if dims.ep > 1 and root.zero.stage == 1:
-        return (f"moe.ep_size={dims.ep} with zero.stage=1 is not supported (ZeRO-1's optimizer shards would mix "
-                "different ranks' experts); use zero.stage 0, 2 or 3")
     return None
 
 
@@ -216,12 +215,10 @@ def _nvme_layout(root, dims):
 
 
 REFUSED: tuple[Refusal, ...] = (
-    Refusal("pp with fp16 loss scaling", "not implemented yet",
-            _pp(lambda r: r.precision.dtype == "fp16", "precision.dtype=fp16 (loss scaling)")),
-    Refusal("pp with fp32 master weights", "not implemented yet",
-            _pp(lambda r: r.precision.master_weights, "precision.master_weights")),
     Refusal("pp with compression", "not implemented yet", _pp(lambda r: bool(_compression_enabled(r)), "compression")),
-    Refusal("pp x dp with zero.stage > 0", "ZeRO sharding of pipeline stages is not implemented yet", _pp_sharded_dp),
+    Refusal("pp x dp with zero.stage 2/3 (and pp x tp x dp with zero.stage 1)", "gradient / parameter sharding of "
+            "pipeline stages is not implemented (DeepSpeed refuses ZeRO-2/3 with pipelines too); ZeRO-1 of "
+            "tensor-parallel stages is untested", _pp_sharded_dp),
     Refusal("sp with random-LTD", "each sequence chunk would drop different tokens", _sp_random_ltd),
     Refusal("sp with the sequence-length curriculum", "the length must stay divisible by sp", _sp_seqlen),
     Refusal("pp x sp with zero.stage > 0", "ZeRO sharding of pipeline stages is not implemented yet", _pp_sp_sharded),
@@ -236,8 +233,6 @@ REFUSED: tuple[Refusal, ...] = (
     Refusal("tp with activation quantization or layer reduction", "not implemented yet (activation ranges would "
             "come from a row-parallel input shard; KD from vocab-parallel logits)", _tp_compression),
     Refusal("tp with random-LTD", "not implemented yet", _tp_random_ltd),
-    Refusal("moe.ep_size > 1 with zero.stage 1", "ZeRO-1's optimizer shards would mix different ranks' experts",
-            _ep_zero1),
     Refusal("1-bit optimizers with zero.stage >= 1", "they average the whole momentum themselves (DeepSpeed refuses "
             "it too)", _onebit_zero),
     Refusal("1-bit optimizers with tp / pp / sp / ep", "not implemented yet (plain data parallelism only)",
@@ -262,12 +257,19 @@ SUPPORTED: tuple[Supported, ...] = (
               "sp 2 x tp 2 at zero.stage 0 and 3, sequence-parallel and replicated tp activations "
               "(tests/test_sequence_parallel_combos.py)"),
     Supported("pp x dp, zero.stage 0", "supported; tested pp 2 (every schedule, both partitions) and dp 2 x pp 2"),
+    Supported("pp x dp, zero.stage 1", "supported (zero1_boundary: optimizer state partitioned over dp, DCP "
+              "checkpoints); tested dp 2 x pp 2 against one process, and its checkpoint resumed in one process "
+              "(tests/test_pipeline_zero.py)"),
+    Supported("pp with fp16 loss scaling / fp32 master weights", "supported (the schedule's loss is scaled; masters "
+              "beside the stage modules, DCP checkpoints of every stage's masters); tested pp 2 with precision=fp16 "
+              "and dp 2 x pp 2 ZeRO-1 with bf16_master against one process (tests/test_pipeline_zero.py)"),
     Supported("pp x tp (x dp)", "supported: tensor-parallel stages, vocab-parallel loss on the last one; tested "
               "dp 2 x tp 2 x pp 2 at world size 8, the layout of `+experiment=gpt_3d`"),
     Supported("pp x sp (x tp, x dp), zero.stage 0", "supported: every stage runs this rank's sequence chunk at its "
               "positions, gradients averaged over dp x sp; tested sp 2 x pp 2 (gpt2, Llama with GQA) and "
               "sp 2 x tp 2 x pp 2 at world size 8 (tests/test_sequence_parallel_combos.py)"),
-    Supported("moe.ep_size > 1 x dp, zero.stage 0/2/3", "supported; tested EP=2 against one process"),
+    Supported("moe.ep_size > 1 x dp, any zero.stage", "supported (stage 1: zero1_boundary, experts partitioned "
+              "over their expert-data-parallel group); tested EP=2 against one process at stages 0, 1 and 3"),
     Supported("moe.ep_size > 1 with fp32 master weights at zero.stage 0", "supported: full-state checkpoints and "
               "exports gather every rank's experts (fp32 masters and optimizer moments); tested EP=2 bf16_master "
               "against one process and its checkpoint resumed in one process (tests/test_moe_tensor_parallel.py)"),

@@ -7,7 +7,7 @@ Tied weights stay tied (one copy per master). Each step: low-precision grads -> 
 optimizer step on the masters, masters -> model.
 
 Used by the data-parallel strategies that keep whole parameters on every rank (none, DDP, ZeRO-1,
-the pipeline's boundary all-reduce); they attach it before wrapping the model, so DDP's reducer
+the pipeline's boundary all-reduce and its ZeRO-1, zero1_boundary); they attach it before wrapping the model, so DDP's reducer
 hooks sit on the parameters that actually receive gradients. ZeRO-2 and FSDP2 keep their own fp32
 shards as the masters instead.
 """

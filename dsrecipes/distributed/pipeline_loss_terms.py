@@ -4,9 +4,9 @@ A pipeline schedule runs the backward of one loss, the language-model loss the l
 that arises inside an earlier stage (an MoE layer's load-balancing or router z-loss) would never reach that
 backward. So each stage adds the gradient of its own terms where they arise: the stage's output passes
 through `add_loss_gradient(x, term, scale)`, the identity in forward, whose backward also hands `term` the
-gradient `scale` (the loss scale; 1 without fp16), exactly as if `term` had been added to the loss. The
-schedule then divides every gradient by the number of micro-batches, as it does the language-model loss's,
-which is what one process does with `(lm_loss + term) / gradient_accumulation_steps` (Megatron-LM's
+gradient `scale` (the fp16 loss scale / the number of micro-batches, the factor the schedule's
+language-model loss carries: PipelineParallel._scaled_loss), exactly as if `term` had been added to the
+loss: what one process does with `(lm_loss + term) / gradient_accumulation_steps` (Megatron-LM's
 MoEAuxLossAutoScaler does the same).
 
     terms = StageLossTerms([moe_loss_term])          # fn(module, batch, output) -> {name: scalar}, stage_local
@@ -50,7 +50,7 @@ def is_stage_local(term: Callable) -> bool:
 class StageLossTerms:
     def __init__(self, terms: list[Callable]):
         self.terms = list(terms)
-        self.loss_scale = 1.0  # the fp16 loss scale of the coming step (the language-model loss is scaled alike)
+        self.loss_scale = 1.0  # loss scale / micro-batches of the coming step (the language-model loss's factor)
         self._values: list[dict[str, torch.Tensor]] = []
         self._recording = True
         self._names: list[str] | None = None  # every stage's term names, agreed on the first step

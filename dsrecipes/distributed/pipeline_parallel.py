@@ -10,7 +10,8 @@
   state dict keys are the single-process model's and DCP checkpoints move between layouts.
 * Schedules: gpipe (ScheduleGPipe), 1f1b (Schedule1F1B, DeepSpeed's TrainSchedule),
   interleaved_1f1b (ScheduleInterleaved1F1B, two stages per rank). Micro-batches = gradient
-  accumulation steps, as in DeepSpeed; the schedule averages the gradients over them.
+  accumulation steps, as in DeepSpeed; each micro-batch's loss is divided by their number before its
+  backward (the Engine's engine.backward does the same), so the gradients are their average.
 * Tied embeddings: the first stage's tok_emb and the last stage's lm_head hold copies of the one
   tied weight; after the backward their gradients are summed between the two ranks
   (DeepSpeed's ReduceTiedGrads), so both copies stay equal; the last stage's copy is left out of
@@ -18,6 +19,9 @@
 * Data parallelism is the data-parallel strategy's (dsrecipes.distributed.data_parallel): each
   stage's gradients are averaged over its data-parallel peers at the accumulation boundary.
 * The loss (mean over micro-batches) is computed on the last stage and broadcast to the group.
+* fp16 loss scaling: `train_step(..., loss_scale=s)` multiplies each micro-batch's loss by s as well
+  (loss x s / micro-batches, DeepSpeed's order: accumulated 16-bit gradients overflow exactly when the
+  single process's would); the returned loss is unscaled.
 * Ulysses sequence parallelism (parallel.sp): every stage runs this rank's chunk of each sequence;
   `position_offset` (train_step / eval_loss) places it for the position embedding and the rotary
   tables, and the last stage reweights its chunk-mean loss by its share of counted labels
@@ -234,12 +238,16 @@ class PipelineParallel:
         self.has_last = num_stages - 1 in self.stage_ids
         stage_cls = _metadata_pass_stage_class(PipelineStage)
         schedule_cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}[schedule]
-        loss_fn = functools.partial(lm_loss, sequence_parallel=sequence_parallel) if sequence_parallel else lm_loss
+        self._lm_loss = functools.partial(lm_loss, sequence_parallel=sequence_parallel) if sequence_parallel else lm_loss
+        self.loss_scale = 1.0  # the fp16 loss scale of the step being run (train_step sets it)
+        self.n_microbatches = n_microbatches
+        # the loss function averages over micro-batches itself (see _scaled_loss): no gradient rescaling after
 
         def make_schedule():
             stages = [stage_cls(m, s, num_stages, device, group=group, metadata_pass_contexts=self.metadata_pass_contexts)
                       for m, s in zip(self.stage_modules, self.stage_ids)]
-            return schedule_cls(stages if per_rank > 1 else stages[0], n_microbatches=n_microbatches, loss_fn=loss_fn)
+            return schedule_cls(stages if per_rank > 1 else stages[0], n_microbatches=n_microbatches,
+                                loss_fn=self._scaled_loss, scale_grads=False)
 
         self._make_schedule = make_schedule
         # one schedule per batch shape: stages infer their activation shapes once and keep receive buffers of
@@ -301,6 +309,10 @@ class PipelineParallel:
                 param.grad = grad = grad.redistribute(param.device_mesh, param.placements)  # as sharded as the weight
             dist.all_reduce(_local(grad), group=self.tied_group)  # the same tp shard on both ranks
 
+    def _scaled_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The micro-batch's loss x loss scale / micro-batches: what its backward starts from."""
+        return self._lm_loss(logits, labels) * (self.loss_scale / self.n_microbatches)
+
     def schedule_for(self, shape: tuple) -> object:
         """The schedule for batches of `shape` (every rank of the pipeline sees the step's batch, so all pick alike)."""
         schedule = self._schedules.get(shape)
@@ -315,9 +327,12 @@ class PipelineParallel:
         for module in self.stage_modules:
             module.position_offset = int(position_offset)
 
-    def train_step(self, input_ids: torch.Tensor, labels: torch.Tensor, position_offset: int = 0) -> torch.Tensor:
+    def train_step(self, input_ids: torch.Tensor, labels: torch.Tensor, position_offset: int = 0,
+                   loss_scale: float = 1.0) -> torch.Tensor:
         """Forward + backward of all micro-batches; returns the mean loss on every rank of the group.
-        position_offset: the position of input_ids' first token (a sequence-parallel chunk's start)."""
+        position_offset: the position of input_ids' first token (a sequence-parallel chunk's start);
+        loss_scale: each micro-batch's loss is multiplied by it (fp16 loss scaling), the returned loss is not."""
+        self.loss_scale = float(loss_scale)
         self._place(position_offset)
         losses: list[torch.Tensor] = []
         kwargs = {}
@@ -329,7 +344,9 @@ class PipelineParallel:
         else:
             schedule.step(**kwargs)
         self.reduce_tied_grads()
-        return self._broadcast_loss(losses)
+        loss = self._broadcast_loss(losses) * (self.n_microbatches / self.loss_scale)
+        self.loss_scale = 1.0
+        return loss
 
     @torch.no_grad()
     def eval_loss(self, input_ids: torch.Tensor, labels: torch.Tensor, position_offset: int = 0) -> float:
@@ -341,7 +358,7 @@ class PipelineParallel:
             schedule.eval(input_ids, **kwargs)
         else:
             schedule.eval(**kwargs)
-        return float(self._broadcast_loss(losses))
+        return float(self._broadcast_loss(losses)) * self.n_microbatches
 
     def _broadcast_loss(self, losses: list[torch.Tensor]) -> torch.Tensor:
         value = (torch.stack([_local(loss.detach()).float() for loss in losses]).mean() if losses
@@ -351,14 +368,18 @@ class PipelineParallel:
         dist.broadcast(value, src=src, group=self.group)
         return value[0]
 
-    def full_state_dict(self, gather_local=None) -> dict:
+    def full_state_dict(self, local_state: dict | None = None, gather_local=None) -> dict:
         """Every stage's tensors (CPU) merged into the single-process model's state dict, on every rank.
 
+        local_state: this rank's part under the model's names, when the stage modules do not hold the
+        full-precision values (the fp32 master weights of a bf16/fp16 pipeline); default: the stage modules'.
         gather_local(state) -> state: completes this rank's tensors within its stage first (expert-parallel
-        experts gathered over their groups), a collective of the stage's ranks."""
+        experts gathered over their groups), a collective of the stage's ranks.
+        """
+        parts = [local_state] if local_state is not None else [m.state_dict() for m in self.stage_modules]
         local = {}
-        for module in self.stage_modules:
-            for k, v in module.state_dict().items():  # tensor-parallel shards gathered (a tp collective)
+        for part in parts:
+            for k, v in part.items():  # tensor-parallel shards gathered (a tp collective)
                 local[k] = (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu()
         if gather_local is not None:
             local = gather_local(local)

@@ -19,11 +19,12 @@ rules the run itself applies, in parallelize's order:
    both (the pipeline keeps a copy on the last stage).
 3. expert parallelism: the `experts` tensors of every MoE layer are [E, ...]; each rank keeps E / ep of
    them (Experts.keep_local). They are kept out of DDP and FSDP2 (ignored parameters), so they are held
-   whole on their rank (replicated over the edp peers): parameters, gradients and optimizer states.
-   FSDP2 leaves them in fp32.
+   whole on their rank (replicated over the edp peers): parameters, gradients and optimizer states
+   (zero1_boundary partitions their optimizer states over the edp peers). FSDP2 leaves them in fp32.
 4. data parallelism: the strategy the engine's choice table picks for this config and layout
    (`choose_strategy`) shards the rest: `model_state_bytes` over `shard_ranks(dims)` ranks (dp for
-   ZeRO-1/2, dp_shard x sp for FSDP2, 1 for DDP, the pipeline's all-reduce or a single data-parallel rank).
+   ZeRO-1/2 and zero1_boundary, dp_shard x sp for FSDP2, 1 for DDP, the pipeline's all-reduce or a single
+   data-parallel rank).
 
 Not modelled: activations (not model states), FSDP2's padding of uneven shards (< 1 row per tensor),
 its transient unsharded parameters, communication buckets, and CPU offload's placement (offloaded
@@ -217,13 +218,16 @@ def estimate_layout(gpt: nn.Module, cfg, dims: ParallelDims) -> LayoutEstimate:
         if name == "fsdp2" and zero.stage == 3 and hpz > 1 else {}
     # experts: outside the wrapper, whole on their rank; FSDP2 keeps them (like all its parameters) in fp32
     expert_bytes, expert_masters = (4, False) if name == "fsdp2" else (model_bytes, master_weights)
+    # zero1_boundary partitions the experts' optimizer states over their expert-data-parallel group
+    expert_strategy, expert_world = (strategy, dims.world_size // dims.ep) if name == "zero1_boundary" \
+        else (DataParallelStrategy, 1)
     placement = _Placement.of(gpt, dims, cfg.parallel)
     ranks = []
     for pp_rank in range(dims.pp):
         for tp_rank in range(dims.tp):
             dense, expert = _rank_elements(gpt, dims, placement, pp_rank, tp_rank)
             held = strategy.model_state_bytes(dense, world, model_bytes, states, master_weights, **extra)
-            whole = DataParallelStrategy.model_state_bytes(expert, 1, expert_bytes, states, expert_masters)
+            whole = expert_strategy.model_state_bytes(expert, expert_world, expert_bytes, states, expert_masters)
             ranks.append(RankStates(pp_rank, tp_rank, dense, expert, held.parameters + whole.parameters,
                                     held.gradients + whole.gradients, held.optimizer_states + whole.optimizer_states))
     return LayoutEstimate(dims, zero.stage, name, world, tuple(ranks))

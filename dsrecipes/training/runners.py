@@ -117,9 +117,11 @@ class PipelineRunner(StepRunner):
         gas = engine.gradient_accumulation_steps
         input_ids, labels, offset = self._stacked([next_batch() for _ in range(gas)], engine.device)
         if stage_terms is not None:
-            stage_terms.loss_scale = engine.precision.loss_scale
+            # as the language-model loss: x the fp16 loss scale / micro-batches (PipelineParallel._scaled_loss)
+            stage_terms.loss_scale = engine.precision.loss_scale / gas
         with engine.phases("forward_backward"), engine.forward_context():
-            loss = self.pipeline.train_step(input_ids, labels, position_offset=offset)
+            loss = self.pipeline.train_step(input_ids, labels, position_offset=offset,
+                                                 loss_scale=engine.precision.loss_scale)
         engine.step_after_accumulation(gas)
         if stage_terms is None:
             return {"loss": loss * gas}

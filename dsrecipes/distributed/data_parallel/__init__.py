@@ -3,6 +3,7 @@
 | strategy | mechanism | chosen when (first row that matches) |
 |---|---|---|
 | none | nothing to replicate or shard | one data-parallel rank (dp x sp = 1), without offload |
+| zero1_boundary | gradients all-reduced at the boundary (no wrapper), optimizer state partitioned, owners broadcast the updated parameters | zero.stage=1 with pipeline or expert parallelism |
 | allreduce | one flat gradient all-reduce per step, no wrapper | pipeline parallelism (a schedule runs the stages), or tensor x sequence parallelism at zero.stage=0 (DDP takes no DTensors) |
 | onebit | DDP until the 1-bit optimizer's freeze, then its compressed momentum all-reduce (data_parallel/onebit.py) | optimizer onebitadam / zerooneadam / onebitlamb with zero.stage=0 |
 | ddp | DistributedDataParallel | zero.stage=0 |
@@ -34,10 +35,12 @@ from dsrecipes.distributed.data_parallel.ddp import DDPStrategy
 from dsrecipes.distributed.data_parallel.fsdp2 import FSDP2Strategy
 from dsrecipes.distributed.data_parallel.onebit import ONEBIT_OPTIMIZERS, OneBitStrategy
 from dsrecipes.distributed.data_parallel.zero1 import ZeroStage1Strategy
+from dsrecipes.distributed.data_parallel.zero1_boundary import BoundaryZeroStage1Strategy
 from dsrecipes.distributed.data_parallel.zero2 import ReplicatedZeroStage2Strategy
 
 STRATEGIES: dict[str, type[DataParallelStrategy]] = {
     "none": DataParallelStrategy,
+    "zero1_boundary": BoundaryZeroStage1Strategy,
     "allreduce": BoundaryAllReduceStrategy,
     "onebit": OneBitStrategy,
     "ddp": DDPStrategy,
@@ -62,6 +65,8 @@ class Choice:
 CHOICE: tuple[Choice, ...] = (
     Choice("none", "one data-parallel rank (dp x sp = 1), without offload",
            lambda zero, dims: dims.dp_sp == 1 and not offloads(zero)),
+    Choice("zero1_boundary", "zero.stage=1 with pipeline or expert parallelism",
+           lambda zero, dims: zero.stage == 1 and (dims.pp > 1 or dims.ep > 1)),
     Choice("allreduce", "pipeline parallelism, or tensor x sequence parallelism at zero.stage=0",
            lambda zero, dims: dims.pp > 1 or (dims.tp > 1 and dims.sp > 1 and zero.stage == 0)),
     Choice("onebit", "optimizer onebitadam / zerooneadam / onebitlamb with zero.stage=0",

@@ -6,12 +6,18 @@ must still be averaged over sequence-parallel peers (DDP takes no DTensor parame
 shards are all-reduced here). Each rank's gradients are averaged over its data- and sequence-parallel
 peers (dp x sp) once per optimizer step, as DeepSpeed's engine does for ZeRO-0 (`allreduce_gradients`
 at the accumulation boundary).
+
+fp32 master weights (precision.master_weights) live beside the local stage module; checkpoints are
+sharded (DCP) over the masters' tree, so every stage writes its own fp32 weights and optimizer state
+under the model's names (full-state files would hold one rank's optimizer and the stages' 16-bit
+weights), and any layout reads back what it holds.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from torch import nn
 from torch.distributed.tensor import DTensor
 
 from dsrecipes.distributed.data_parallel.base import DataParallelStrategy
@@ -29,6 +35,18 @@ class BoundaryAllReduceStrategy(DataParallelStrategy):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.group = self.dims.get_mesh("dp_sp").get_group()
+
+    @property
+    def uses_full_state_checkpoints(self) -> bool:
+        return False  # DCP, master weights included (state_module is their tree)
+
+    @property
+    def state_module(self) -> nn.Module:
+        return self.masters.view() if self.masters is not None else self.module
+
+    def after_load(self) -> None:
+        if self.masters is not None:
+            self.masters.master_to_model()
 
     @torch.no_grad()
     def reduce_gradients(self) -> None:
