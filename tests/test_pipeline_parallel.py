@@ -65,11 +65,12 @@ def test_bad_pipeline_layouts_are_refused_naming_the_keys():
         ("parallel.pp=2", "trainer.gradient_accumulation_steps=1", "trainer.train_micro_batch_size_per_gpu=16",
          "launcher.nproc_per_node=2"): "parallel.pp=2 needs at least 2 micro-batches per step",
         ("parallel.pp=2", "model.n_layer=1", "launcher.nproc_per_node=2"): "makes 2 stages, more than model.n_layer=1 blocks",
-        ("parallel.pp=2", "zero.stage=2", "trainer.gradient_accumulation_steps=2", "trainer.train_micro_batch_size_per_gpu=16",
-         "launcher.nproc_per_node=4"): "parallel.pp=2 with 2 data-parallel ranks needs zero.stage 0 or 1",
         ("parallel.pp=2", "parallel.tp=2", "zero.stage=1", "trainer.gradient_accumulation_steps=2",
          "trainer.train_micro_batch_size_per_gpu=16", "launcher.nproc_per_node=8"):
             "parallel.pp=2 x parallel.tp=2 with 2 data-parallel ranks and zero.stage=1 is not supported yet",
+        ("parallel.pp=2", "parallel.tp=2", "zero.stage=3", "trainer.gradient_accumulation_steps=2",
+         "trainer.train_micro_batch_size_per_gpu=16", "launcher.nproc_per_node=8"):
+            "parallel.pp=2 x parallel.tp=2 with 2 data-parallel ranks and zero.stage=3 is not supported yet",
         ("parallel.pp=2", "parallel.sp=2", "zero.stage=3", "trainer.gradient_accumulation_steps=2",
          "trainer.train_micro_batch_size_per_gpu=16", "launcher.nproc_per_node=4"):
             "parallel.pp=2 with parallel.sp=2 needs zero.stage=0",

@@ -1,5 +1,8 @@
-"""Pipeline parallelism with ZeRO-1 on the data axis, fp16 loss scaling and fp32 master weights
+"""Pipeline parallelism with ZeRO-1/2/3 on the data axis, fp16 loss scaling and fp32 master weights
 (CPU/gloo, through the real CLI), against one process.
+
+* dp 2 x pp 2 at zero.stage=2 and 3: FSDP2 on each stage module (fp32: the suite's tolerances); the
+  stage-3 checkpoint resumes in one process.
 
 * dp 2 x pp 2 at zero.stage=1 (DeepSpeed's default 3D layout): the zero1_boundary strategy partitions
   the optimizer state over the two data-parallel ranks of each stage. fp32: the suite's tolerances
@@ -41,6 +44,24 @@ def test_dp2_x_pp2_zero1_reproduces_single_process_and_resumes_in_one(tmp_path, 
     resumed, params = run_and_read(tmp_path, "one", base + [
         "launcher.nproc_per_node=1", "trainer.train_micro_batch_size_per_gpu=8", f"trainer.resume={checkpoint}"])
     assert_resumed_matches(resumed, params, single_gpt)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("stage", [2, 3])
+def test_dp2_x_pp2_fsdp2_reproduces_single_process(tmp_path, datasets_cache, single_gpt, stage):
+    """ZeRO-2 / ZeRO-3 of pipeline stages: FSDP2 on each stage module, the schedule reduce-scattering the
+    gradients at the last micro-batch; the stage-3 run's step-5 checkpoint (DCP) resumes in one process."""
+    base = common(datasets_cache) + ["checkpoint.interval=5"]
+    losses, params = run_and_read(tmp_path, "layout", base + [
+        "parallel.pp=2", f"zero.stage={stage}", "launcher.nproc_per_node=4", "trainer.train_micro_batch_size_per_gpu=4"])
+    assert_matches_single_process(losses, params, *single_gpt)
+    assert f"data parallel: fsdp2: FSDP2 (zero.stage={stage})" in run_layout(tmp_path / "layout")
+    if stage == 3:
+        (checkpoint,) = list((tmp_path / "layout").glob("outputs/*/*/checkpoints/step_5"))
+        resumed, params = run_and_read(tmp_path, "one", base + [
+            "launcher.nproc_per_node=1", "trainer.train_micro_batch_size_per_gpu=8", f"trainer.resume={checkpoint}"])
+        assert_resumed_matches(resumed, params, single_gpt)
 
 
 @pytest.mark.slow

@@ -58,13 +58,10 @@ def _pp(cond: Callable, key: str) -> Callable:
 
 
 def _pp_sharded_dp(root, dims):
-    if dims.pp > 1 and dims.dp > 1 and root.zero.stage > 1:
-        return (f"parallel.pp={dims.pp} with {dims.dp} data-parallel ranks needs zero.stage 0 or 1 (gradient and "
-                f"parameter sharding of pipeline stages is not implemented; DeepSpeed refuses ZeRO-2/3 with "
-                f"pipelines too); got zero.stage={root.zero.stage}")
-    if dims.pp > 1 and dims.dp > 1 and dims.tp > 1 and root.zero.stage == 1:
-        return (f"parallel.pp={dims.pp} x parallel.tp={dims.tp} with {dims.dp} data-parallel ranks and zero.stage=1 "
-                "is not supported yet (ZeRO-1 of tensor-parallel pipeline stages is untested); use zero.stage=0")
+    if dims.pp > 1 and dims.dp > 1 and dims.tp > 1 and root.zero.stage >= 1:
+        return (f"parallel.pp={dims.pp} x parallel.tp={dims.tp} with {dims.dp} data-parallel ranks and "
+                f"zero.stage={root.zero.stage} is not supported yet (ZeRO of tensor-parallel pipeline stages is "
+                "untested); use zero.stage=0")
     return None
 
 
@@ -216,9 +213,8 @@ def _nvme_layout(root, dims):
 
 REFUSED: tuple[Refusal, ...] = (
     Refusal("pp with compression", "not implemented yet", _pp(lambda r: bool(_compression_enabled(r)), "compression")),
-    Refusal("pp x dp with zero.stage 2/3 (and pp x tp x dp with zero.stage 1)", "gradient / parameter sharding of "
-            "pipeline stages is not implemented (DeepSpeed refuses ZeRO-2/3 with pipelines too); ZeRO-1 of "
-            "tensor-parallel stages is untested", _pp_sharded_dp),
+    Refusal("pp x tp x dp with zero.stage >= 1", "ZeRO of tensor-parallel pipeline stages is untested (pp x dp "
+            "and pp x tp x dp at zero.stage 0 run)", _pp_sharded_dp),
     Refusal("sp with random-LTD", "each sequence chunk would drop different tokens", _sp_random_ltd),
     Refusal("sp with the sequence-length curriculum", "the length must stay divisible by sp", _sp_seqlen),
     Refusal("pp x sp with zero.stage > 0", "ZeRO sharding of pipeline stages is not implemented yet", _pp_sp_sharded),
@@ -257,6 +253,9 @@ SUPPORTED: tuple[Supported, ...] = (
               "sp 2 x tp 2 at zero.stage 0 and 3, sequence-parallel and replicated tp activations "
               "(tests/test_sequence_parallel_combos.py)"),
     Supported("pp x dp, zero.stage 0", "supported; tested pp 2 (every schedule, both partitions) and dp 2 x pp 2"),
+    Supported("pp x dp, zero.stage 2/3", "supported: FSDP2 on each stage module (blocks, then the stage as root); "
+              "the schedule defers the gradient reduce-scatter to the last micro-batch (torchtitan's PP + FSDP); "
+              "tested dp 2 x pp 2 at zero.stage 2 and 3 against one process (tests/test_pipeline_zero.py)"),
     Supported("pp x dp, zero.stage 1", "supported (zero1_boundary: optimizer state partitioned over dp, DCP "
               "checkpoints); tested dp 2 x pp 2 against one process, and its checkpoint resumed in one process "
               "(tests/test_pipeline_zero.py)"),

@@ -62,7 +62,7 @@ class FSDP2Strategy(DataParallelStrategy):
             ignored_params=ignored_params or None,
         )
         node_groups = self.dims.shard_node_groups() if self.zero.zero_quantized_gradients else None  # qgZ 2-hop
-        for unit in [*repeated_blocks(model), model]:
+        for unit in self._units(model):
             fully_shard(unit, **kwargs)
             zeropp.install(unit, self.zero, node_groups)
         if uses_nvme(self.zero):
@@ -73,6 +73,17 @@ class FSDP2Strategy(DataParallelStrategy):
             self.nvme.attach_model(model)
         self.unwrapped = self.module = model
         return model
+
+    def _units(self, model: nn.Module) -> list[nn.Module]:
+        """The FSDP units, blocks first, roots last. Under pipeline parallelism the roots are the stage modules
+        the schedule runs (torch.distributed.pipelining defers their gradient reduce-scatter to the last
+        micro-batch, torchtitan's PP + FSDP layout); `model`, the rank's view over all its stages that the
+        optimizer and checkpoints read, shares their submodules and so their sharded parameters."""
+        pipeline = self.layout.pipeline
+        if pipeline is None:
+            return [*repeated_blocks(model), model]
+        stages = pipeline.stage_modules
+        return [*(block for stage in stages for block in stage.blocks.values()), *stages]
 
     def adopt_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         if self.nvme is not None:
