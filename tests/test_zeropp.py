@@ -5,7 +5,9 @@ Bounds and tolerances:
   max|block| / 14. A quantized reduce-scatter of W ranks' gradients errs by at most the sum of the
   W per-rank bounds (divided by W when averaged).
 * gpt_debug at world 2, 8 steps of SGD with momentum (lr 0.3) on one batch: the mean loss under qwZ
-  within 0.06 of plain ZeRO-3's (measured max 0.046: every forward sees int8 weights), under qgZ
+  within 0.1 of plain ZeRO-3's (measured max 0.068 at step 7; 0.046 with the initial weights the GPT had
+  before its construction-time draws were kept off the random stream: every forward sees int8 weights,
+  and at this learning rate the curves part by a few hundredths), under qgZ
   (int8) within 5e-3 (measured 1.6e-3). Adam is not used here: its first steps are sign-like, so
   quantization noise in near-zero gradients flips whole steps and the loss curves part more (measured
   ~0.06 after 6 steps at lr 1e-2 for qgZ). hpZ (world 4, groups of 2, 3 steps) within 1e-5 of plain ZeRO-3
@@ -245,7 +247,7 @@ def test_zero3_with_qwz_or_qgz_tracks_plain_zero3(tmp_path):
     runs = torch.load(out)
     plain = torch.tensor(runs["zero3"]["losses"])
     assert plain[-1] < plain[0] - 0.3  # it trains
-    for name, atol in (("qwz", 0.06), ("qgz", 5e-3), ("stage2_qgz", 5e-3)):
+    for name, atol in (("qwz", 0.1), ("qgz", 5e-3), ("stage2_qgz", 5e-3)):
         got = torch.tensor(runs[name]["losses"])
         torch.testing.assert_close(got, plain, rtol=0, atol=atol, msg=name)
         assert runs[name]["strategy"] == "fsdp2", name  # stage 2 + qgZ leaves zero2.py's buckets for FSDP2
