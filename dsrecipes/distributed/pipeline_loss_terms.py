@@ -50,7 +50,8 @@ def is_stage_local(term: Callable) -> bool:
 class StageLossTerms:
     def __init__(self, terms: list[Callable]):
         self.terms = list(terms)
-        self.loss_scale = 1.0  # loss scale / micro-batches of the coming step (the language-model loss's factor)
+        self.loss_scale = 1.0  # loss scale / micro-batches of the coming step, the language-model loss's factor (set
+        # by PipelineParallel.train_step)
         self._values: list[dict[str, torch.Tensor]] = []
         self._recording = True
         self._names: list[str] | None = None  # every stage's term names, agreed on the first step

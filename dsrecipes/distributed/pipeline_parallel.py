@@ -333,6 +333,8 @@ class PipelineParallel:
         position_offset: the position of input_ids' first token (a sequence-parallel chunk's start);
         loss_scale: each micro-batch's loss is multiplied by it (fp16 loss scaling), the returned loss is not."""
         self.loss_scale = float(loss_scale)
+        if self.loss_terms is not None:  # the stages' extra terms start their backward from the same factor
+            self.loss_terms.loss_scale = self.loss_scale / self.n_microbatches
         self._place(position_offset)
         losses: list[torch.Tensor] = []
         kwargs = {}

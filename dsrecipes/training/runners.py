@@ -116,9 +116,6 @@ class PipelineRunner(StepRunner):
         stage_terms = self._stage_loss_terms(loss_terms)
         gas = engine.gradient_accumulation_steps
         input_ids, labels, offset = self._stacked([next_batch() for _ in range(gas)], engine.device)
-        if stage_terms is not None:
-            # as the language-model loss: x the fp16 loss scale / micro-batches (PipelineParallel._scaled_loss)
-            stage_terms.loss_scale = engine.precision.loss_scale / gas
         with engine.phases("forward_backward"), engine.forward_context():
             loss = self.pipeline.train_step(input_ids, labels, position_offset=offset,
                                                  loss_scale=engine.precision.loss_scale)
