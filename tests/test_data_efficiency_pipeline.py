@@ -14,14 +14,12 @@ embedding's gradient summed across stages).
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 from dsrecipes.data_efficiency import RandomLTD, RandomLTDScheduler
 
 from dsrecipes.models import GPT, ModelConfig
-from tests.helpers.equivalence import common, run_and_read
+from tests.helpers.equivalence import common, run_and_read, run_metric
 
 DATA_EFFICIENCY = [
     "data_efficiency=combined", "data_efficiency.curriculum_learning.seqlen_mode=pack",
@@ -29,11 +27,6 @@ DATA_EFFICIENCY = [
     "data_efficiency.random_ltd.min_value=16", "data_efficiency.random_ltd.require_steps=8",
     "trainer.eval_interval=5", "trainer.train_micro_batch_size_per_gpu=8",
 ]
-
-
-def _val_losses(folder) -> list[float]:
-    (metrics,) = list(folder.glob("outputs/*/*/metrics.jsonl"))
-    return [r["val/loss"] for r in map(json.loads, metrics.read_text().splitlines()) if "val/loss" in r]
 
 
 @pytest.mark.slow
@@ -44,7 +37,7 @@ def test_pp2_with_seqlen_curriculum_and_random_ltd_reproduces_single_process(tmp
     losses, params = run_and_read(tmp_path, "pp2", recipe + ["launcher.nproc_per_node=2", "parallel.pp=2"])
     assert ref_losses[-1] < ref_losses[0] - 0.3
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=0, atol=2e-5)
-    ref_val, val = _val_losses(tmp_path / "one"), _val_losses(tmp_path / "pp2")
+    ref_val, val = run_metric(tmp_path / "one", "val/loss"), run_metric(tmp_path / "pp2", "val/loss")
     assert len(ref_val) == 2
     torch.testing.assert_close(torch.tensor(val), torch.tensor(ref_val), rtol=0, atol=2e-5)
     for name in ref_params:

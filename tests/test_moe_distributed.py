@@ -12,8 +12,6 @@ steps); the only differences are fp32 summation orders (gradients summed across 
 EP group by the all_to_all backward).
 """
 
-import json
-
 import pytest
 import torch
 
@@ -24,6 +22,7 @@ from tests.helpers.equivalence import (
     common,
     run_and_read,
     run_layout,
+    run_metric,
 )
 
 MOE = [
@@ -107,11 +106,6 @@ def test_expert_data_parallel_world_4_ep_2_reproduces_single_process(tmp_path, d
         torch.testing.assert_close(params[name], ref_params[name], rtol=0, atol=5e-5, msg=name)
 
 
-def _metric(folder, key: str) -> list[float]:
-    (metrics,) = list(folder.glob("outputs/*/*/metrics.jsonl"))
-    return [r[key] for r in map(json.loads, metrics.read_text().splitlines()) if key in r]
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("world", [2, 4])
@@ -127,8 +121,8 @@ def test_moe_under_pipeline_parallel_reproduces_single_process(tmp_path, dataset
         "parallel.pp=2", f"launcher.nproc_per_node={world}", "trainer.train_micro_batch_size_per_gpu=4"])
     assert_matches_single_process(losses, params, ref_losses, ref_params)
     (single,) = {p.resolve() for p in tmp_path.parent.glob("moe_single*/single")}  # the fixture's run ("current" links)
-    torch.testing.assert_close(torch.tensor(_metric(tmp_path / "pp", "train/moe_aux_loss")),
-                               torch.tensor(_metric(single, "train/moe_aux_loss")), rtol=0, atol=1e-6)
+    torch.testing.assert_close(torch.tensor(run_metric(tmp_path / "pp", "train/moe_aux_loss")),
+                               torch.tensor(run_metric(single, "train/moe_aux_loss")), rtol=0, atol=1e-6)
 
 
 def test_stage_loss_gradient_equals_adding_the_term_to_the_loss():

@@ -18,19 +18,9 @@ parameters within 5e-5 (tests/helpers/equivalence.py).
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 
-from tests.helpers.equivalence import assert_matches_single_process, assert_refused, common, run_and_read
-
-
-def _val_loss(folder: Path) -> float:
-    """The final val/loss of the one run under folder/outputs (its metrics.jsonl)."""
-    (metrics,) = list(folder.glob("outputs/*/*/metrics.jsonl"))
-    records = [json.loads(line) for line in metrics.read_text().splitlines()]
-    return [r["val/loss"] for r in records if "val/loss" in r][-1]
+from tests.helpers.equivalence import assert_matches_single_process, assert_refused, common, run_and_read, run_metric
 
 
 @pytest.mark.slow
@@ -51,7 +41,7 @@ def test_sp2_pp2_reproduces_single_process(tmp_path, tmp_path_factory, datasets_
     assert_matches_single_process(losses, params, *single_gpt)
     # single_gpt's run folder (pytest also links it as single_gptcurrent): its final validation loss
     (reference,) = {p.resolve() for p in tmp_path_factory.getbasetemp().glob("single_gpt*/single")}
-    assert _val_loss(tmp_path / "sp2pp2") == pytest.approx(_val_loss(reference), abs=2e-5)
+    assert run_metric(tmp_path / "sp2pp2", "val/loss")[-1] == pytest.approx(run_metric(reference, "val/loss")[-1], abs=2e-5)
 
 
 @pytest.mark.slow

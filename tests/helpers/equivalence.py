@@ -47,6 +47,12 @@ def run_layout(folder: Path) -> str:
     return json.loads(summary.read_text())["layout"]
 
 
+def run_metric(folder: Path, key: str) -> list[float]:
+    """Every logged value of `key` (e.g. "val/loss") of the one run under folder/outputs, from its metrics.jsonl."""
+    (metrics,) = list(folder.glob("outputs/*/*/metrics.jsonl"))
+    return [r[key] for r in map(json.loads, metrics.read_text().splitlines()) if key in r]
+
+
 def assert_matches_single_process(losses, params, ref_losses, ref_params) -> None:
     """The run trained, its STEPS losses are within 2e-5 and its exported parameters within 5e-5 of the reference."""
     assert len(losses) == len(ref_losses) == STEPS
