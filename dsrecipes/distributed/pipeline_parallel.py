@@ -47,6 +47,7 @@ from dsrecipes.distributed.sequence_parallel import SequenceParallel
 from dsrecipes.distributed.tensor_parallel import vocab_parallel_cross_entropy
 from dsrecipes.models.gpt import GPT
 from dsrecipes.models.moe import routing_stats_paused
+from dsrecipes.utils.dtensors import local as local_piece
 
 MAX_SCHEDULES = 3  # schedules (one per batch shape) kept alive: the current training and evaluation shapes, one spare
 
@@ -172,11 +173,6 @@ def lm_loss(logits: torch.Tensor, labels: torch.Tensor, sequence_parallel: Seque
     else:
         loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100)
     return sequence_parallel.loss(loss, labels) if sequence_parallel is not None else loss
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """A tensor-parallel DTensor's local shard (plain tensors as they are)."""
-    return t.to_local() if isinstance(t, DTensor) else t
 
 
 def _metadata_pass_stage_class(base: type) -> type:
@@ -307,7 +303,7 @@ class PipelineParallel:
             grad = param.grad
             if isinstance(grad, DTensor) and tuple(grad.placements) != tuple(param.placements):
                 param.grad = grad = grad.redistribute(param.device_mesh, param.placements)  # as sharded as the weight
-            dist.all_reduce(_local(grad), group=self.tied_group)  # the same tp shard on both ranks
+            dist.all_reduce(local_piece(grad), group=self.tied_group)  # the same tp shard on both ranks
 
     def _scaled_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """The micro-batch's loss x loss scale / micro-batches: what its backward starts from."""
@@ -363,7 +359,7 @@ class PipelineParallel:
         return float(self._broadcast_loss(losses)) * self.n_microbatches
 
     def _broadcast_loss(self, losses: list[torch.Tensor]) -> torch.Tensor:
-        value = (torch.stack([_local(loss.detach()).float() for loss in losses]).mean() if losses
+        value = (torch.stack([local_piece(loss.detach()).float() for loss in losses]).mean() if losses
                  else torch.zeros((), device=self.device))
         value = value.reshape(1).to(self.device)
         src = dist.get_process_group_ranks(self.group)[self.last_rank]

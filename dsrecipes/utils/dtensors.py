@@ -7,7 +7,10 @@ plain tensor unchanged. `mask_(t, mask)` multiplies a whole-tensor 0/1 mask (bro
 global shape) into t in place, into only this rank's piece when t is a DTensor (the mask is split
 locally by t's placements: no communication).
 
-Public: `whole`, `mask_`, `like`.
+`local(t)` is this rank's piece (a DTensor's local shard, a plain tensor as it is), for collectives and
+sizes that work on what a rank holds.
+
+Public: `whole`, `local`, `mask_`, `like`.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-__all__ = ["whole", "mask_", "like"]
+__all__ = ["whole", "local", "mask_", "like"]
 
 
 def whole(t: torch.Tensor) -> torch.Tensor:
@@ -23,6 +26,11 @@ def whole(t: torch.Tensor) -> torch.Tensor:
     if isinstance(t, DTensor):
         return t.detach().full_tensor()
     return t
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's piece of `t`: a DTensor's local shard (no communication), a plain tensor itself."""
+    return t.to_local() if isinstance(t, DTensor) else t
 
 
 def like(full: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:

@@ -18,14 +18,10 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor import DTensor
 
 from dsrecipes.distributed.data_parallel.base import DataParallelStrategy
 from dsrecipes.distributed.expert_parallel import is_expert_param
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if isinstance(t, DTensor) else t
+from dsrecipes.utils.dtensors import local as local_piece
 
 
 class BoundaryAllReduceStrategy(DataParallelStrategy):
@@ -51,7 +47,7 @@ class BoundaryAllReduceStrategy(DataParallelStrategy):
     @torch.no_grad()
     def reduce_gradients(self) -> None:
         super().reduce_gradients()  # (fp32 masters, experts over their own group)
-        grads = [_local(p.grad) for p in self._params_with_grads() if not is_expert_param(p)]
+        grads = [local_piece(p.grad) for p in self._params_with_grads() if not is_expert_param(p)]
         if not grads:
             return
         flat = torch.cat([g.reshape(-1) for g in grads])

@@ -20,25 +20,21 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
 
 from dsrecipes.distributed.data_parallel.allreduce import BoundaryAllReduceStrategy
 from dsrecipes.distributed.data_parallel.base import ModelStateBytes
 from dsrecipes.distributed.expert_parallel import is_expert_param
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if isinstance(t, DTensor) else t
+from dsrecipes.utils.dtensors import local as local_piece
 
 
 def assign_owners(params: list[torch.Tensor], ranks: int) -> list[int]:
     """Owner (group rank) of each parameter: the largest first, each to the least-loaded rank (ties: lowest rank)."""
     load = [0] * ranks
     owners = [0] * len(params)
-    for i in sorted(range(len(params)), key=lambda i: (-_local(params[i]).numel(), i)):
+    for i in sorted(range(len(params)), key=lambda i: (-local_piece(params[i]).numel(), i)):
         rank = min(range(ranks), key=lambda r: (load[r], r))
         owners[i] = rank
-        load[rank] += _local(params[i]).numel()
+        load[rank] += local_piece(params[i]).numel()
     return owners
 
 
@@ -69,7 +65,7 @@ class BoundaryZeroStage1Strategy(BoundaryAllReduceStrategy):
             owned.update(id(p) for p, o in zip(params, owners) if o == me)
         for group in optimizer.param_groups:
             group["params"] = [p for p in group["params"] if id(p) in owned]
-        self.owned_numel = sum(_local(p).numel() for p in self.all_params if id(p) in owned)
+        self.owned_numel = sum(local_piece(p).numel() for p in self.all_params if id(p) in owned)
         self.optimizer = optimizer
         return optimizer
 
@@ -85,7 +81,7 @@ class BoundaryZeroStage1Strategy(BoundaryAllReduceStrategy):
             for src, params in buckets:
                 by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
                 for p in params:
-                    by_dtype.setdefault(p.dtype, []).append(_local(p))
+                    by_dtype.setdefault(p.dtype, []).append(local_piece(p))
                 for tensors in by_dtype.values():
                     flat = torch.cat([t.reshape(-1) for t in tensors])
                     dist.broadcast(flat, src=src, group=group)
@@ -102,7 +98,7 @@ class BoundaryZeroStage1Strategy(BoundaryAllReduceStrategy):
     def describe(self) -> str:
         if not hasattr(self, "all_params"):
             return self.description
-        total = sum(_local(p).numel() for p in self.all_params)
+        total = sum(local_piece(p).numel() for p in self.all_params)
         extra = ", fp32 master weights beside the bf16/fp16 model" if self.masters is not None else ""
         return (f"ZeRO-1 (no wrapper): optimizer state of {self.owned_numel} of {total} parameters on this rank, "
                 f"gradients all-reduced at the boundary{extra}")
