@@ -1,10 +1,20 @@
-"""Shared fixtures: a session-wide datasets cache and small, fast recipe overrides."""
+"""Shared fixtures (a session-wide datasets cache, small fast recipe overrides) and the suite-wide rules.
+
+Rules: the Triton interpreter stays inside the kernel tests (a developer's TRITON_INTERPRET is dropped here, and
+every other test fails if it finds the variable set or an interpreted kernel loaded: see
+tests/helpers/triton_interpreter.py); `gpu` tests are skipped without CUDA; each test's markers go into the
+JUnit report as properties, for the per-tier table of tests/durations.py.
+"""
 
 from __future__ import annotations
 
 import os
 
 import pytest
+
+from tests.helpers.triton_interpreter import VARIABLE, interpreted_kernels_in_this_process
+
+os.environ.pop(VARIABLE, None)  # the kernel tests set it for themselves, in their own copy of dsrecipes
 
 # Workers that `python -m dsrecipes` spawns in tests are forked from the launching process
 # (launcher.start_method's default, see conf/launcher/default.yaml): they skip re-importing torch, Hydra
@@ -50,6 +60,8 @@ def pytest_collection_modifyitems(config, items):
     xdist's loadscope hands modules out in this order, so it runs beside the rest instead of after it.
     Tests marked `gpu` need CUDA: skipped (with the reason) on machines without it."""
     items.sort(key=lambda item: item.nodeid.split("::")[0] != "tests/test_readme_examples.py")  # stable
+    for item in items:
+        item.user_properties += [("marker", name) for name in ("slow", "matrix", "gpu") if name in item.keywords]
     import torch
 
     if torch.cuda.is_available():
@@ -68,3 +80,19 @@ def single_gpt(tmp_path_factory, datasets_cache):
 
     return run_and_read(tmp_path_factory.mktemp("single_gpt"), "single", common(datasets_cache) + [
         "launcher.nproc_per_node=1", "trainer.train_micro_batch_size_per_gpu=8"])
+
+
+@pytest.fixture(autouse=True)
+def _no_triton_interpreter_outside_the_kernel_tests(request):
+    """Every test outside tests/unit/kernels runs with the kernels' torch paths: no TRITON_INTERPRET, no kernel
+    decorated under the interpreter in this process (the kernel tests' copy of dsrecipes is swapped out)."""
+    if _is_kernel_test(request.node):
+        yield
+        return
+    assert VARIABLE not in os.environ, f"{VARIABLE}={os.environ[VARIABLE]} leaked out of the kernel tests"
+    assert not interpreted_kernels_in_this_process(), "an interpreted kernel leaked out of the kernel tests"
+    yield
+
+
+def _is_kernel_test(node) -> bool:
+    return "kernels" in node.path.parent.parts[-1:]

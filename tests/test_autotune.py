@@ -5,7 +5,6 @@ Unit tests run in-process in well under a second each; the end-to-end test (slow
 """
 
 import json
-import os
 import subprocess
 import sys
 
@@ -21,6 +20,7 @@ from dsrecipes.profiling.autotuning.session import BestInputs, TrialRun, autotun
 from dsrecipes.profiling.autotuning.space import Candidate, Group, micro_batch_sizes, search_groups
 from dsrecipes.profiling.autotuning.tuners import GridSearchTuner, RandomTuner, make_tuner, run_tuning
 from dsrecipes.profiling.memory_estimator import estimate_activations
+from tests.helpers.environment import subprocess_env
 
 DEBUG = RecipeMemory(num_params=842_496, n_layer=4, d_model=128, ffn_dim=512, vocab_size=320, seq_len=128)
 
@@ -253,8 +253,7 @@ def test_autotune_sweep_on_two_cpu_workers_then_the_best_experiment_runs(tmp_pat
     sweep = tmp_path / "sweep"
     args = [*recipe, "zero_stages=[0,3]", "max_train_micro_batch_size_per_gpu=16", "num_tuning_micro_batch_sizes=1",
             f"max_memory_gib={cap / GIB}", "start_profile_step=1", "end_profile_step=3", f"hydra.sweep.dir={sweep}"]
-    env = dict(os.environ, WANDB_MODE="offline", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
-    env.pop("WANDB_API_KEY", None)
+    env = subprocess_env()
     result = subprocess.run([sys.executable, "-m", "dsrecipes.autotune", *args], cwd=tmp_path, env=env,
                             capture_output=True, text=True, timeout=280)
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]

@@ -24,11 +24,7 @@ def small(fast_overrides, steps):
                              "checkpoint.save_final=false"]
 
 
-def test_recipe_qat_and_pruning_masks_stay_zero_and_export(tmp_path, fast_overrides, monkeypatch):
-    # In the full suite TRITON_INTERPRET=1 is set (tests/kernels/conftest.py), so the compressed model's
-    # int8 matmuls would run interpreted (50 s here instead of 2 s); the kernels have their own tests,
-    # this one is about the recipe, so the int8 ops take their torch references.
-    monkeypatch.setattr("dsrecipes.kernels._utils.kernel_is_interpreted", lambda kernel: False)
+def test_recipe_qat_and_pruning_masks_stay_zero_and_export(tmp_path, fast_overrides):
     overrides = small(fast_overrides, 12) + [
         "compression=combined",
         "compression.row_pruning.schedule_offset=4", "compression.head_pruning.schedule_offset=4",

@@ -31,6 +31,7 @@ from dsrecipes.cluster.torchrun_commands import (
     ssh_argv,
     ssh_command,
 )
+from tests.helpers.environment import subprocess_env
 
 TWO_BY_FOUR = "# two nodes\nworker-0 slots=4\nworker-1 slots=4\n"
 FORWARDED_PREFIXES = ("MLFLOW", "PYTHON", "MV2", "UCX", "NCCL")
@@ -257,7 +258,7 @@ def fake_ssh(tmp_path) -> Path:
 
 
 def run_hostfile_cli(args: list[str], cwd: Path, bin_dir: Path, timeout: int = 120) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("DSRECIPES_DEBUG", "HYDRA_FULL_ERROR")}
+    env = subprocess_env({k: v for k, v in os.environ.items() if k not in ("DSRECIPES_DEBUG", "HYDRA_FULL_ERROR")})
     env.update(PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}", OMP_NUM_THREADS="1")
     return subprocess.run([sys.executable, "-m", "dsrecipes.hostfile", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)

@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import csv
-import os
 import subprocess
 import sys
 
 import pytest
+
+from tests.helpers.environment import subprocess_env
 
 
 @pytest.mark.slow
 def test_nvme_offload_benchmark_smoke(tmp_path, datasets_cache):
     out, nvme = tmp_path / "out", tmp_path / "nvme"
     nvme.mkdir()
-    env = dict(os.environ, WANDB_MODE="offline", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-               DSRECIPES_START_METHOD="fork")
+    env = subprocess_env(DSRECIPES_START_METHOD="fork")
     proc = subprocess.run([sys.executable, "-m", "dsrecipes.benchmarks.nvme_offload", "--smoke", "--out", str(out),
                            "--nvme-path", str(nvme), "--cache-dir", datasets_cache],
                           capture_output=True, text=True, timeout=240, env=env)

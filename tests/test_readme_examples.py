@@ -47,6 +47,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.environment import subprocess_env
+
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 RUNNER = ROOT / "tests" / "helpers" / "readme_runner.py"
@@ -508,10 +510,8 @@ def readme_run(tmp_path_factory, datasets_cache):
         if skip_reason(example) is None:
             plan.add(example)
     (tmp / "plan.json").write_text(json.dumps(plan.steps, indent=1))
-    env = dict(os.environ, WANDB_MODE="offline", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1",
-               HF_HOME=str(tmp / "hf_home"),  # nothing written outside the tmp dir
-               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    env.pop("WANDB_API_KEY", None)
+    env = subprocess_env(OMP_NUM_THREADS="1", HF_HOME=str(tmp / "hf_home"),  # nothing written outside the tmp dir
+                         PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     results_path = tmp / "results.json"
     proc = subprocess.run([sys.executable, str(RUNNER), str(tmp / "plan.json"), str(results_path)], cwd=plan.cwd,
                           env=env, capture_output=True, text=True, timeout=2400)

@@ -22,6 +22,7 @@ from dsrecipes.config import run_directory
 from dsrecipes.training import checkpoint as checkpoints
 from dsrecipes.training.checkpoint import CheckpointSaveError, find_resume_checkpoint, verify_checkpoint
 from tests.helpers.distributed import run_distributed
+from tests.helpers.environment import subprocess_env
 
 CONFIG = {
     "trainer": {"train_micro_batch_size_per_gpu": 4, "device": "cpu"},
@@ -273,7 +274,7 @@ def test_one_rank_failing_its_write_fails_the_save_on_every_rank(tmp_path):
 
 # ---------------------------------------------------------------- signals
 def _start(args, cwd, datasets_cache):
-    env = dict(os.environ, WANDB_MODE="offline", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    env = subprocess_env()
     command = [sys.executable, "-m", "dsrecipes", "model=gpt_debug", "model.max_seq_len=64", "data.max_bytes=300000",
                f"data.cache_dir={datasets_cache}", "trainer.max_steps=100000", "trainer.log_interval=1",
                "trainer.eval_interval=0", "trainer.progress_bar=false", "checkpoint.interval=2", "logger=jsonl", *args]

@@ -16,7 +16,6 @@ the all-to-all backward and by the gradient all-reduce).
 from __future__ import annotations
 
 import copy
-import os
 
 import pytest
 import torch
@@ -37,6 +36,7 @@ from dsrecipes.distributed.sequence_parallel import (
 from dsrecipes.models import GPT
 from dsrecipes.models.config import ModelConfig
 from tests.helpers.distributed import run_distributed
+from tests.helpers.triton_interpreter import InterpretedModules
 
 FWD = dict(rtol=1e-5, atol=1e-5)
 GRAD = dict(rtol=1e-4, atol=1e-5)
@@ -133,8 +133,8 @@ def _worker_local_attention(rank: int, world: int) -> None:
     # 2 layers under Ulysses (whole sequence, H/P heads), then 2 with SP disabled (every head, one rank)
     assert seen == [((2, 2, SEQ, 16), (2, 1, SEQ, 16))] * 2 + [((2, 4, SEQ, 16), (2, 2, SEQ, 16))] * 2, seen
 
-    os.environ["TRITON_INTERPRET"] = "1"  # before the kernel module is imported in this worker
-    from dsrecipes.kernels.flash_attention import flash_attention
+    with InterpretedModules().active():  # the kernel decorated under Triton's interpreter (a copy of its own)
+        from dsrecipes.kernels.flash_attention import flash_attention
 
     paths = []
 

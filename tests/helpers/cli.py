@@ -23,16 +23,14 @@ import sys
 import tempfile
 import time
 
+from tests.helpers.environment import subprocess_env
 from tests.helpers.forking import fork_is_safe
-
-_OFFLINE = {"WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
 
 def run_cli(args: list[str], cwd, timeout: int = 240, env_extra: dict | None = None,
             fresh_interpreter: bool = False) -> subprocess.CompletedProcess:
     """Run `python -m dsrecipes ARGS` in `cwd`; W&B forced offline, no network."""
-    env = dict(os.environ, **_OFFLINE, **(env_extra or {}))
-    env.pop("WANDB_API_KEY", None)
+    env = subprocess_env(**(env_extra or {}))
     if fresh_interpreter or not _can_fork(env_extra or {}):
         return subprocess.run([sys.executable, "-m", "dsrecipes", *args], cwd=cwd, env=env, capture_output=True,
                               text=True, timeout=timeout)

@@ -28,6 +28,8 @@ import socket
 import sys
 from pathlib import Path
 
+from tests.helpers.environment import subprocess_env
+
 _SRUN = r'''
 import os, signal, subprocess, sys, time
 
@@ -176,9 +178,10 @@ def free_port() -> int:
 def job_environment(bin_dir: Path, nodes: int, tasks_per_node: int, extra: dict | None = None) -> dict:
     """The batch script's environment in an allocation of `nodes` x `tasks_per_node` tasks, all of them here:
     the fake executables first on PATH, no launcher variables of the test process's own, offline."""
-    env = {key: value for key, value in os.environ.items()
-           if not key.startswith(("SLURM_", "SUBMITIT_", "TORCHELASTIC_"))
-           and key not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env = subprocess_env({key: value for key, value in os.environ.items()
+                          if not key.startswith(("SLURM_", "SUBMITIT_", "TORCHELASTIC_"))
+                          and key not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                                          "MASTER_PORT")})
     hosts = ["localhost", "127.0.0.1"][:nodes]
     assert len(hosts) == nodes, "the fake allocation has at most two node names"
     env.update(
@@ -187,8 +190,7 @@ def job_environment(bin_dir: Path, nodes: int, tasks_per_node: int, extra: dict 
         SLURM_NNODES=str(nodes), SLURM_JOB_NUM_NODES=str(nodes), SLURM_NTASKS=str(nodes * tasks_per_node),
         SLURM_NTASKS_PER_NODE=str(tasks_per_node), SLURM_CPUS_PER_TASK="1", SLURM_NODEID="0", SLURM_PROCID="0", SLURM_LOCALID="0",
         MASTER_PORT=str(free_port()),  # the templates' default 29500 might be taken by another test here
-        OMP_NUM_THREADS="1", WANDB_MODE="offline", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+        OMP_NUM_THREADS="1",
     )
-    env.pop("WANDB_API_KEY", None)
     env.update(extra or {})
     return env

@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-_OFFLINE = {"WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+from tests.helpers.environment import subprocess_env
 
 
 def free_port() -> int:
@@ -43,8 +43,7 @@ def launcher_node_args(nnodes: int, node_rank: int, port: int, nproc: int = 2) -
 
 def start_node(cwd: Path, args: list[str], name: str, env_extra: dict | None = None) -> subprocess.Popen:
     """`python ARGS` in cwd, in its own session; its output goes to cwd/<name>.out and .err."""
-    env = dict(os.environ, **_OFFLINE, **(env_extra or {}))
-    env.pop("WANDB_API_KEY", None)
+    env = subprocess_env(OMP_NUM_THREADS="1", **(env_extra or {}))
     out, err = (open(cwd / f"{name}.{suffix}", "w") for suffix in ("out", "err"))
     return subprocess.Popen([sys.executable, *args], cwd=cwd, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
                             start_new_session=True)

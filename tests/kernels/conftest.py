@@ -1,9 +1,12 @@
-"""Kernel tests: run Triton on CPU through its interpreter when there is no CUDA device.
+"""Kernel tests: Triton on CPU through its interpreter, inside these tests only.
 
-Triton picks the interpreter when a kernel is *decorated*, i.e. when a dsrecipes.kernels module is
-first imported, so TRITON_INTERPRET=1 is set here at import time, before any test module (and so
-before triton or any kernel module) is imported. Under the interpreter only fp32 runs (numpy has no
-bfloat16); the bf16 checks are the `gpu`-marked tests, skipped without CUDA by tests/conftest.py.
+Triton picks the interpreter when a kernel is *decorated*, i.e. when a dsrecipes.kernels module is first
+imported, so these tests run in a private copy of dsrecipes imported under TRITON_INTERPRET=1
+(tests/helpers/triton_interpreter.py): each test module here is imported inside it, and each test's setup,
+call and teardown run inside it. The rest of the suite, in the same test process, keeps its own modules with
+their torch paths and never sees the variable (tests/conftest.py checks). Under the interpreter only fp32 runs
+(numpy has no bfloat16); the bf16 checks are the `gpu`-marked tests, skipped without CUDA by tests/conftest.py.
+With a CUDA device nothing is swapped: the kernels compile as usual.
 
 Also: the `tolerance` fixture, which reads (rtol, atol) per (op, dtype) from TOLERANCES.md so the
 table there is the one source of the numbers the tests use.
@@ -11,15 +14,49 @@ table there is the one source of the numbers the tests use.
 
 from __future__ import annotations
 
-import os
 import re
+from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
+from tests.helpers.triton_interpreter import InterpretedModules, needs_interpreter
+
+_INTERPRETED = InterpretedModules() if needs_interpreter() else None
+
+
+def interpreted():
+    """The context every kernel test (and its module's import) runs in."""
+    return _INTERPRETED.active() if _INTERPRETED is not None else nullcontext()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector):
+    # a test module's imports (from dsrecipes.kernels.x import y) bind the interpreted copy
+    if isinstance(collector, pytest.Module):
+        with interpreted():
+            return (yield)
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    with interpreted():
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    with interpreted():
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    with interpreted():
+        return (yield)
+
 
 _NUMBER = re.compile(r"[0-9]+(\.[0-9]*)?([eE][+-]?[0-9]+)?")
 _TOLERANCES_MD = Path(__file__).with_name("TOLERANCES.md")

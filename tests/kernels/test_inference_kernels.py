@@ -1,7 +1,7 @@
 """Kernel injection for inference: the decode-attention Triton kernel against its reference, and a
 kernel-injected engine (fused norms, flash prefill attention, decode attention, fused MLP activations)
-against the plain engine. On CPU the Triton kernels run under TRITON_INTERPRET=1 (fp32), set here
-before any kernel module is imported (dsrecipes imports them lazily).
+against the plain engine. On CPU the Triton kernels run under TRITON_INTERPRET=1 (fp32), in the kernel
+tests' own copy of dsrecipes (this folder's conftest.py).
 
 Tolerance: fp32 kernels differ from torch only in summation order (online softmax, fused norms):
 1e-5 on attention outputs, 1e-4 on logits after two blocks.
@@ -9,17 +9,11 @@ Tolerance: fp32 kernels differ from torch only in summation order (online softma
 
 from __future__ import annotations
 
-import os
-
+import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import pytest  # noqa: E402
-
-from dsrecipes.inference import init_inference  # noqa: E402
-from dsrecipes.models import GPT, ModelConfig  # noqa: E402
+from dsrecipes.inference import init_inference
+from dsrecipes.models import GPT, ModelConfig
 
 
 @pytest.mark.parametrize("b,h,hkv,s,d", [(2, 4, 4, 37, 16), (3, 4, 2, 70, 24), (1, 8, 1, 5, 64), (2, 2, 2, 1, 32)])
