@@ -58,9 +58,16 @@ def fast_overrides(datasets_cache) -> list[str]:
 def pytest_collection_modifyitems(config, items):
     """The README examples first: their module is the suite's longest (one shared run of every example), and
     xdist's loadscope hands modules out in this order, so it runs beside the rest instead of after it.
+    The tiers: every test in tests/integration is `slow`; none in tests/unit may be.
     Tests marked `gpu` need CUDA: skipped (with the reason) on machines without it."""
-    items.sort(key=lambda item: item.nodeid.split("::")[0] != "tests/test_readme_examples.py")  # stable
+    items.sort(key=lambda item: item.nodeid.split("::")[0] != "tests/docs/test_readme_examples.py")  # stable
     for item in items:
+        tier = _tier(item)
+        if tier == "integration":
+            item.add_marker(pytest.mark.slow)  # every integration test: `pytest -m "not slow"` is the quick loop
+        elif tier == "unit" and "slow" in item.keywords:
+            raise pytest.UsageError(f"{item.nodeid} is marked slow but sits in tests/unit, the quick loop: move it to "
+                                    "tests/integration")
         item.user_properties += [("marker", name) for name in ("slow", "matrix", "gpu") if name in item.keywords]
     import torch
 
@@ -92,6 +99,12 @@ def _no_triton_interpreter_outside_the_kernel_tests(request):
     assert VARIABLE not in os.environ, f"{VARIABLE}={os.environ[VARIABLE]} leaked out of the kernel tests"
     assert not interpreted_kernels_in_this_process(), "an interpreted kernel leaked out of the kernel tests"
     yield
+
+
+def _tier(item) -> str:
+    """unit, integration or docs: the folder under tests/ the test sits in."""
+    parts = item.path.relative_to(item.config.rootpath / "tests").parts
+    return parts[0] if len(parts) > 1 else "tests"
 
 
 def _is_kernel_test(node) -> bool:

@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.test_deepspeed_parity import ASYM_SHIFTS, QUANT_CASES, SYM_SHIFTS, asym_weight, sym_weight  # noqa: E402
+from tests.unit.test_deepspeed_parity import ASYM_SHIFTS, QUANT_CASES, SYM_SHIFTS, asym_weight, sym_weight  # noqa: E402
 
 RECORD = Path(__file__).resolve().parents[1] / "data" / "deepspeed_0_19_6_quantizers.pt"
 

@@ -8,7 +8,10 @@ inference and serve-bench 10-40x slower, and testing a path users on a CPU never
 
 So the kernel tests get a private copy of dsrecipes: `InterpretedModules.active()` sets the variable, swaps every
 `dsrecipes` entry of sys.modules for the copy's (importing afresh, so decorated under the interpreter, on first
-use) and, on exit, puts the process's own modules, its environment and Hydra's ConfigStore back. Everything a
+use) and, on exit, puts the process's own modules, its environment and Hydra's ConfigStore entries back. Triton's own
+Python modules are swapped too: its language library (`tl.sum`, `tl.cdiv` ...) is made of `@triton.jit`
+functions decorated when triton is imported, and an interpreted kernel can only call interpreted ones. Its
+compiled extension (`triton._C`) is shared: nanobind aborts the process if it is loaded twice. Everything a
 kernel test touches (its module's imports at collection, its fixtures, its lazy imports) runs inside; nothing
 outside ever sees an interpreted kernel or the variable (tests/unit/kernels/conftest.py wires it into pytest;
 tests/conftest.py checks every other test). With a CUDA device the kernels compile as usual and nothing is swapped.
@@ -16,7 +19,6 @@ tests/conftest.py checks every other test). With a CUDA device the kernels compi
 
 from __future__ import annotations
 
-import copy
 import os
 import sys
 from contextlib import contextmanager
@@ -25,7 +27,11 @@ VARIABLE = "TRITON_INTERPRET"
 
 
 def _ours(name: str) -> bool:
-    return name == "dsrecipes" or name.startswith("dsrecipes.")
+    """The modules the copy holds its own versions of: dsrecipes, and triton but for its compiled extension."""
+    for package in ("dsrecipes", "triton"):
+        if name == package or name.startswith(package + "."):
+            return not name.startswith("triton._C")
+    return False
 
 
 class InterpretedModules:
@@ -33,7 +39,6 @@ class InterpretedModules:
 
     def __init__(self) -> None:
         self.modules: dict[str, object] = {}  # this copy's modules, kept between activations
-        self.config_repo: dict | None = None  # this copy's ConfigStore contents (its schemas are its own classes)
         self.depth = 0
 
     @contextmanager
@@ -49,11 +54,10 @@ class InterpretedModules:
 
         store = ConfigStore.instance()
         saved_modules = {name: module for name, module in sys.modules.items() if _ours(name)}
-        saved_repo, saved_value = store.repo, os.environ.get(VARIABLE)
+        saved_entries, saved_value = _entries(store.repo), os.environ.get(VARIABLE)
         for name in saved_modules:
             del sys.modules[name]
         sys.modules.update(self.modules)
-        store.repo = self.config_repo if self.config_repo is not None else copy.deepcopy(saved_repo)
         os.environ[VARIABLE] = "1"
         self.depth = 1
         try:
@@ -64,11 +68,42 @@ class InterpretedModules:
             for name in self.modules:
                 del sys.modules[name]
             sys.modules.update(saved_modules)
-            self.config_repo, store.repo = store.repo, saved_repo
+            _restore_entries(store.repo, saved_entries)
             if saved_value is None:
                 os.environ.pop(VARIABLE, None)
             else:
                 os.environ[VARIABLE] = saved_value
+
+
+    def release(self) -> None:
+        """Hand the copy's modules to sys.modules under other names, so the interpreter's exit tears them down with
+        its own modules (else nanobind, at exit, reports the triton objects they hold as leaks)."""
+        for name, module in self.modules.items():
+            sys.modules[f"_interpreted_copy.{name}"] = module
+        self.modules = {}
+
+
+def _entries(repo: dict, prefix: tuple = ()) -> dict[tuple, object]:
+    """Every stored config of Hydra's ConfigStore by its path (the nodes themselves, not copies)."""
+    found = {}
+    for name, value in repo.items():
+        if isinstance(value, dict):
+            found.update(_entries(value, (*prefix, name)))
+        else:
+            found[(*prefix, name)] = value
+    return found
+
+
+def _restore_entries(repo: dict, saved: dict[tuple, object]) -> None:
+    """Put back every config the copy overwrote (its register_configs stores schemas of its own classes); what it
+    added (Hydra's plugins registering their configs on first use) stays, as it would have outside."""
+    now = _entries(repo)
+    for path, node in saved.items():
+        if now.get(path) is not node:
+            folder = repo
+            for name in path[:-1]:
+                folder = folder.setdefault(name, {})
+            folder[path[-1]] = node
 
 
 def needs_interpreter() -> bool:
@@ -83,7 +118,7 @@ def interpreted_kernels_in_this_process() -> list[str]:
     the kernel tests' copy)."""
     found = []
     for name, module in list(sys.modules.items()):
-        if _ours(name) and module is not None:
+        if (name == "dsrecipes" or name.startswith("dsrecipes.")) and module is not None:
             if any(type(value).__name__ == "InterpretedFunction" for value in list(vars(module).values())):
                 found.append(name)
     return found

@@ -1,0 +1,339 @@
+"""Bad input, one rule (issue 18): every value is checked before the run directory and any worker exist,
+and fails with one line naming the key, the value and what would be valid; a key that has no effect
+(its group is off) is a warning naming it.
+
+The table runs in this process: compose the recipe once per set of group options, apply the
+key=value overrides as Hydra does (OmegaConf.update on the typed config), then validate_recipe (or
+the inference checks for mode=generate / serve-bench). A few real-CLI runs (marked slow) check what
+the user sees: a multirun refused before its first job, one line and no traceback, no run directory.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import warnings
+
+import pytest
+import torch
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+
+from dsrecipes.config.inactive import inactive_keys
+from dsrecipes.config.preflight import Preflight, check_inference_job, check_sweep, check_train_job
+from dsrecipes.config.schema import CONFIG_GROUPS, RootConfig
+from dsrecipes.config.store import compose
+from dsrecipes.config.validate import to_root, validate_recipe
+from dsrecipes.distributed.config import nccl_unavailable_reason
+from dsrecipes.utils.paths import check_writable_dir
+from dsrecipes.utils.ranges import RANGES, check_ranges, numeric_keys
+
+_PARSER = OverridesParser.create()
+NO_NCCL = nccl_unavailable_reason() is not None
+
+
+def _is_group_choice(override: str) -> bool:
+    key = override.split("=", 1)[0]
+    return key.lstrip("+") in (*CONFIG_GROUPS, "experiment")
+
+
+@functools.cache
+def _composed(groups: tuple[str, ...]):
+    return compose(list(groups))
+
+
+def recipe(overrides: list[str]):
+    """compose(overrides), composing only once per set of group options: the key=value overrides are applied
+    the way Hydra applies them (OmegaConf.update, merge=True, on the schema-typed config)."""
+    cfg = copy.deepcopy(_composed(tuple(o for o in overrides if _is_group_choice(o))))
+    for text in overrides:
+        if not _is_group_choice(text):
+            override = _PARSER.parse_override(text)
+            OmegaConf.update(cfg, override.key_or_group, override.value(), merge=True)
+    return cfg
+
+
+def check(overrides: list[str]) -> None:
+    """What the CLI runs before any run directory exists, for a train or an inference mode (world size: the
+    recipe's launcher.nproc_per_node, 1 for auto)."""
+    cfg = recipe(overrides)
+    nproc = str(cfg.launcher.nproc_per_node)
+    if cfg.mode == "train":
+        validate_recipe(cfg, dp_world_size=int(nproc) if nproc.isdigit() else 1)
+    else:
+        check_inference_job(cfg)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """Data files that are not what they claim, a file where a directory belongs, a file that is no tokenizer."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    d = tmp_path_factory.mktemp("bad_input")
+    (d / "empty.txt").write_bytes(b"")
+    (d / "binary.txt").write_bytes(b"\x7fELF\x02\x01\x00\x00" * 8)
+    (d / "fake.parquet").write_text("a,b\n1,2\n")
+    (d / "broken.jsonl").write_text('{"text": "one"\n{"text": "two"}\n')
+    (d / "body.jsonl").write_text('{"body": "one"}\n')
+    pq.write_table(pa.table({"body": ["one", "two"]}), d / "body.parquet")
+    (d / "not_a_dir").write_text("a file")
+    (d / "tokenizer.json").write_text("this is not a tokenizer\n")
+    return d
+
+
+# (overrides, fragments the one-line message must hold); {d} is the files fixture's directory
+ERRORS = [
+    # model: every numeric field has a range
+    (["model.init_std=-0.02"], ["model.init_std=-0.02", "must be > 0"]),
+    (["model.init_std=nan"], ["model.init_std=nan", "must be > 0"]),
+    (["model.d_ff=0"], ["model.d_ff=0", "must be >= 1", "or null"]),
+    (["model.norm_eps=0"], ["model.norm_eps=0.0", "must be > 0"]),
+    (["model=llama_debug", "model.rope_theta=0"], ["model.rope_theta=0.0", "must be > 0"]),
+    (["model.dropout=1.0"], ["model.dropout=1.0", "must be in [0, 1)"]),
+    (["model.vocab_size=0"], ["model.vocab_size=0", "must be >= 1", "the tokenizer's"]),
+    (["model.n_layer=0"], ["model.n_layer=0", "must be >= 1"]),
+    # data: values, files, tokenizer, cache directory
+    (["data.val_fraction=0.99"], ["data.val_fraction=0.99", "(0, 0.5]"]),
+    (["data.val_fraction=0"], ["data.val_fraction=0.0", "(0, 0.5]"]),
+    (["data.max_bytes=0"], ["data.max_bytes=0", ">= 1", "no cap"]),
+    (["data=files", "data.paths=[{d}/empty.txt]"], ["data.paths", "empty.txt", "is empty"]),
+    (["data=files", "data.paths=[{d}/binary.txt]"], ["data.paths", "binary.txt", "NUL bytes"]),
+    (["data=files", "data.paths=[{d}/fake.parquet]"], ["data.paths", "fake.parquet", "not a Parquet file"]),
+    (["data=files", "data.paths=[{d}/broken.jsonl]"], ["data.paths", "broken.jsonl", "not JSON lines", "line 1"]),
+    (["data=files", "data.paths=[{d}/body.jsonl]"], ["data.text_field='text'", "body.jsonl", "available columns: body"]),
+    (["data=files", "data.paths=[{d}/body.parquet]"], ["data.text_field='text'", "body.parquet", "available columns: body"]),
+    (["data.tokenizer={d}/tokenizer.json"], ["data.tokenizer=", "tokenizer.json", "is not a tokenizers tokenizer.json",
+                                             "'byte'"]),
+    (["data.cache_dir={d}/not_a_dir"], ["data.cache_dir=", "not_a_dir", "is a file, not a directory"]),
+    (["data.cache_dir={d}/not_a_dir/cache"], ["data.cache_dir=", "not_a_dir", "is a file"]),
+    # optimizer
+    (["optimizer.lr=-1"], ["optimizer.lr=-1.0", "must be > 0"]),
+    (["optimizer.weight_decay=-0.1"], ["optimizer.weight_decay=-0.1", "must be >= 0"]),
+    (["optimizer.betas=[0.9,1.5]"], ["optimizer.betas=[0.9, 1.5]", "entry 1 is 1.5", "in [0, 1)"]),
+    (["optimizer=sgd", "optimizer.momentum=-0.9"], ["optimizer.momentum=-0.9", "must be >= 0"]),
+    # lr_scheduler
+    (["lr_scheduler.warmup_num_steps=0"], ["lr_scheduler.warmup_num_steps=0", "must be >= 1"]),
+    (["lr_scheduler.cos_min_ratio=2"], ["lr_scheduler.cos_min_ratio=2.0", "in [0, 1]"]),
+    (["lr_scheduler=torch_step", "lr_scheduler.step_size=0"], ["lr_scheduler.step_size=0", "must be >= 1"]),
+    (["lr_scheduler=one_cycle", "lr_scheduler.cycle_min_lr=-1", "lr_scheduler.cycle_max_lr=1"],
+     ["lr_scheduler.cycle_min_lr=-1.0", "must be >= 0"]),
+    # precision
+    (["precision.loss_scale=-1"], ["precision.loss_scale=-1.0", "must be >= 0"]),
+    (["precision=fp16", "precision.initial_scale_power=200"], ["precision.initial_scale_power=200", "in [0, 127]"]),
+    (["precision=fp16", "precision.hysteresis=0"], ["precision.hysteresis=0", "must be >= 1"]),
+    # trainer
+    (["trainer.peak_tflops=-1"], ["trainer.peak_tflops=-1.0", "must be > 0", "or null"]),
+    (["trainer.sample_temperature=-0.5"], ["trainer.sample_temperature=-0.5", "must be >= 0"]),
+    (["trainer.sample_top_k=-1"], ["trainer.sample_top_k=-1", "must be >= 0"]),
+    (["trainer.max_steps=0"], ["trainer.max_steps=0", "must be >= 1"]),
+    (["trainer.seed=-1"], ["trainer.seed=-1", "must be in [0, 2**63 - 1]"]),
+    (["trainer.gradient_clipping=-1"], ["trainer.gradient_clipping=-1.0", "must be >= 0"]),
+    # checkpoint: a directory inside the run directory
+    (["checkpoint.dirname="], ["checkpoint.dirname=''", "relative directory name inside the run directory"]),
+    (["checkpoint.dirname=/tmp/ckpt"], ["checkpoint.dirname='/tmp/ckpt'", "not absolute"]),
+    (["checkpoint.dirname=../ckpt"], ["checkpoint.dirname='../ckpt'", "no '..'"]),
+    (["checkpoint.keep_last=-1"], ["checkpoint.keep_last=-1", "must be >= 0"]),
+    # zero, parallel, launcher
+    (["zero.stage=4"], ["zero.stage=4", "choose one of: 0, 1, 2, 3"]),
+    (["zero.hybrid_shard_size=-2"], ["zero.hybrid_shard_size=-2", "must be >= 0"]),
+    (["parallel.tp=0"], ["parallel.tp=0", "must be >= 1"]),
+    (["parallel.sp=-1"], ["parallel.sp=-1", "must be >= 1"]),
+    (["launcher.max_restarts=-1"], ["launcher.max_restarts=-1", "must be >= 0"]),
+    (["launcher.collective_timeout_s=0"], ["launcher.collective_timeout_s=0", "must be >= 1"]),
+    pytest.param(["launcher.backend=nccl", "launcher.nproc_per_node=2"],
+                 ["launcher.backend=nccl needs CUDA GPUs and NCCL", "gloo or auto"],
+                 marks=pytest.mark.skipif(not NO_NCCL, reason="NCCL is available here"), id="nccl-without-nccl"),
+    # activation_checkpointing, moe
+    (["activation_checkpointing=every_k", "activation_checkpointing.every_k=0"],
+     ["activation_checkpointing.every_k=0", "must be >= 1"]),
+    (["moe=top2", "moe.k=0"], ["moe.k=0", "must be >= 1"]),
+    (["moe=top2", "moe.capacity_factor=0"], ["moe.capacity_factor=0.0", "must be > 0"]),
+    (["moe.layers=[-1]"], ["moe.layers=[-1]", "entry 0 is -1", ">= 0"]),
+    # data_efficiency, compression, sparse_attention
+    (["data_efficiency=random_ltd", "data_efficiency.random_ltd.min_value=0"],
+     ["data_efficiency.random_ltd.min_value=0", "must be >= 1"]),
+    (["data_efficiency.seed=-5"], ["data_efficiency.seed=-5", "must be in [0, 2**63 - 1]"]),
+    (["compression.sparse_pruning.dense_ratio=0"], ["compression.sparse_pruning.dense_ratio=0.0", "in (0, 1]"]),
+    (["compression.weight_quantization.start_bits=1"], ["compression.weight_quantization.start_bits=1", "in [2, 16]"]),
+    (["compression.export_dirname=../out"], ["compression.export_dirname='../out'", "inside the run directory"]),
+    (["sparse_attention.block=0"], ["sparse_attention.block=0", "must be >= 1"]),
+    # generate (also checked when training: a negative temperature is never valid)
+    (["generate.temperature=-1"], ["generate.temperature=-1.0", "must be >= 0"]),
+    (["generate.top_k=-3"], ["generate.top_k=-3", "must be >= 0"]),
+    (["mode=serve-bench", "generate.bench_batch_sizes=[0]"], ["generate.bench_batch_sizes=[0]", "entry 0 is 0", ">= 1"]),
+    (["mode=serve-bench", "generate.bench_batch_sizes=[]"], ["generate.bench_batch_sizes=[]", "at least one"]),
+    (["mode=generate", "generate.prompt=hi", "generate.checkpoint={d}", "generate.top_p=0"],
+     ["generate.top_p=0.0", "in (0, 1]"]),
+    (["mode=generate", "generate.prompt=hi", "generate.checkpoint={d}/no_such_run"],
+     ["generate.checkpoint=", "no_such_run", "does not exist"]),
+    # flops_profiler, profiler (dsrecipes.profiling.config)
+    (["flops_profiler=enabled", "trainer.max_steps=10", "flops_profiler.profile_step=10"],
+     ["flops_profiler.profile_step=10", "trainer.max_steps=10", "[0, 9]"]),
+    (["flops_profiler.module_depth=-2"], ["flops_profiler.module_depth=-2", "must be >= -1"]),
+    (["profiler=trace", "trainer.max_steps=2"], ["profiler.wait=1", "profiler.warmup=1", "trainer.max_steps=2"]),
+    (["profiler.active=0"], ["profiler.active=0", "must be >= 1"]),
+    # comms_logger (dsrecipes.distributed.comms_config)
+    (["comms_logger=enabled", "comms_logger.prof_ops=[allreduce]"],
+     ["comms_logger.prof_ops=['allreduce']", "unknown op name(s) ['allreduce']", "valid: all_reduce"]),
+    # compile (dsrecipes.distributed.torch_compile)
+    (["compile=blocks", "compile.backend=tensorrt"],
+     ["compile.backend='tensorrt'", "is not an installed torch.compile backend", "inductor"]),
+    # fp8 (dsrecipes.distributed.float8; the CPU refusal: tests/test_float8.py)
+    (["fp8=rowwise", "fp8.enable_fsdp_float8_all_gather=true"],
+     ["fp8.enable_fsdp_float8_all_gather=true", "needs fp8=tensorwise", "fp8.recipe=rowwise"]),
+    # name: part of the run directory's name
+    (["name="], ["name=''", "must not be empty"]),
+    (["name=a/b"], ["name='a/b'", "single file name"]),
+]
+
+
+def _params(rows):
+    """Each row as a pytest.param whose id is its overrides."""
+    return [row if hasattr(row, "values") else pytest.param(*row, id=" ".join(row[0])) for row in rows]
+
+
+def _fill(overrides: list[str], d) -> list[str]:
+    return [o.replace("{d}", str(d)) for o in overrides]
+
+
+@pytest.mark.parametrize("overrides, fragments", _params(ERRORS))
+def test_bad_value_fails_with_one_line_naming_key_value_and_what_is_valid(files, overrides, fragments):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises((ValueError, FileNotFoundError)) as err:
+            check(_fill(overrides, files))
+    message = str(err.value)
+    assert "\n" not in message, message
+    for fragment in fragments:
+        assert fragment in message, (fragment, message)
+
+
+def test_groups_covered_by_the_table():
+    """The table has a row for every config group, the run name and (below) hydra.run.dir."""
+    keys = {o.split("=", 1)[0] for row in _params(ERRORS) for o in row.values[0]}
+    touched = {k.split(".", 1)[0] for k in keys} | {k for k in keys if "." not in k}
+    assert set(CONFIG_GROUPS) - {"logger", "kernels"} <= touched, set(CONFIG_GROUPS) - touched  # both: enums only
+    assert "name" in touched
+
+
+@pytest.mark.parametrize("override, fragments", [
+    ("logger.level=LOUD", ["Invalid value 'LOUD'", "DEBUG", "full_key: logger.level"]),
+    ("logger.wandb_mode=sometimes", ["Invalid value 'sometimes'", "offline", "full_key: logger.wandb_mode"]),
+    ("kernels.backend=cuda", ["Invalid value 'cuda'", "triton", "full_key: kernels.backend"]),
+    ("launcher.backend=mpi", ["Invalid value 'mpi'", "gloo", "full_key: launcher.backend"]),
+])
+def test_a_fixed_choice_fails_at_composition_listing_the_choices(override, fragments):
+    with pytest.raises(ConfigCompositionException) as err:
+        compose([override])
+    for fragment in fragments:
+        assert fragment in str(err.value.__cause__)
+
+
+def test_every_numeric_key_of_the_schema_has_a_range():
+    from dsrecipes.training.config import OPTION_SCHEMAS
+
+    keys = numeric_keys(RootConfig, OPTION_SCHEMAS)
+    assert keys - set(RANGES) == set(), "add these keys to dsrecipes.utils.ranges.RANGES"
+    assert set(RANGES) - keys == set(), "RANGES names keys the schema does not have"
+    check_ranges(RootConfig())  # the schema's defaults are in range
+    check_ranges(to_root(_composed(())))  # so is the default recipe
+
+
+def test_run_directory_under_a_file_is_refused_naming_hydra_run_dir(files, capsys):
+    with pytest.raises(ValueError, match=r"hydra\.run\.dir=.*not_a_dir.*is a file"):
+        check_writable_dir("hydra.run.dir", str(files / "not_a_dir" / "run"))
+    cfg = compose([f"hydra.run.dir={files}/not_a_dir/run"], return_hydra_config=True)
+    with pytest.raises(SystemExit) as exit_:
+        Preflight().on_run_start(config=cfg)  # what Hydra calls before creating the run directory
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dsrecipes: error: hydra.run.dir=") and err.count("\n") == 1
+    assert not (files / "not_a_dir" / "run").exists()
+
+
+def test_preflight_checks_the_recipe_and_exits_with_one_line(capsys):
+    cfg = compose(["model.init_std=-1"], return_hydra_config=True)
+    with pytest.raises(SystemExit) as exit_:
+        Preflight().on_run_start(config=cfg)
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == "dsrecipes: error: model.init_std=-1.0 must be > 0\n"
+
+
+def test_a_sweep_is_checked_job_by_job_before_any_starts():
+    """What on_multirun_start runs: the basic sweeper's jobs, each composed as the launcher will compose it."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_module
+    from omegaconf import open_dict
+
+    from dsrecipes.config.store import register_configs
+
+    register_configs()
+    with initialize_config_module(config_module="dsrecipes.conf", version_base="1.3"):
+        cfg = hydra_compose(config_name="config", return_hydra_config=True)
+        with open_dict(cfg):
+            cfg.hydra.overrides.task = ["optimizer.lr=1e-3,3e-3", "trainer.max_steps=10,-1"]
+        with pytest.raises(ValueError) as err:
+            check_sweep(cfg)
+        assert str(err.value) == ("multirun job #1 (optimizer.lr=0.001 trainer.max_steps=-1), before any job started: "
+                                  "trainer.max_steps=-1 must be >= 1")
+        with open_dict(cfg):
+            cfg.hydra.overrides.task = ["optimizer.lr=1e-3,3e-3", "parallel.tp=1,2"]
+        with pytest.raises(ValueError, match=r"job #1 \(optimizer.lr=0.001 parallel.tp=2\).*does not divide the world"):
+            check_sweep(cfg)
+        # jobs that run elsewhere (hydra/launcher=slurm): only what holds on any machine is checked here
+        with open_dict(cfg):
+            cfg.hydra.launcher._target_ = "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
+        assert len(check_sweep(cfg)) == 4
+        with open_dict(cfg):
+            cfg.hydra.overrides.task = ["model.init_std=0.02,-1"]
+        with pytest.raises(ValueError, match=r"job #1 \(model.init_std=-1\).*model.init_std=-1.0 must be > 0"):
+            check_sweep(cfg)
+
+
+# (overrides, the warning's fragments): the run is valid, the key does nothing
+INACTIVE = [
+    (["moe.k=2"], "moe.k=2 has no effect: moe is off (moe.num_experts=0)"),
+    (["precision.loss_scale=128"], "precision.loss_scale=128.0 has no effect: loss scaling is fp16's"),
+    (["precision=fp16", "precision.loss_scale=128", "precision.hysteresis=4"], "precision.hysteresis=4 has no effect"),
+    (["logger.wandb_project=mine"], "logger.wandb_project=mine has no effect: logger.wandb=false"),
+    (["trainer.sample_tokens=0", "trainer.sample_top_k=5"], "trainer.sample_top_k=5 has no effect"),
+    (["generate.top_k=5"], "generate.top_k=5 has no effect: mode=train"),
+    (["activation_checkpointing.every_k=4"], "activation_checkpointing.every_k=4 has no effect"),
+    (["parallel.pp_schedule=gpipe"], "parallel.pp_schedule=gpipe has no effect: parallel.pp=1"),
+    (["zero.hybrid_shard_size=2"], "zero.hybrid_shard_size=2 has no effect"),
+    (["data.hub_name=wikitext"], "data.hub_name=wikitext has no effect: data.source=builtin"),
+    (["model.rope_theta=500000"], "model.rope_theta=500000.0 has no effect: model.style=gpt2"),
+    (["compression.sparse_pruning.dense_ratio=0.5"], "compression.sparse_pruning.dense_ratio=0.5 has no effect"),
+    (["data_efficiency.random_ltd.min_value=16"], "data_efficiency.random_ltd.min_value=16 has no effect"),
+    (["sparse_attention.block=32"], "sparse_attention.block=32 has no effect: sparse_attention.mode=none"),
+    pytest.param(["precision=fp16"], "precision.dtype=fp16 on a CPU", id="fp16-on-cpu",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="runs on the GPU here")),
+    pytest.param(["launcher.backend=nccl"], "launcher.backend=nccl has no effect with one process", id="nccl-one-process",
+                 marks=pytest.mark.skipif(not NO_NCCL, reason="NCCL is available here")),
+]
+
+
+@pytest.mark.parametrize("overrides, fragment", _params(INACTIVE))
+def test_a_key_without_effect_is_a_warning_naming_it(overrides, fragment):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        validate_recipe(recipe(overrides), dp_world_size=1)  # valid: it returns
+    messages = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+    assert any(fragment in m for m in messages), messages
+
+
+def test_max_restarts_without_spawned_workers_is_a_warning(monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "SLURM_PROCID"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.warns(UserWarning, match=r"launcher.max_restarts=2 has no effect with one process"):
+        _, _, nproc, joined = check_train_job(recipe(["launcher.nproc_per_node=1", "launcher.max_restarts=2"]))
+    assert (nproc, joined) == (1, False)
+
+
+def test_the_shipped_group_options_set_no_key_without_effect():
+    """Each group's default option is what a run gets without choosing: it must not warn."""
+    assert inactive_keys(to_root(_composed(()))) == []
+    assert inactive_keys(to_root(recipe(["moe=top2", "precision=fp16", "logger=wandb", "lr_scheduler=one_cycle",
+                                         "activation_checkpointing=every_k", "compression=prune_heads"]))) == []

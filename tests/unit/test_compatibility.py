@@ -1,0 +1,74 @@
+"""The compatibility matrix (dsrecipes.config.compatibility): every refused row fires before any work,
+naming its keys, through validate_recipe (what the CLI runs before spawning workers), and the README
+shows exactly the table the code holds."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from dsrecipes.config import validate_recipe
+from dsrecipes.config.compatibility import REFUSED, matrix_markdown
+from dsrecipes.config.store import compose
+from tests.helpers.paths import README
+
+# combination -> (overrides, world size, a fragment of the message)
+CASES = {
+    "pp with compression": (["parallel.pp=2", "compression=qat_int8", "trainer.gradient_accumulation_steps=2",
+                             "trainer.train_micro_batch_size_per_gpu=16"], 2,
+                            "parallel.pp=2 with compression"),
+    "pp x tp x dp with zero.stage >= 1": (
+        ["parallel.pp=2", "parallel.tp=2", "zero.stage=2", "trainer.gradient_accumulation_steps=2",
+         "trainer.train_micro_batch_size_per_gpu=16"], 8,
+        "parallel.pp=2 x parallel.tp=2 with 2 data-parallel ranks and zero.stage=2 is not supported yet"),
+    "sp with random-LTD": (["parallel.sp=2", "data_efficiency=random_ltd"], 2,
+                           "data_efficiency.random_ltd.enabled=true is not supported with parallel.sp=2"),
+    "sp with the sequence-length curriculum": (["parallel.sp=2", "data_efficiency=seqlen_curriculum"], 2,
+                                               "data_efficiency.curriculum_learning.metric=seqlen is not supported"),
+    "pp x sp with zero.stage > 0": (["parallel.pp=2", "parallel.sp=2", "zero.stage=1",
+                                     "trainer.gradient_accumulation_steps=2", "trainer.train_micro_batch_size_per_gpu=16"],
+                                    4, "parallel.pp=2 with parallel.sp=2 needs zero.stage=0"),
+    "sp x tp with zero.stage 1": (["parallel.sp=2", "parallel.tp=2", "model.n_head=4", "model.d_model=128",
+                                   "zero.stage=1"], 4, "parallel.sp=2 with parallel.tp=2 needs zero.stage 0, 2 or 3"),
+    "sp with MoE": (["parallel.sp=2", "moe=top2"], 2, "parallel.sp=2 with moe.num_experts=8"),
+    "tp x dp with zero.stage 0/1": (["parallel.tp=2"], 4,
+                                    "parallel.tp=2 with 2 data-parallel ranks needs zero.stage 2 or 3"),
+    "tp with fp32 master weights at dp 1": (["parallel.tp=2", "precision=bf16_master"], 2,
+                                            "parallel.tp=2 with precision.master_weights=true"),
+    "tp with optimizer.impl fused/foreach": (["parallel.tp=2", "optimizer.impl=foreach"], 2,
+                                             "parallel.tp=2 with optimizer.impl=foreach"),
+    "tp with activation quantization or layer reduction": (
+        ["parallel.tp=2", "compression=qat_int8", "compression.activation_quantization.enabled=true"], 2,
+        "parallel.tp=2 with compression.activation_quantization.enabled=true"),
+    "tp with random-LTD": (["parallel.tp=2", "data_efficiency=random_ltd"], 2,
+                           "parallel.tp=2 with data_efficiency.random_ltd.enabled=true"),
+    "1-bit optimizers with zero.stage >= 1": (["optimizer=onebitadam", "zero.stage=1"], 2,
+                                              "optimizer=onebitadam with zero.stage=1 is not supported"),
+    "1-bit optimizers with tp / pp / sp / ep": (["optimizer=onebitlamb", "parallel.sp=2"], 2,
+                                                "optimizer=onebitlamb with parallel.sp=2 is not supported yet"),
+    "NVMe offload with tp / sp / pp / ep, hybrid sharding, qwZ or hpZ": (
+        ["zero.stage=3", "zero.offload_param=nvme", "zero.nvme_path=/tmp", "parallel.tp=2"], 4,
+        "zero.offload_param=nvme with parallel.tp is not supported yet"),
+    "compile=full with any parallel layout (dp, tp, pp, sp, ep > 1)": (
+        ["compile=full", "parallel.tp=2"], 2, "compile=full with parallel.tp=2 is not supported"),
+    "fp8 with tp": (["fp8=tensorwise", "parallel.tp=2"], 2, "fp8=tensorwise with parallel.tp=2 is not supported"),
+    "fp8 with compression": (["fp8=rowwise", "compression=qat_int8"], 1,
+                             "fp8=rowwise with compression.weight_quantization.enabled=true is not supported"),
+}
+
+
+def test_every_refused_row_has_a_case():
+    assert sorted(CASES) == sorted(r.combination for r in REFUSED)
+
+
+@pytest.mark.parametrize("combination", sorted(CASES))
+def test_refused_combination_fails_before_work_naming_the_keys(combination):
+    overrides, world, fragment = CASES[combination]
+    with pytest.raises(ValueError, match=re.escape(fragment)):
+        validate_recipe(compose(["model.dropout=0.0", *overrides]), dp_world_size=world)
+
+
+def test_readme_matrix_is_the_table_in_the_code():
+    readme = README.read_text()
+    assert matrix_markdown() in readme
