@@ -19,7 +19,7 @@ os.environ.pop(VARIABLE, None)  # the kernel tests set it for themselves, in the
 # Workers that `python -m dsrecipes` spawns in tests are forked from the launching process
 # (launcher.start_method's default, see conf/launcher/default.yaml): they skip re-importing torch, Hydra
 # and dsrecipes, about a quarter of a short 2-worker run's CPU. The restart test in
-# tests/test_distributed.py keeps spawn, users' default.
+# tests/integration/test_distributed.py keeps spawn, users' default.
 os.environ.setdefault("DSRECIPES_START_METHOD", "fork")
 if os.environ.get("PYTEST_XDIST_WORKER") and (os.environ.get("PYTEST_XDIST_WORKER_COUNT") or "1") != "1":
     # Several test processes share the cores: one intra-op thread each (and in the runs they start),
@@ -32,8 +32,10 @@ if os.environ.get("PYTEST_XDIST_WORKER") and (os.environ.get("PYTEST_XDIST_WORKE
 
 @pytest.fixture(scope="session")
 def datasets_cache(tmp_path_factory) -> str:
-    """One datasets cache for the whole session, so the corpus is tokenized once, not per test."""
-    return str(tmp_path_factory.mktemp("hf_datasets_cache"))
+    """One datasets cache for the whole session and every xdist worker, so the corpus is tokenized once."""
+    from tests.helpers.run_cache import shared_datasets_cache
+
+    return shared_datasets_cache(tmp_path_factory)
 
 
 @pytest.fixture
@@ -80,13 +82,15 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session")
-def single_gpt(tmp_path_factory, datasets_cache):
-    """The single-process reference run of tests/test_distributed.py's recipe (micro-batch 8 x accumulation 2),
-    shared by the tensor-, pipeline- and sequence-parallel equivalence tests: (losses, exported state dict)."""
-    from tests.helpers.equivalence import common, run_and_read
+def single_gpt(tmp_path_factory):
+    """The equivalence table's gpt reference (tests/integration/equivalence/table.py: one process, micro-batch 8 x
+    accumulation 2), trained once for the whole run (tests/helpers/run_cache.py): (losses, exported state dict), for
+    the launcher and node tests that hold their runs against it."""
+    from tests.helpers.run_cache import cached_run
+    from tests.integration.equivalence.table import GPT
 
-    return run_and_read(tmp_path_factory.mktemp("single_gpt"), "single", common(datasets_cache) + [
-        "launcher.nproc_per_node=1", "trainer.train_micro_batch_size_per_gpu=8"])
+    run = cached_run(tmp_path_factory, GPT.overrides())
+    return run.losses, run.params
 
 
 @pytest.fixture(autouse=True)

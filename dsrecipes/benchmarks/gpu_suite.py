@@ -41,7 +41,7 @@ a 1.3B model >= 70% of the bandwidth roofline (and int8 decode >= 1.6x bf16).
 eager, no Triton) on layer_norm, rms_norm, flash_attention and cross_entropy; gpt_debug at 2 x 32 tokens for 4
 steps, fp32 on CPU instead of bf16 (bf16 autocast on CPU is only slow), compile variants skipped on CPU (a line
 says so); gpt_tiny decode (graph rows skipped on CPU); and, instead of running the GPU tier (which would
-recurse into the test suite), `pytest --collect-only -m gpu tests/test_gpu.py`. Smoke figures never claim a
+recurse into the test suite), `pytest --collect-only -m gpu tests/unit/test_gpu.py`. Smoke figures never claim a
 target (met = "n/a (smoke)").
 """
 
@@ -213,7 +213,7 @@ def section_tests(plan: Plan, out: Path, timeout: float) -> tuple[list[Figure], 
     opts = "-ra -p no:cacheprovider"
     if plan.smoke:  # never run the suite from inside a test of it: only collect the GPU tier of one file
         cmd = [sys.executable, "-m", "pytest", "-o", f"addopts={opts}", "--collect-only", "-q", "-m", "gpu",
-               str(tests / "test_gpu.py")]
+               str(tests / "unit" / "test_gpu.py")]
     else:
         cmd = [sys.executable, "-m", "pytest", "-o", f"addopts={opts} -n 4 --dist loadscope", "-m", "gpu",
                f"--junitxml={out / 'junit.xml'}", str(tests)]
@@ -227,7 +227,7 @@ def section_tests(plan: Plan, out: Path, timeout: float) -> tuple[list[Figure], 
     if plan.smoke:
         match = re.search(r"(\d+)(?:/\d+)? tests? collected", proc.stdout)
         n = int(match.group(1)) if match else None
-        return [Figure("tests", "gpu-marked tests collected (smoke: --collect-only, tests/test_gpu.py)", n, "tests",
+        return [Figure("tests", "gpu-marked tests collected (smoke: --collect-only, tests/unit/test_gpu.py)", n, "tests",
                        note=f"pytest exit {proc.returncode}")], None
     junit = out / "junit.xml"
     if not junit.is_file():

@@ -2,11 +2,12 @@
 
 One table of data. `check_compatibility` (called by validate_recipe before any worker starts) raises
 the first refusal a recipe hits, as a ValueError naming the keys and their values; the README's
-compatibility matrix is `matrix_markdown()` (tests/test_compatibility.py holds the two together).
+compatibility matrix is `matrix_markdown()` (tests/unit/test_compatibility.py holds the two together).
 Per-group value checks (a degree that does not divide the heads, a schedule name that does not
 exist) stay with each group's validation; this table is about groups that do not go together.
 
-A row that becomes supported moves from REFUSED to SUPPORTED, with the test that shows it.
+A row that becomes supported moves from REFUSED to SUPPORTED, naming what shows it: a row of the suite's
+layout-equivalence table (tests/integration/equivalence/table.py), where a new layout is added as a row.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ class Refusal:
 @dataclass(frozen=True)
 class Supported:
     combination: str
-    status: str  # what runs, and the test that shows it
+    status: str  # what runs
+    tests: tuple[str, ...]  # what shows it: layout-equivalence table rows, or tests' path::name
 
 
 def _pp(cond: Callable, key: str) -> Callable:
@@ -242,54 +244,60 @@ REFUSED: tuple[Refusal, ...] = (
             _fp8_compression),
 )
 
+# Each supported row names what shows it: rows of the suite's layout-equivalence table (tests/integration/equivalence/
+# table.py, each one run through the CLI against one process), or a test's path::name. tests/unit/
+# test_compatibility.py fails when a row names none, or names a row or test that does not exist.
 SUPPORTED: tuple[Supported, ...] = (
-    Supported("every precision x zero.stage 0-3, dp 2", "supported; tested against one process for fp32, bf16, "
-              "bf16_master, fp16 and fp16_autocast at every stage (tests/test_precision_matrix.py)"),
-    Supported("tp x dp, zero.stage 2/3", "supported (FSDP2 on dp, TP on tp); tested dp 2 x tp 2 under ZeRO-3"),
-    Supported("tp with dp = 1", "supported, any zero.stage (nothing to shard)"),
-    Supported("sp x dp, any zero.stage", "supported (gradients reduced over dp x sp); tested sp 2 and sp 2 under ZeRO-3"),
+    Supported("every precision x zero.stage 0-3, dp 2", "supported; fp32 through the CLI at every stage (with ZeRO-3 "
+              "parameter offload and activation checkpointing), and fp32, bf16, bf16_master, fp16 and fp16_autocast "
+              "at every stage through dsrecipes.initialize",
+              ("dp2-zero0", "dp2-zero1", "dp2-zero2", "dp2-zero3", "dp2-zero3-offload_param",
+               "dp2-zero3-activation_checkpointing",
+               "tests/integration/test_precision_matrix.py::test_world_2_matches_one_process")),
+    Supported("tp x dp, zero.stage 2/3", "supported (FSDP2 on dp, TP on tp)", ("dp2xtp2-zero3",)),
+    Supported("tp with dp = 1", "supported, any zero.stage (nothing to shard)", ("tp2",)),
+    Supported("sp x dp, any zero.stage", "supported (gradients reduced over dp x sp)", ("sp2", "sp2-zero3")),
     Supported("sp x tp, zero.stage 0/2/3 (x dp: 2/3)", "supported: Ulysses splits each tensor-parallel rank's heads over "
-              "sp (stage 0: boundary all-reduce of the local shards over dp x sp; 2/3: FSDP2 over dp x sp); tested "
-              "sp 2 x tp 2 at zero.stage 0 and 3, sequence-parallel and replicated tp activations "
-              "(tests/test_sequence_parallel_combos.py)"),
-    Supported("pp x dp, zero.stage 0", "supported; tested pp 2 (every schedule, both partitions) and dp 2 x pp 2"),
+              "sp (stage 0: boundary all-reduce of the local shards over dp x sp; 2/3: FSDP2 over dp x sp), with "
+              "sequence-parallel or replicated tp activations", ("sp2xtp2-zero0", "sp2xtp2-zero3-replicated_tp")),
+    Supported("pp x dp, zero.stage 0", "supported; every schedule, both partitions",
+              ("pp2-gpipe", "pp2-1f1b", "pp2-interleaved_1f1b", "dp2xpp2")),
     Supported("pp x dp, zero.stage 2/3", "supported: FSDP2 on each stage module (blocks, then the stage as root); "
-              "the schedule defers the gradient reduce-scatter to the last micro-batch (torchtitan's PP + FSDP); "
-              "tested dp 2 x pp 2 at zero.stage 2 and 3 against one process (tests/test_pipeline_zero.py)"),
+              "the schedule defers the gradient reduce-scatter to the last micro-batch (torchtitan's PP + FSDP)",
+              ("dp2xpp2-zero2", "dp2xpp2-zero3")),
     Supported("pp x dp, zero.stage 1", "supported (zero1_boundary: optimizer state partitioned over dp, DCP "
-              "checkpoints); tested dp 2 x pp 2 against one process, and its checkpoint resumed in one process "
-              "(tests/test_pipeline_zero.py)"),
+              "checkpoints)", ("dp2xpp2-zero1",)),
     Supported("pp with fp16 loss scaling / fp32 master weights", "supported (the schedule's loss is scaled; masters "
-              "beside the stage modules, DCP checkpoints of every stage's masters); tested pp 2 with precision=fp16 "
-              "and dp 2 x pp 2 ZeRO-1 with bf16_master against one process (tests/test_pipeline_zero.py)"),
-    Supported("pp x tp (x dp)", "supported: tensor-parallel stages, vocab-parallel loss on the last one; tested "
-              "dp 2 x tp 2 x pp 2 at world size 8, the layout of `+experiment=gpt_3d`"),
+              "beside the stage modules, DCP checkpoints of every stage's masters)",
+              ("pp2-fp16", "dp2xpp2-zero1-bf16_master")),
+    Supported("pp x tp (x dp)", "supported: tensor-parallel stages, vocab-parallel loss on the last one; the layout of "
+              "`+experiment=gpt_3d`", ("dp2xtp2xpp2",)),
     Supported("pp x sp (x tp, x dp), zero.stage 0", "supported: every stage runs this rank's sequence chunk at its "
-              "positions, gradients averaged over dp x sp; tested sp 2 x pp 2 (gpt2, Llama with GQA) and "
-              "sp 2 x tp 2 x pp 2 at world size 8 (tests/test_sequence_parallel_combos.py)"),
+              "positions, gradients averaged over dp x sp (gpt2, and Llama with GQA)",
+              ("sp2xpp2", "sp2xpp2-llama_gqa", "sp2xtp2xpp2")),
     Supported("moe.ep_size > 1 x dp, any zero.stage", "supported (stage 1: zero1_boundary, experts partitioned "
-              "over their expert-data-parallel group); tested EP=2 against one process at stages 0, 1 and 3"),
+              "over their expert-data-parallel group)", ("ep2-zero0", "ep2-zero1", "ep2-zero3", "ep2-ungrouped",
+                                                          "dp2xep2")),
     Supported("moe.ep_size > 1 with fp32 master weights at zero.stage 0", "supported: full-state checkpoints and "
-              "exports gather every rank's experts (fp32 masters and optimizer moments); tested EP=2 bf16_master "
-              "against one process and its checkpoint resumed in one process (tests/test_moe_tensor_parallel.py)"),
+              "exports gather every rank's experts (fp32 masters and optimizer moments)", ("ep2-bf16_master",)),
     Supported("tp with MoE (dp = 1, or tp x dp at zero.stage 2/3, ep over dp)", "supported: expert-tensor parallelism "
-              "(each expert's hidden width sliced over tp, ep groups within one tp rank); tested tp 2 and dp 2 x tp 2 "
-              "x ep 2 against one process (tests/test_moe_tensor_parallel.py)"),
+              "(each expert's hidden width sliced over tp, ep groups within one tp rank)",
+              ("tp2-moe", "dp2xtp2xep2-moe")),
     Supported("pp with MoE (any moe.ep_size, with or without tp)", "supported: each stage adds its MoE layers' "
-              "auxiliary-loss gradients where they arise; expert groups within each stage; tested pp 2 and dp 2 x pp 2 "
-              "against one process (tests/test_moe_distributed.py::test_moe_under_pipeline_parallel_reproduces_single_"
-              "process) and `+experiment=gpt_3d_moe` (pp 2 x dp 2 x tp 2, ep 2, world 8; tests/test_moe_distributed.py::"
-              "test_gpt_3d_moe_reproduces_single_process)"),
+              "auxiliary-loss gradients where they arise; expert groups within each stage; the layout of "
+              "`+experiment=gpt_3d_moe`", ("pp2-moe", "dp2xpp2xep2-moe", "gpt_3d_moe")),
+    Supported("compile=blocks with any layout (and compile=full in one process)", "supported: each block compiled on "
+              "its own (eager names in checkpoints and exports), with DDP, ZeRO-3, tp, activation checkpointing, MoE",
+              ("compile-blocks", "compile-full", "compile-blocks-activation_checkpointing", "compile-blocks-dp2-zero0",
+               "compile-blocks-dp2-zero3", "compile-blocks-tp2", "compile-blocks-moe")),
     Supported("pruning / QAT with zero.stage 2/3 at dp > 1", "supported: masks and scales from whole weights, masks "
-              "applied to every copy the strategy holds (ZeRO-2 master shards, FSDP2 shards); tested dp 2 at ZeRO-2 "
-              "and ZeRO-3 (tests/test_compression_sharded.py::test_layout[dp2_zero2], "
-              "::test_dp2_zero3_and_its_checkpoint_resumes)"),
+              "applied to every copy the strategy holds (ZeRO-2 master shards, FSDP2 shards)",
+              ("compression-dp2-zero2", "compression-dp2-zero3",
+               "tests/integration/test_compression_sharded.py::test_dp2_zero2_bf16_master_keeps_pruned_weights_zero")),
     Supported("tp with weight quantization / pruning", "supported: fake-quant groups and masks of the whole weight, "
-              "each rank masking its shard; tested tp 2 and dp 2 x tp 2 under ZeRO-3 (tests/test_compression_sharded.py::"
-              "test_layout[tp2], ::test_layout[dp2_x_tp2_zero3])"),
+              "each rank masking its shard", ("compression-tp2", "compression-dp2xtp2-zero3")),
     Supported("pp with random-LTD and the sequence-length curriculum", "supported: per-layer random-LTD draws (the "
-              "schedule's shape inference takes none), one pipeline schedule per batch shape; tested pp 2 with both "
-              "(pack mode, evaluation) against one process (tests/test_data_efficiency_pipeline.py)"),
+              "schedule's shape inference takes none), one pipeline schedule per batch shape", ("pp2-data_efficiency",)),
 )
 
 
@@ -301,9 +309,14 @@ def check_compatibility(root, dims) -> None:
             raise ValueError(message)
 
 
+def _shown_by(test: str) -> str:
+    """A table row as `row`, a test by its function name."""
+    return f"`{test.rsplit('::', 1)[-1]}`" if "::" in test else f"`{test}`"
+
+
 def matrix_markdown() -> str:
     """The README's compatibility matrix, generated from SUPPORTED and REFUSED."""
-    rows = ["| combination | status |", "|---|---|"]
-    rows += [f"| {s.combination} | {s.status} |" for s in SUPPORTED]
-    rows += [f"| {r.combination} | refused: {r.reason} |" for r in REFUSED]
+    rows = ["| combination | status | shown by |", "|---|---|---|"]
+    rows += [f"| {s.combination} | {s.status} | {', '.join(_shown_by(t) for t in s.tests)} |" for s in SUPPORTED]
+    rows += [f"| {r.combination} | refused: {r.reason} | |" for r in REFUSED]
     return "\n".join(rows)

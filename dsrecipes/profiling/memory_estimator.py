@@ -130,7 +130,7 @@ def measure_model_states(module: nn.Module, optimizer: torch.optim.Optimizer) ->
 # --------------------------------------------------------------------------------------------
 
 # Saved activation elements per token of one block, as c_d * d_model + c_f * ffn_dim: counted from the
-# blocks (dsrecipes.models.layers) and checked with saved_tensors_hooks in tests/test_autotune.py.
+# blocks (dsrecipes.models.layers) and checked with saved_tensors_hooks in tests/unit/test_autotune.py.
 # gpt2: the inputs of ln1, qkv, q/k/v, out_proj, ln2, fc_in (8d) and of GELU and fc_out (2f);
 # llama: the same plus the rotary products (~11d) and SwiGLU's gate, up, silu and down inputs (4f).
 # SDPA's flash / memory-efficient kernels (CUDA, and torch's CPU flash kernel) keep no attention scores.

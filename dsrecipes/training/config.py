@@ -59,6 +59,7 @@ class TrainerConfig:
     sample_tokens: int = 200  # 0 = no text sample at the end
     sample_temperature: float = 0.8
     sample_top_k: int = 40
+    loss_curve: bool = True  # draw <run dir>/loss_curve.png at the end (needs matplotlib: the charts extra)
 
 
 # --------------------------------------------------------------------------------------------

@@ -344,7 +344,8 @@ class Trainer:
         self.loggers.log_final(summary["metrics"], self.engine.global_steps)  # a sweep job's HParams, W&B final/*
         if self.is_logging_rank:
             (self.run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
-            write_loss_curve(self.run_dir, self.loggers.history)  # loss_curve.png (needs matplotlib)
+            if cfg.trainer.loss_curve:
+                write_loss_curve(self.run_dir, self.loggers.history)  # loss_curve.png (needs matplotlib)
         return summary
 
     def export(self) -> Path:

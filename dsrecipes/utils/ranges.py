@@ -5,7 +5,7 @@ loosest bound that holds whatever else the recipe says: `model.init_std` > 0, `d
 in (0, 0.5], seeds >= 0 ... A float must also be finite (OmegaConf takes `nan` and `inf`). What
 depends on other keys (moe.k <= moe.num_experts, a curriculum's difficulty range, the batch triple)
 stays with each group's validator; this table is what no recipe may go outside of, including a
-group that is switched off. tests/test_bad_input.py checks that every numeric field of the schema
+group that is switched off. tests/unit/test_bad_input.py checks that every numeric field of the schema
 (every option of optimizer / lr_scheduler included) has an entry, so a new field cannot skip it.
 
     check_ranges(root)   # ValueError: "model.norm_eps=0.0 must be > 0"

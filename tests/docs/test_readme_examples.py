@@ -67,9 +67,9 @@ SKIP = [
     (r"^python -m dsrecipes\.benchmarks\.inference .*--hbm-gbps", "needs a GPU: a 1.3B model measured against HBM "
                                                                   "bandwidth"),
     (r"\bfp8=(tensorwise|rowwise)", "needs a CUDA GPU with compute capability >= 8.9: refused on CPU before any work "
-                                    "(tests/test_float8.py checks the refusal and the conversion on CPU)"),
+                                    "(tests/unit/test_float8.py checks the refusal and the conversion on CPU)"),
     (r"^python -m dsrecipes\.benchmarks\.gpu_suite --out", "needs a GPU (about 8 minutes on an H100/H200); its --smoke "
-                                                           "example below runs, as does tests/test_gpu_suite.py"),
+                                                           "example below runs, as does tests/integration/test_gpu_suite.py"),
 ]
 
 # (regex, reason): multi-worker recipes whose layout another test already runs across processes. Each
@@ -77,21 +77,23 @@ SKIP = [
 # run up to the point where the CLI starts its workers (composition, recipe validation at their world
 # size, the run directory) and are then reported as skipped with the reason. DSRECIPES_README_ALL=1
 # runs them in full (all passed when this rule was written). Each must match a README command.
+TABLE = "tests/integration/equivalence/table.py"  # the layout-equivalence table: each row one run against one process
 VALIDATE_ONLY = [
-    (r"launcher\.nproc_per_node=4", "4 workers; ZeRO at world 4: tests/test_distributed.py, dp 2 x tp 2 under "
-                                     "ZeRO-3: tests/test_tensor_parallel.py"),
-    (r"\+experiment=gpt_3d", "8 workers; dp 2 x tp 2 x pp 2 at world 8: tests/test_pipeline_parallel.py"),
-    (r"\+experiment=gpt_tp\b", "2 workers; TP=2 through the CLI: tests/test_tensor_parallel.py"),
-    (r"\+experiment=gpt_ulysses_long\b", "2 workers; SP=2 through the CLI: tests/test_sequence_parallel_recipe.py"),
-    (r"\+experiment=gpt_pp\b", "2 workers; PP=2 (every schedule): tests/test_pipeline_parallel.py"),
-    (r"\+experiment=gpt_moe_ep\b", "2 workers; EP=2: tests/test_moe_distributed.py"),
-    (r"optimizer=(onebitadam|zerooneadam|onebitlamb)", "2 workers; the 1-bit optimizers at world 2: tests/test_onebit.py "
-                                                       "(and the communication benchmark's README example)"),
-    (r"zero\.zero_quantized_weights=true", "2 workers; ZeRO++ at world 2: tests/test_zeropp.py"),
+    (r"launcher\.nproc_per_node=4", f"4 workers; ZeRO and dp 2 x tp 2 under ZeRO-3 at world 4: rows of {TABLE}"),
+    (r"\+experiment=gpt_3d", f"8 workers; dp 2 x tp 2 x pp 2 at world 8: row dp2xtp2xpp2 of {TABLE}"),
+    (r"\+experiment=gpt_tp\b", f"2 workers; TP=2 through the CLI: row tp2 of {TABLE}"),
+    (r"\+experiment=gpt_ulysses_long\b", f"2 workers; SP=2 through the CLI: rows sp2, sp2-zero3 of {TABLE}"),
+    (r"\+experiment=gpt_pp\b", f"2 workers; PP=2 (every schedule): rows pp2-* of {TABLE}"),
+    (r"\+experiment=gpt_moe_ep\b", f"2 workers; EP=2: rows ep2-* of {TABLE}"),
+    (r"optimizer=(onebitadam|zerooneadam|onebitlamb)", "2 workers; the 1-bit optimizers at world 2: "
+                                                       "tests/integration/test_onebit.py (and the communication "
+                                                       "benchmark's README example)"),
+    (r"zero\.zero_quantized_weights=true", "2 workers; ZeRO++ at world 2: tests/integration/test_zeropp.py"),
     (r"compile=blocks zero\.stage=3 launcher\.nproc_per_node=2", "2 workers; compile=blocks under ZeRO-3 (and DDP, tp 2, "
-                                                                  "with checkpointing) at world 2: tests/test_torch_compile.py"),
-    (r"comms_logger=enabled zero\.stage=2", "2 workers; the comms logger in a world-2 Trainer: tests/test_comms_logger.py "
-                                             "(and through the CLI: the communication benchmark's README example)"),
+                                                                  f"with checkpointing): rows compile-* of {TABLE}"),
+    (r"comms_logger=enabled zero\.stage=2", "2 workers; the comms logger in a world-2 Trainer: "
+                                             "tests/integration/test_comms_logger.py (and through the CLI: the "
+                                             "communication benchmark's README example)"),
 ]
 RUN_ALL = os.environ.get("DSRECIPES_README_ALL") == "1"
 
@@ -479,7 +481,7 @@ def test_every_command_is_run_or_skipped_by_a_rule():
     for e in EXAMPLES:
         if e.kind == "command" and skip_reason(e) is None:
             assert command_kind(e.argv) is not None, (
-                f"README line {e.line}: no rule runs or skips `{e.text}`; add one to tests/test_readme_examples.py")
+                f"README line {e.line}: no rule runs or skips `{e.text}`; add one to tests/docs/test_readme_examples.py")
             assert not any(c in e.text for c in "<>|;$`"), (
                 f"README line {e.line}: `{show(e.text)}` has shell syntax or a placeholder with no rule (PLACEHOLDERS)")
 

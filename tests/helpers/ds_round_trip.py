@@ -1,4 +1,4 @@
-"""DeepSpeed configs and the dsrecipes experiments written by hand to mean the same (tests/test_deepspeed_config.py).
+"""DeepSpeed configs and the dsrecipes experiments written by hand to mean the same (tests/unit/test_deepspeed_config.py).
 
 Together the cases give every key the translation maps (dsrecipes.config.ds_import.catalog's
 "mapped" rows, each optimizer type's and schedule's params included); the test holds them to it.

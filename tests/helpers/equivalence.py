@@ -1,7 +1,7 @@
 """The layout-equivalence tests' recipe and assertions: train it through the CLI, read losses and export.
 
 Every run goes through the real CLI (`python -m dsrecipes launcher.nproc_per_node=N ...`), gradient
-accumulation 2, clipping at 1.0, fp32, no dropout. Tolerance (see tests/test_distributed.py): losses
+accumulation 2, clipping at 1.0, fp32, no dropout. Tolerance (see tests/integration/equivalence/table.py): losses
 within 2e-5 absolute and exported parameters within 5e-5 over STEPS steps.
 """
 
@@ -53,33 +53,29 @@ def run_metric(folder: Path, key: str) -> list[float]:
     return [r[key] for r in map(json.loads, metrics.read_text().splitlines()) if key in r]
 
 
-def assert_matches_single_process(losses, params, ref_losses, ref_params) -> None:
-    """The run trained, its STEPS losses are within 2e-5 and its exported parameters within 5e-5 of the reference."""
+def assert_same_training(losses, params, ref_losses, ref_params, loss_atol: float = 2e-5,
+                         params_atol: float = 5e-5) -> None:
+    """The run trained STEPS steps like the reference: losses within `loss_atol`, exported parameters (the same names)
+    within `params_atol`, absolute; the reference itself trained (its loss fell by more than 0.3)."""
     assert len(losses) == len(ref_losses) == STEPS
     assert ref_losses[-1] < ref_losses[0] - 0.3  # it trained
-    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=0, atol=2e-5)
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=0, atol=loss_atol)
     assert params.keys() == ref_params.keys()
     for name in ref_params:
-        torch.testing.assert_close(params[name], ref_params[name], rtol=0, atol=5e-5, msg=name)
+        torch.testing.assert_close(params[name], ref_params[name], rtol=0, atol=params_atol, msg=name)
 
 
-def assert_resumes_in_one_process(tmp_path, datasets_cache, layout: list[str], reference) -> None:
-    """A run under `layout` saves at step 5; one process resuming it ends with the reference run's
-    losses for steps 6-10 (2e-5) and its exported parameters (5e-5)."""
-    base = common(datasets_cache) + ["checkpoint.interval=5", "trainer.train_micro_batch_size_per_gpu=8"]
-    run_and_read(tmp_path, "layout", base + layout)
-    (checkpoint,) = list((tmp_path / "layout").glob("outputs/*/*/checkpoints/step_5"))
-    resumed, params = run_and_read(tmp_path, "one", base + ["launcher.nproc_per_node=1", f"trainer.resume={checkpoint}"])
-    assert_resumed_matches(resumed, params, reference)
+def assert_matches_single_process(losses, params, ref_losses, ref_params) -> None:
+    """assert_same_training at the fp32 layout tolerances: losses 2e-5, exported parameters 5e-5."""
+    assert_same_training(losses, params, ref_losses, ref_params)
 
 
-def assert_resumed_matches(resumed, params, reference) -> None:
-    """A run resumed from step 5 ends with the reference run's losses for steps 6-10 (2e-5) and its exported
-    parameters (5e-5)."""
-    ref_losses, ref_params = reference
-    torch.testing.assert_close(torch.tensor(resumed), torch.tensor(ref_losses[5:]), rtol=0, atol=2e-5)
+def assert_resumed_matches(resumed, params, ref_losses, ref_params, loss_atol: float = 2e-5,
+                           params_atol: float = 5e-5) -> None:
+    """A run resumed from step 5 ends with the reference run's losses for steps 6-10 and its exported parameters."""
+    torch.testing.assert_close(torch.tensor(resumed), torch.tensor(ref_losses[5:]), rtol=0, atol=loss_atol)
     for name in ref_params:
-        torch.testing.assert_close(params[name], ref_params[name], rtol=0, atol=5e-5, msg=name)
+        torch.testing.assert_close(params[name], ref_params[name], rtol=0, atol=params_atol, msg=name)
 
 
 def assert_refused(cases: dict) -> None:

@@ -1,4 +1,4 @@
-"""Run by torchrun in tests/test_library_launch.py: dsrecipes.initialize with no init_process_group first.
+"""Run by torchrun in tests/integration/test_library_launch.py: dsrecipes.initialize with no init_process_group first.
 
     torchrun --standalone --nproc-per-node 2 tests/helpers/initialize_under_torchrun.py STAGE OUT.json
 """

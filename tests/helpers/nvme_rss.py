@@ -1,4 +1,5 @@
-"""Peak RSS growth of one optimizer step, torch's AdamW vs NVMeOptimizer (run as a script by tests/test_nvme_offload.py).
+"""Peak RSS growth of one optimizer step, torch's AdamW vs NVMeOptimizer (a script tests/integration/test_nvme_offload.py
+runs).
 
     python -m tests.helpers.nvme_rss PARAMS_MILLIONS MODE SWAP_DIR     # MODE: torch | nvme
 

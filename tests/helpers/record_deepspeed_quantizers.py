@@ -1,4 +1,4 @@
-"""Record DeepSpeed 0.19.6's SymQuantizer / AsymQuantizer outputs for tests/test_deepspeed_parity.py.
+"""Record DeepSpeed 0.19.6's SymQuantizer / AsymQuantizer outputs for tests/unit/test_deepspeed_parity.py.
 
 DeepSpeed 0.19.7 removed its compression library, and the `parity` extra pins 0.19.8, so the
 quantizer comparison would otherwise only run where someone installs 0.19.6 by hand. This script,

@@ -35,6 +35,13 @@ def shared_root(tmp_path_factory) -> Path:
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
+def shared_datasets_cache(tmp_path_factory) -> str:
+    """One datasets cache for every test process of the run: the corpus is tokenized once, not once per worker."""
+    folder = shared_root(tmp_path_factory) / "hf_datasets_cache"
+    folder.mkdir(exist_ok=True)
+    return str(folder)
+
+
 def _key(overrides: list[str]) -> str:
     keys = [o.split("=", 1)[0] for o in overrides if "=" in o]
     duplicated = sorted({k for k in keys if keys.count(k) > 1})
@@ -95,8 +102,11 @@ def cached_run(tmp_path_factory, overrides: list[str], timeout: int = 300) -> Ru
     with FileLock(str(root / f"{key}.lock")):
         if not result_file.exists():
             folder.mkdir(exist_ok=True)
+            command = list(overrides)
+            if not any(o.startswith("data.cache_dir=") for o in command):
+                command.append(f"data.cache_dir={shared_datasets_cache(tmp_path_factory)}")
             try:
-                result = run_cli(list(overrides), cwd=folder, timeout=timeout)
+                result = run_cli(command, cwd=folder, timeout=timeout)
                 returncode, stderr = result.returncode, result.stderr[-4000:]
             except subprocess.TimeoutExpired:
                 returncode, stderr = "timeout", f"killed after {timeout} s (a hang?)"

@@ -1,14 +1,9 @@
-"""Data parallelism and ZeRO 0-3 (+offload) at world size 2 on CPU/gloo reproduce the single process.
+"""Launching and running data-parallel jobs through the real CLI (CPU/gloo): the self-spawning launcher, torchrun,
+a failing rank, restarts, multirun sweeps with auto workers, the offline export of a ZeRO-3 checkpoint, and
+dsrecipes.initialize sharding a user's own module (and a Hugging Face causal LM) under every ZeRO stage.
 
-Every run goes through the real CLI: `python -m dsrecipes launcher.nproc_per_node=2 ...` spawns two
-workers with torch's elastic agent. Same global batch (1 x 8 x 2 vs 2 x 4 x 2), gradient
-accumulation 2, clipping at 1.0, fp32, no dropout (dropout masks would differ per rank).
-
-Tolerance: losses within 2e-5 absolute and final parameters within 5e-5 over 10 steps. The only
-difference is fp32 summation order (two half-batch gradients averaged across ranks instead of one
-batch, sharded reduce-scatter under FSDP2), about 1e-7 relative per step; Adam's normalisation
-lets it grow slowly over the steps, so the bound leaves ~100x room while still catching any real
-error (a wrong loss scaling or a missing gradient shard moves the loss by > 1e-2).
+That each ZeRO stage (and offload, activation checkpointing) at world 2 reproduces one process is the
+layout-equivalence table's (tests/integration/equivalence/table.py: the dp2-* rows).
 """
 
 import json
@@ -18,55 +13,9 @@ import torch
 
 from dsrecipes.models import load_exported
 from tests.helpers.cli import run_cli
-from tests.helpers.equivalence import STEPS, assert_matches_single_process, common, run_and_read, run_layout
-
-
-@pytest.fixture(scope="module")
-def single_process(single_gpt):
-    return single_gpt  # the session's single-process reference run (tests/conftest.py)
-
-
-@pytest.fixture(scope="module")
-def zero3_world2(tmp_path_factory, datasets_cache):
-    """One ZeRO-3 run at world size 2 (its losses, exported parameters and run folder), shared by the
-    equivalence test and the offline-export test."""
-    folder = tmp_path_factory.mktemp("zero3_world2")
-    losses, params = run_and_read(folder, "dp2", common(datasets_cache) + [
-        "zero.stage=3", "launcher.nproc_per_node=2", "trainer.train_micro_batch_size_per_gpu=4"])
-    return losses, params, folder / "dp2"
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(400)
-@pytest.mark.parametrize("zero", ["zero.stage=0", "zero.stage=1", "zero.stage=2", "zero.stage=3",
-                                  "zero.stage=3 zero.offload_param=cpu", "zero.stage=3 activation_checkpointing=full"])
-def test_world_size_2_reproduces_single_process(request, tmp_path, datasets_cache, single_process, zero):
-    if zero == "zero.stage=3":
-        losses, params, _ = request.getfixturevalue("zero3_world2")
-    else:
-        losses, params = run_and_read(tmp_path, "dp2", common(datasets_cache) + zero.split() + [
-            "launcher.nproc_per_node=2", "trainer.train_micro_batch_size_per_gpu=4"])
-        if "offload" in zero:
-            layout = run_layout(tmp_path / "dp2")
-            assert "data parallel: fsdp2: FSDP2 (zero.stage=3): parameters, gradients and optimizer state sharded " \
-                   "(over 2 ranks), CPU offload | offload: parameters -> cpu |" in layout
-    assert_matches_single_process(losses, params, *single_process)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_sharded_checkpoint_resumes_at_other_world_sizes(tmp_path, datasets_cache):
-    """ZeRO-3 at world 2 saves at step 5; resuming at world 1 and at world 4 continues with the same losses."""
-    base = common(datasets_cache) + ["zero.stage=3", "checkpoint.interval=5"]
-    losses2, _ = run_and_read(tmp_path, "w2", base + ["launcher.nproc_per_node=2", "trainer.train_micro_batch_size_per_gpu=4"])
-    (checkpoint,) = list((tmp_path / "w2").glob("outputs/*/*/checkpoints/step_5"))
-    assert sorted(p.name for p in (checkpoint / "dcp").glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
-    for name, world, micro in (("w1", 1, 8), ("w4", 4, 2)):
-        losses, _ = run_and_read(tmp_path, name, base + [
-            f"launcher.nproc_per_node={world}", f"trainer.train_micro_batch_size_per_gpu={micro}",
-            f"trainer.resume={checkpoint}"])
-        assert len(losses) == STEPS - 5
-        torch.testing.assert_close(torch.tensor(losses), torch.tensor(losses2[5:]), rtol=0, atol=2e-5)
+from tests.helpers.equivalence import STEPS, common
+from tests.helpers.run_cache import cached_run
+from tests.integration.equivalence.table import row
 
 
 @pytest.mark.slow
@@ -107,14 +56,14 @@ def test_a_failing_rank_ends_the_job_with_its_traceback(tmp_path, datasets_cache
 
 
 @pytest.mark.slow
-def test_offline_export_of_a_zero3_checkpoint_loads_into_a_plain_model(tmp_path, zero3_world2, capsys):
-    """The zero_to_fp32 use case: a world-size-2 ZeRO-3 checkpoint -> one safetensors file, same outputs;
-    `python -m dsrecipes.export` says what it wrote."""
+def test_offline_export_of_a_zero3_checkpoint_loads_into_a_plain_model(tmp_path, tmp_path_factory, capsys):
+    """The zero_to_fp32 use case: a world-size-2 ZeRO-3 checkpoint (the equivalence table's dp2-zero3 run) -> one
+    safetensors file, same outputs; `python -m dsrecipes.export` says what it wrote."""
     from dsrecipes.export import main
 
-    _, live, run_folder = zero3_world2  # live: the engine's own export while running
-    (checkpoints,) = list(run_folder.glob("outputs/*/*/checkpoints"))
-    main([str(checkpoints), str(tmp_path / "offline")])
+    run = cached_run(tmp_path_factory, row("dp2-zero3").overrides())
+    live = run.params  # the engine's own export while running
+    main([str(run.run_dir / "checkpoints"), str(tmp_path / "offline")])
     said = capsys.readouterr().out
     assert said.startswith(f"exported to {tmp_path / 'offline'}: Hugging Face layout (model_type gpt2")
     assert "  model.safetensors  " in said and "  config.json  " in said and " bytes" in said
@@ -123,17 +72,17 @@ def test_offline_export_of_a_zero3_checkpoint_loads_into_a_plain_model(tmp_path,
     for name, tensor in live.items():
         assert torch.equal(model.state_dict()[name], tensor), name
     ids = torch.randint(0, 257, (2, 16))
-    reference = load_exported(next(run_folder.glob("outputs/*/*/export")))[0]
+    reference = load_exported(run.run_dir / "export")[0]
     torch.testing.assert_close(model(ids).logits, reference(ids).logits, rtol=0, atol=0)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_max_restarts_restarts_failed_workers_which_resume(tmp_path, datasets_cache, single_process):
+def test_max_restarts_restarts_failed_workers_which_resume(tmp_path, datasets_cache, single_gpt):
     """Rank 1 dies at step 7 while rank 0 waits in a gloo collective; with one restart allowed the agent
     restarts both workers, they resume from step 5 and end where an uninterrupted run ends. Started with
     spawn, the launcher's default for users (the rest of the suite forks its workers: tests/conftest.py)."""
-    ref_losses, _ = single_process
+    ref_losses, _ = single_gpt
     cwd = tmp_path / "restart"
     cwd.mkdir()
     result = run_cli(common(datasets_cache) + ["launcher.nproc_per_node=2", "trainer.train_micro_batch_size_per_gpu=4",

@@ -42,7 +42,7 @@ def test_smoke_on_cpu_writes_both_tables_with_every_section(tmp_path, datasets_c
     assert float(names["engine batch 1: decode"]["value"]) > 0 and float(names["int8 batch 1: decode"]["value"]) > 0
     assert names["target: engine batch 1: fraction of bandwidth roofline"]["target"] == ">= 0.7"
     assert "skipped: on CPU" in names["graph: decode"]["note"]
-    collected = names["gpu-marked tests collected (smoke: --collect-only, tests/test_gpu.py)"]
+    collected = names["gpu-marked tests collected (smoke: --collect-only, tests/unit/test_gpu.py)"]
     assert int(collected["value"]) > 0
     assert {f"{s} wall time" for s in gs.SECTIONS} <= set(names)
 

@@ -116,6 +116,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+@pytest.mark.matrix
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_two_hosts_over_ssh_train_as_world_2(tmp_path, fake_ssh, datasets_cache):

@@ -1,5 +1,5 @@
 """Multi-node runs, simulated on one machine: two launchers x 2 local ranks meeting at a c10d rendezvous on
-127.0.0.1 (tests/helpers/nodes.py), against the single-process reference of tests/test_distributed.py.
+127.0.0.1 (tests/helpers/nodes.py), against the single-process reference of tests/integration/equivalence/table.py.
 
 The fast tests cover the node-aware layout (which axis crosses nodes, `node`-sized groups), the launcher.* keys
 and their errors. The slow ones train: ZeRO 0-3 under two torchrun agents; through `python -m dsrecipes launcher.nnodes=2`, TP
@@ -67,6 +67,7 @@ def _two_nodes(cwd: Path, node_args, overrides: list[str], timeout: int = 360, e
     return run_dir
 
 
+@pytest.mark.matrix
 @pytest.mark.slow
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize("stage, strategy, axis", [(0, "ddp", "dp_replicate"), (1, "zero1", "dp_replicate"),
@@ -87,6 +88,7 @@ def test_two_torchrun_nodes_reproduce_single_process_at_every_zero_stage(tmp_pat
     (["parallel.tp=2", "zero.stage=3"], "dp_shard crosses nodes, tp inside a node"),   # TP inside a node, DP across
     (["parallel.pp=2"], "pp crosses nodes, dp_replicate inside a node"),               # one pipeline stage per node
 ])
+@pytest.mark.matrix
 def test_model_parallel_layouts_across_two_nodes_reproduce_single_process(tmp_path, datasets_cache, single_gpt,
                                                                           layout, crossing):
     run_dir = _two_nodes(tmp_path / "nodes", launcher_node_args, common(datasets_cache) + layout + [
@@ -95,6 +97,7 @@ def test_model_parallel_layouts_across_two_nodes_reproduce_single_process(tmp_pa
     assert f"nodes: 2 nodes x 2 ranks: {crossing}" in json.loads((run_dir / "summary.json").read_text())["layout"]
 
 
+@pytest.mark.matrix
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_hybrid_shard_per_node_via_launcher_keys_and_its_checkpoint_resumes_on_one_node(
@@ -124,6 +127,7 @@ def test_hybrid_shard_per_node_via_launcher_keys_and_its_checkpoint_resumes_on_o
         torch.testing.assert_close(resumed_params[name], tensor, rtol=0, atol=5e-5, msg=name)
 
 
+@pytest.mark.matrix
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_killed_node_is_replaced_and_the_job_ends_with_the_uninterrupted_losses(
@@ -157,6 +161,7 @@ def test_a_killed_node_is_replaced_and_the_job_ends_with_the_uninterrupted_losse
     assert "resumed from" in logs
 
 
+@pytest.mark.matrix
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_rendezvous_mistakes_end_each_node_with_one_line(tmp_path):

@@ -9,7 +9,7 @@ same model on the same global batches at world 2 and at world 1, through dsrecip
 Tolerances: fp32 and the autocast precisions keep fp32 parameters, so world 2 differs from world 1
 only in summation order (two half-batch gradients averaged): parameters within 1e-5. With master
 weights the bf16/fp16 gradients are rounded from half-batch sums at world 2 and from the whole batch
-at world 1 (and autocast runs 16-bit matmuls on half batches): within 5e-3 (as tests/test_zero2.py),
+at world 1 (and autocast runs 16-bit matmuls on half batches): within 5e-3 (as tests/integration/test_zero2.py),
 with the weights moving more than 4x that over the 6 steps. Independently of any tolerance, both
 ranks must end with bitwise equal weights, and the same skipped steps and loss scale: without the
 average each rank steps with its own half-batch gradient and the ranks drift apart.

@@ -100,6 +100,7 @@ def test_the_fake_srun_gives_each_task_its_slurm_variables(tmp_path):
     assert failed.returncode == 3
 
 
+@pytest.mark.matrix
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_torchrun_template_two_nodes_zero3_reproduces_single_process(tmp_path, datasets_cache, single_gpt):
@@ -116,6 +117,7 @@ def test_torchrun_template_two_nodes_zero3_reproduces_single_process(tmp_path, d
     assert_matches_single_process(*losses_and_export(run_dir), *single_gpt)
 
 
+@pytest.mark.matrix
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_srun_template_two_nodes_one_task_each_trains_as_world_2(tmp_path, datasets_cache):
@@ -130,6 +132,7 @@ def test_srun_template_two_nodes_one_task_each_trains_as_world_2(tmp_path, datas
     assert (run_dir / ".hydra" / "config.yaml").exists() and (run_dir / "export").is_dir()
 
 
+@pytest.mark.matrix
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_submitit_local_preset_runs_a_two_task_job_as_world_2(tmp_path, datasets_cache):
@@ -154,6 +157,7 @@ def test_submitit_local_preset_runs_a_two_task_job_as_world_2(tmp_path, datasets
     assert OmegaConf.load(job / ".hydra" / "config.yaml").zero.stage == 2
 
 
+@pytest.mark.matrix
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_submitit_slurm_preset_runs_a_two_node_job_through_a_fake_sbatch(tmp_path, datasets_cache):

@@ -115,6 +115,7 @@ def _two_hop_collectives(rank: int, world: int) -> None:
             assert off_node_two_hop == pytest.approx(off_node_one_hop / 2, rel=0.02), (bits, op)
 
 
+@pytest.mark.matrix
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_two_hop_quantized_reduce_scatter_stays_within_its_bound_and_halves_the_bytes_across_nodes():
@@ -211,6 +212,7 @@ def _runs_on_two_nodes(rank: int, world: int, cases: dict, steps: int, out: str)
     _runs(rank, world, cases, steps, out)
 
 
+@pytest.mark.matrix
 @pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_qgz_on_two_nodes_takes_two_hops_and_tracks_plain_zero3(tmp_path):
@@ -224,6 +226,7 @@ def test_qgz_on_two_nodes_takes_two_hops_and_tracks_plain_zero3(tmp_path):
     assert "2-hop: inside each node over 2 ranks, then across 2 nodes" in runs["qgz"]["describe"]
 
 
+@pytest.mark.matrix
 @pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_hpz_at_world_4_in_groups_of_2_equals_plain_zero3(tmp_path):

@@ -180,7 +180,7 @@ ERRORS = [
     # compile (dsrecipes.distributed.torch_compile)
     (["compile=blocks", "compile.backend=tensorrt"],
      ["compile.backend='tensorrt'", "is not an installed torch.compile backend", "inductor"]),
-    # fp8 (dsrecipes.distributed.float8; the CPU refusal: tests/test_float8.py)
+    # fp8 (dsrecipes.distributed.float8; the CPU refusal: tests/unit/test_float8.py)
     (["fp8=rowwise", "fp8.enable_fsdp_float8_all_gather=true"],
      ["fp8.enable_fsdp_float8_all_gather=true", "needs fp8=tensorwise", "fp8.recipe=rowwise"]),
     # name: part of the run directory's name

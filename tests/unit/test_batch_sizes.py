@@ -3,7 +3,7 @@
 Only the keys the user gives count (DeepSpeed's `_set_batch_related_parameters`), on the CLI
 (`trainer.train_batch_size=8` alone) and in dsrecipes.initialize's dict alike; no key at all is
 dsrecipes' default, 16 per rank. The hard-coded derivations were checked against DeepSpeed 0.19.8's
-DeepSpeedConfig (tests/test_deepspeed_parity.py compares the whole table where DeepSpeed is installed).
+DeepSpeedConfig (tests/unit/test_deepspeed_parity.py compares the whole table where DeepSpeed is installed).
 """
 
 import warnings

@@ -1,5 +1,5 @@
 """dsrecipes.benchmarks.communication's arithmetic on hand-written run directories (no training: the
-benchmark itself trains through the CLI; tests/test_comms_logger.py checks the byte counts it reads)."""
+benchmark itself trains through the CLI; tests/integration/test_comms_logger.py checks the byte counts it reads)."""
 
 from __future__ import annotations
 

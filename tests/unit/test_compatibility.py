@@ -9,9 +9,9 @@ import re
 import pytest
 
 from dsrecipes.config import validate_recipe
-from dsrecipes.config.compatibility import REFUSED, matrix_markdown
+from dsrecipes.config.compatibility import REFUSED, SUPPORTED, matrix_markdown
 from dsrecipes.config.store import compose
-from tests.helpers.paths import README
+from tests.helpers.paths import README, REPO
 
 # combination -> (overrides, world size, a fragment of the message)
 CASES = {
@@ -67,6 +67,32 @@ def test_refused_combination_fails_before_work_naming_the_keys(combination):
     overrides, world, fragment = CASES[combination]
     with pytest.raises(ValueError, match=re.escape(fragment)):
         validate_recipe(compose(["model.dropout=0.0", *overrides]), dp_world_size=world)
+
+
+def test_every_supported_row_names_the_tests_that_show_it():
+    """Each supported combination names rows of the layout-equivalence table or tests (path::name) that exist."""
+    import ast
+
+    from tests.integration.equivalence.table import ROW_IDS
+
+    for supported in SUPPORTED:
+        assert supported.tests, f"supported row {supported.combination!r} names no test"
+        for test in supported.tests:
+            if "::" not in test:
+                assert test in ROW_IDS, f"{supported.combination!r}: no row {test!r} in the equivalence table"
+                continue
+            path, name = test.split("::")
+            tree = ast.parse((REPO / path).read_text())
+            assert name in {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}, (
+                f"{supported.combination!r}: {path} has no test {name}")
+
+
+def test_every_layout_row_shows_a_supported_combination():
+    """The other way round: a layout the table proves appears in the matrix (a new row names its combination)."""
+    from tests.integration.equivalence.table import ROW_IDS
+
+    named = {test for supported in SUPPORTED for test in supported.tests}
+    assert ROW_IDS <= named, f"rows in no supported combination: {sorted(ROW_IDS - named)}"
 
 
 def test_readme_matrix_is_the_table_in_the_code():

@@ -1,7 +1,7 @@
 """Compression under sharding (through the real CLI): QAT + sparse, row and head pruning at dp 2 under ZeRO-2
 and ZeRO-3, and at tp 2, reproduce the same recipe in one process; a compressed run resumed from its step-5
 checkpoint (in one process, and a ZeRO-3 checkpoint resumed in one process) ends where the uninterrupted run
-does. Tolerances as tests/test_distributed.py (losses 2e-5, exported parameters 5e-5), and every entry the
+does. Tolerances as tests/integration/equivalence/table.py (losses 2e-5, exported parameters 5e-5), and every entry the
 masks prune is exactly zero in the sharded run's export, as in the reference. (The float export is compared:
 the int8 codes of export_compressed can differ by one step where a weight sits on a rounding boundary, the
 weights themselves differing by fp32 summation order.) ZeRO-2 with bf16 master weights, whose fp32 master

@@ -27,6 +27,13 @@ def test_a_run_ends_with_its_loss_curve(tmp_path, fast_overrides):
     assert [step for step, _ in points["val/loss"]] == [2, 4]
 
 
+def test_loss_curve_false_draws_no_chart(tmp_path, fast_overrides):
+    """trainer.loss_curve=false: the run ends without loss_curve.png (what the equivalence table's runs set)."""
+    root, batch = validate_recipe(compose(fast_overrides + SHORT + ["trainer.loss_curve=false"]), dp_world_size=1)
+    Trainer(root, tmp_path, batch).fit()
+    assert (tmp_path / "summary.json").is_file() and not (tmp_path / LOSS_CURVE_FILE).exists()
+
+
 def test_without_matplotlib_the_run_ends_and_the_hint_is_logged_once(tmp_path, fast_overrides, monkeypatch):
     monkeypatch.setattr(charts, "charts_available", lambda: False)
     monkeypatch.setattr(charts, "_hinted", False)

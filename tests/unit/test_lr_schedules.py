@@ -3,7 +3,7 @@
 Expected numbers are worked out by hand from DeepSpeed's formulas (deepspeed/runtime/lr_schedules.py),
 with t = the 0-based optimizer step the lr is used for: the value right after construction is t = 0,
 after k scheduler.step() calls it is t = k. The step_alignment=deepspeed sequences were checked against
-DeepSpeed 0.19.8's own classes (tests/test_deepspeed_parity.py does that where DeepSpeed is installed).
+DeepSpeed 0.19.8's own classes (tests/unit/test_deepspeed_parity.py does that where DeepSpeed is installed).
 """
 
 from __future__ import annotations

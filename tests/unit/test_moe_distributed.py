@@ -7,7 +7,7 @@ single-process reference sees the same micro-batches (micro 4 x accumulation 4 v
 token groups. Random routing choices are off (use_rts=false, no second-expert sampling: their
 random streams differ per rank).
 
-Tolerance: as tests/test_distributed.py (losses 2e-5 absolute, exported parameters 5e-5 over 10
+Tolerance: as tests/integration/equivalence/table.py (losses 2e-5 absolute, exported parameters 5e-5 over 10
 steps); the only differences are fp32 summation orders (gradients summed across ranks, and over the
 EP group by the all_to_all backward).
 """
@@ -20,7 +20,7 @@ from tests.helpers.equivalence import (
 
 
 def test_bad_moe_layouts_are_refused_naming_the_keys():
-    """Checked by validate_recipe, which the CLI runs before spawning (tests/test_distributed.py shows that path)."""
+    """Checked by validate_recipe, which the CLI runs before spawning (tests/integration/test_distributed.py shows that path)."""
     cases = {
         ("moe.num_experts=3", "moe.ep_size=2", "launcher.nproc_per_node=2"):
             "moe.num_experts=3 is not divisible by moe.ep_size=2",

@@ -1,5 +1,5 @@
 """Multi-node runs, simulated on one machine: two launchers x 2 local ranks meeting at a c10d rendezvous on
-127.0.0.1 (tests/helpers/nodes.py), against the single-process reference of tests/test_distributed.py.
+127.0.0.1 (tests/helpers/nodes.py), against the single-process reference of tests/integration/equivalence/table.py.
 
 The fast tests cover the node-aware layout (which axis crosses nodes, `node`-sized groups), the launcher.* keys
 and their errors. The slow ones train: ZeRO 0-3 under two torchrun agents; through `python -m dsrecipes launcher.nnodes=2`, TP

@@ -1,7 +1,7 @@
 """Pipeline ranks build only their own stages (issue 24, item 6): a GPT built on the meta device, of which
 materialize_pipeline_rank allocates what one pipeline rank runs, holds exactly the single process's initial
 values (every local tensor bit-identical, the random stream left where one process leaves it) and nothing
-else. The CLI path is the pipeline equivalence tests' (tests/test_pipeline_parallel.py)."""
+else. The CLI path is the pipeline equivalence tests' (tests/integration/equivalence/table.py)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ gpt_debug (4 blocks, tied embeddings: the first and last stages hold copies of t
 sum their gradients) trains 10 steps with micro-batches = gradient accumulation steps = 2 under
 each schedule, at PP=2, at dp 2 x pp 2 (world 4) and at dp 2 x tp 2 x pp 2 (world 8), against one
 process on the same global batch.
-Tolerance as tests/test_distributed.py: losses within 2e-5, exported parameters within 5e-5; the
+Tolerance as tests/integration/equivalence/table.py: losses within 2e-5, exported parameters within 5e-5; the
 differences are fp32 summation orders (gradients averaged over micro-batches by the schedule, the
 tied gradient summed across stages).
 """
@@ -17,7 +17,7 @@ from tests.helpers.equivalence import (
 
 
 def test_bad_pipeline_layouts_are_refused_naming_the_keys():
-    """Checked by validate_recipe, which the CLI runs before spawning (tests/test_distributed.py shows that path)."""
+    """Checked by validate_recipe, which the CLI runs before spawning (tests/integration/test_distributed.py shows that path)."""
     cases = {
         ("parallel.pp=2", "trainer.gradient_accumulation_steps=1", "trainer.train_micro_batch_size_per_gpu=16",
          "launcher.nproc_per_node=2"): "parallel.pp=2 needs at least 2 micro-batches per step",

@@ -1,8 +1,8 @@
 """What a run reports is true: the layout line, and throughput over training steps only.
 
 The layout line's real-run form is also checked by the layout-equivalence tests (gpt_3d's dp 2 x tp 2
-x pp 2 in tests/test_pipeline_parallel.py, EP=2 in tests/test_moe_distributed.py, ZeRO-3 with
-parameter offload in tests/test_distributed.py), which read it from their runs' summary.json.
+x pp 2 in tests/integration/equivalence/table.py, EP=2 in tests/integration/equivalence/table.py, ZeRO-3 with
+parameter offload in tests/integration/equivalence/table.py), which read it from their runs' summary.json.
 """
 
 import json

@@ -8,7 +8,7 @@ with the reference gradient; then a few AdamW steps under DDP against single-pro
 SP=2 (world 2) and at dp 2 x sp 2 (world 4, sp groups {0,1} and {2,3}).
 
 Tolerance (fp32): logits/loss 1e-5 absolute + 1e-5 relative, gradients 1e-5 / 1e-4; the optimizer
-run's losses 2e-5 absolute over 6 steps (tests/test_distributed.py's). The math is the same; only
+run's losses 2e-5 absolute over 6 steps (tests/integration/equivalence/table.py's). The math is the same; only
 summation orders differ (attention over a re-assembled sequence, gradients summed across ranks by
 the all-to-all backward and by the gradient all-reduce).
 """

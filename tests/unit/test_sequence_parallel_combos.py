@@ -23,7 +23,7 @@ from tests.helpers.equivalence import assert_refused
 
 def test_sp_tp_needs_the_block_size_divisible_by_both():
     """With sequence-parallel tp activations each sp chunk is split again over tp: checked before spawning.
-    (The refused rows, pp x sp with ZeRO and sp x tp with ZeRO-1, are tests/test_compatibility.py's.)"""
+    (The refused rows, pp x sp with ZeRO and sp x tp with ZeRO-1, are tests/unit/test_compatibility.py's.)"""
     assert_refused({
         ("model=gpt_debug", "parallel.sp=2", "parallel.tp=2", "model.max_seq_len=66", "launcher.nproc_per_node=4"):
             "data.block_size=66 is not divisible by parallel.sp=2 x parallel.tp=2",

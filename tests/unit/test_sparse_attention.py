@@ -3,7 +3,7 @@
 Layouts are checked cell by cell against small hand-built matrices worked out from each mode's
 definition (DeepSpeed's sparsity configs); a dense layout through the sparse path equals dense
 causal SDPA (fp32, atol 1e-5: only the softmax/sum order differs); a short Trainer run with a sparse
-layout trains. Kernel-vs-reference checks live in tests/kernels/test_block_sparse_attention.py.
+layout trains. Kernel-vs-reference checks live in tests/unit/kernels/test_block_sparse_attention.py.
 """
 
 from __future__ import annotations
