@@ -21,42 +21,45 @@ key names are kept:
 A cleaned GPT is saved / loaded by dsrecipes.models.compressed_export (export_compressed, load_compressed).
 """
 
-from dsrecipes.compression.activation_quantization import ActivationQuantConfig, ActivationQuantization
-from dsrecipes.compression.clean import redundancy_clean, state_dict_bytes
-from dsrecipes.compression.compress import Compressor, init_compression
-from dsrecipes.compression.config import CompressionConfig, from_deepspeed, library_configs
-from dsrecipes.compression.layer_reduction import (
-    DistillationConfig,
-    DistillationLoss,
-    LayerReductionConfig,
-    init_student_from_teacher,
-    kd_kl_loss,
-    reduce_layers,
-)
-from dsrecipes.compression.pruning import (
-    SparsePruner,
-    SparsePruningConfig,
-    compute_mask,
-    dense_ratio_at,
-    parse_block_pattern,
-)
-from dsrecipes.compression.quantization import (
-    QuantCodes,
-    QuantizationAwareTraining,
-    WeightQuantConfig,
-    bits_at,
-    dequantize_codes,
-    fake_quantize,
-    match_module_names,
-    quantize_codes,
-)
-from dsrecipes.compression.quantized_linear import QuantizedLinear, pack_int4, unpack_int4
-from dsrecipes.compression.structured_pruning import (
-    ChannelPruningConfig,
-    HeadPruningConfig,
-    RowPruningConfig,
-    StructuredPruner,
-)
+from dsrecipes.utils.lazy_exports import lazy_exports
+
+_EXPORTS = {
+    "ActivationQuantConfig": "dsrecipes.compression.activation_quantization",
+    "ActivationQuantization": "dsrecipes.compression.activation_quantization",
+    "redundancy_clean": "dsrecipes.compression.clean",
+    "state_dict_bytes": "dsrecipes.compression.clean",
+    "Compressor": "dsrecipes.compression.compress",
+    "init_compression": "dsrecipes.compression.compress",
+    "CompressionConfig": "dsrecipes.compression.config",
+    "from_deepspeed": "dsrecipes.compression.config",
+    "library_configs": "dsrecipes.compression.config",
+    "DistillationConfig": "dsrecipes.compression.layer_reduction",
+    "DistillationLoss": "dsrecipes.compression.layer_reduction",
+    "LayerReductionConfig": "dsrecipes.compression.layer_reduction",
+    "init_student_from_teacher": "dsrecipes.compression.layer_reduction",
+    "kd_kl_loss": "dsrecipes.compression.layer_reduction",
+    "reduce_layers": "dsrecipes.compression.layer_reduction",
+    "SparsePruner": "dsrecipes.compression.pruning",
+    "SparsePruningConfig": "dsrecipes.compression.pruning",
+    "compute_mask": "dsrecipes.compression.pruning",
+    "dense_ratio_at": "dsrecipes.compression.pruning",
+    "parse_block_pattern": "dsrecipes.compression.pruning",
+    "QuantCodes": "dsrecipes.compression.quantization",
+    "QuantizationAwareTraining": "dsrecipes.compression.quantization",
+    "WeightQuantConfig": "dsrecipes.compression.quantization",
+    "bits_at": "dsrecipes.compression.quantization",
+    "dequantize_codes": "dsrecipes.compression.quantization",
+    "fake_quantize": "dsrecipes.compression.quantization",
+    "match_module_names": "dsrecipes.compression.quantization",
+    "quantize_codes": "dsrecipes.compression.quantization",
+    "QuantizedLinear": "dsrecipes.compression.quantized_linear",
+    "pack_int4": "dsrecipes.compression.quantized_linear",
+    "unpack_int4": "dsrecipes.compression.quantized_linear",
+    "ChannelPruningConfig": "dsrecipes.compression.structured_pruning",
+    "HeadPruningConfig": "dsrecipes.compression.structured_pruning",
+    "RowPruningConfig": "dsrecipes.compression.structured_pruning",
+    "StructuredPruner": "dsrecipes.compression.structured_pruning",
+}
 
 __all__ = [
     "WeightQuantConfig", "fake_quantize", "bits_at", "QuantizationAwareTraining", "match_module_names",
@@ -70,3 +73,8 @@ __all__ = [
     "QuantizedLinear", "pack_int4", "unpack_int4",
     "CompressionConfig", "from_deepspeed", "library_configs",
 ]
+
+
+# Lazy, so that importing the recipe schema (dsrecipes.compression.config, which the `compression` group's
+# RootConfig field needs) does not import torch: `python -m dsrecipes --help` composes the recipe only.
+__getattr__ = lazy_exports(__name__, _EXPORTS)

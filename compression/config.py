@@ -26,13 +26,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dsrecipes.compression.activation_quantization import RANGE_CALIBRATIONS, ActivationQuantConfig
-from dsrecipes.compression.layer_reduction import DistillationConfig, LayerReductionConfig
-from dsrecipes.compression.pruning import SparsePruningConfig
-from dsrecipes.compression.quantization import WeightQuantConfig
-from dsrecipes.compression.structured_pruning import ChannelPruningConfig, HeadPruningConfig, RowPruningConfig
+# The library's configs are imported in the functions that build them: their modules import torch, and the
+# recipe schema (RootConfig's `compression` field) imports this module when `python -m dsrecipes --help` composes.
+if TYPE_CHECKING:
+    from dsrecipes.compression.layer_reduction import DistillationConfig, LayerReductionConfig
 
 __all__ = ["ChoiceEnum", "CompressionConfig", "PruningMethod", "PruningRamp", "QuantizationType", "RangeCalibration",
            "Rounding", "from_deepspeed", "library_configs", "validate_compression_config"]
@@ -75,7 +74,8 @@ class Rounding(ChoiceEnum):
     stochastic = "stochastic"
 
 
-RangeCalibration = _choice_enum("RangeCalibration", RANGE_CALIBRATIONS)  # dynamic | static
+# activation_quantization.RANGE_CALIBRATIONS, written out here: that module imports torch
+RangeCalibration = _choice_enum("RangeCalibration", ("dynamic", "static"))
 
 
 class PruningMethod(ChoiceEnum):
@@ -198,14 +198,21 @@ class CompressionConfig:
         return any(getattr(self, f.name).enabled for f in fields(self) if f.name not in ("export", "export_dirname"))
 
 
-_LIBRARY = {
-    "weight_quantization": WeightQuantConfig,
-    "activation_quantization": ActivationQuantConfig,
-    "sparse_pruning": SparsePruningConfig,
-    "row_pruning": RowPruningConfig,
-    "head_pruning": HeadPruningConfig,
-    "channel_pruning": ChannelPruningConfig,
-}
+def _library() -> dict[str, type]:
+    """{technique: its library config class} for the techniques init_compression builds (layer reduction aside)."""
+    from dsrecipes.compression.activation_quantization import ActivationQuantConfig
+    from dsrecipes.compression.pruning import SparsePruningConfig
+    from dsrecipes.compression.quantization import WeightQuantConfig
+    from dsrecipes.compression.structured_pruning import ChannelPruningConfig, HeadPruningConfig, RowPruningConfig
+
+    return {
+        "weight_quantization": WeightQuantConfig,
+        "activation_quantization": ActivationQuantConfig,
+        "sparse_pruning": SparsePruningConfig,
+        "row_pruning": RowPruningConfig,
+        "head_pruning": HeadPruningConfig,
+        "channel_pruning": ChannelPruningConfig,
+    }
 
 
 def _section_kwargs(section, lib_cls) -> dict[str, Any]:
@@ -225,7 +232,7 @@ def library_configs(cfg: CompressionConfig, num_heads: int | None = None,
     """{technique: library config or None} for the techniques init_compression builds (layer
     reduction excluded); ValueError names `<prefix>.<section>` and the key."""
     out: dict[str, Any] = {}
-    for name, lib_cls in _LIBRARY.items():
+    for name, lib_cls in _library().items():
         section = getattr(cfg, name)
         if not section.enabled:
             out[name] = None
@@ -245,6 +252,8 @@ def layer_reduction_configs(cfg: CompressionConfig, prefix: str = "compression"
     section = cfg.layer_reduction
     if not section.enabled:
         return None
+    from dsrecipes.compression.layer_reduction import DistillationConfig, LayerReductionConfig
+
     try:
         lr = LayerReductionConfig(keep_number_layer=section.keep_number_layer,
                                   teacher_layer=_plain(section.teacher_layer),
@@ -275,12 +284,13 @@ def validate_compression_config(cfg: CompressionConfig, n_head: int | None = Non
 def from_deepspeed(ds: dict[str, Any]) -> CompressionConfig:
     """Map a DeepSpeed `compression_training` block (or a whole ds_config holding one) onto CompressionConfig."""
     block = ds.get("compression_training", ds)
-    unknown = set(block) - set(_LIBRARY) - {"layer_reduction"}
+    library = _library()
+    unknown = set(block) - set(library) - {"layer_reduction"}
     if unknown:
         raise ValueError(f"compression_training: unknown technique(s) {sorted(unknown)}; valid: "
-                         f"{sorted(set(_LIBRARY) | {'layer_reduction'})}")
+                         f"{sorted(set(library) | {'layer_reduction'})}")
     cfg = CompressionConfig()
-    for name, lib_cls in _LIBRARY.items():
+    for name, lib_cls in library.items():
         if name not in block:
             continue
         tech = block[name]

@@ -17,19 +17,35 @@ analyzer and the sampler take a Hugging Face ``datasets.Dataset``).
 Not yet: dynamic batching, DeepSpeed's cluster-by-cluster sampling order (batches are drawn independently).
 """
 
-from .analyzer import BUILTIN_METRICS, DataAnalyzer, MetricIndex, load_metric_index, token_counts
-from .config import (
-    CurriculumLearningConfig,
-    DataEfficiencyConfig,
-    RandomLTDConfig,
-    build_curriculum_scheduler,
-    build_random_ltd_scheduler,
-    validate_data_efficiency_config,
-)
-from .curriculum import SCHEDULE_TYPES, CurriculumConfig, CurriculumScheduler, resolve_custom_fn
-from .random_ltd import RandomLTD, RandomLTDScheduler, find_blocks, layer_token_equivalent_step, validate_layer_ids
-from .sampler import DIFFICULTY_TYPES, CurriculumSampler
-from .seqlen import SEQLEN_MODES, SeqlenCurriculum
+import importlib
+
+# name -> the module (of this package) defining it
+_EXPORTS = {
+    "BUILTIN_METRICS": "analyzer",
+    "DataAnalyzer": "analyzer",
+    "MetricIndex": "analyzer",
+    "load_metric_index": "analyzer",
+    "token_counts": "analyzer",
+    "CurriculumLearningConfig": "config",
+    "DataEfficiencyConfig": "config",
+    "RandomLTDConfig": "config",
+    "build_curriculum_scheduler": "config",
+    "build_random_ltd_scheduler": "config",
+    "validate_data_efficiency_config": "config",
+    "SCHEDULE_TYPES": "curriculum",
+    "CurriculumConfig": "curriculum",
+    "CurriculumScheduler": "curriculum",
+    "resolve_custom_fn": "curriculum",
+    "RandomLTD": "random_ltd",
+    "RandomLTDScheduler": "random_ltd",
+    "find_blocks": "random_ltd",
+    "layer_token_equivalent_step": "random_ltd",
+    "validate_layer_ids": "random_ltd",
+    "DIFFICULTY_TYPES": "curriculum",
+    "CurriculumSampler": "sampler",
+    "SEQLEN_MODES": "curriculum",
+    "SeqlenCurriculum": "seqlen",
+}
 
 __all__ = [
     "BUILTIN_METRICS",
@@ -57,3 +73,11 @@ __all__ = [
     "validate_data_efficiency_config",
     "validate_layer_ids",
 ]
+
+
+def __getattr__(name: str):
+    # Lazy (PEP 562), so that importing the recipe schema (.config, the `data_efficiency` group's RootConfig field)
+    # does not import torch and numpy: `python -m dsrecipes --help` composes the recipe only.
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

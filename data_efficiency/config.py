@@ -32,13 +32,21 @@ import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .analyzer import BUILTIN_METRICS
-from .curriculum import SCHEDULE_TYPES, CurriculumConfig, CurriculumScheduler, resolve_custom_fn
-from .random_ltd import RandomLTDScheduler, validate_layer_ids
-from .sampler import DIFFICULTY_TYPES
-from .seqlen import SEQLEN_MODES
+from .curriculum import (
+    DIFFICULTY_TYPES,
+    SCHEDULE_TYPES,
+    SEQLEN_MODES,
+    CurriculumConfig,
+    CurriculumScheduler,
+    resolve_custom_fn,
+)
+
+# .analyzer (numpy) and .random_ltd (torch) are imported in the functions that use them: the recipe schema
+# (RootConfig's `data_efficiency` field) imports this module when `python -m dsrecipes --help` composes.
+if TYPE_CHECKING:
+    from .random_ltd import RandomLTDScheduler
 
 __all__ = ["ChoiceEnum", "CurriculumLearningConfig", "DataEfficiencyConfig", "DifficultyType", "RandomLTDConfig",
            "ScheduleType", "SeqlenMode", "build_curriculum_scheduler", "build_random_ltd_scheduler",
@@ -159,6 +167,8 @@ def build_curriculum_scheduler(cfg: CurriculumLearningConfig, block_size: int | 
 
 def build_random_ltd_scheduler(cfg: RandomLTDConfig, block_size: int,
                                prefix: str = "data_efficiency.random_ltd") -> RandomLTDScheduler:
+    from .random_ltd import RandomLTDScheduler
+
     max_value = cfg.max_value if cfg.max_value is not None else block_size
     if max_value > block_size:
         raise ValueError(f"{prefix}.max_value={max_value} exceeds data.block_size={block_size}")
@@ -172,6 +182,9 @@ def validate_data_efficiency_config(cfg: DataEfficiencyConfig, n_layer: int, blo
     lr_scheduler_target: the recipe's ``lr_scheduler._target_`` (the layer-token LR schedule needs one of
     dsrecipes' closed-form schedules, which can be evaluated at any step).
     """
+    from .analyzer import BUILTIN_METRICS
+    from .random_ltd import validate_layer_ids
+
     cl = cfg.curriculum_learning
     if cl.enabled:
         p = f"{prefix}.curriculum_learning"

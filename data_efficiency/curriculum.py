@@ -39,9 +39,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["SCHEDULE_TYPES", "CurriculumConfig", "CurriculumScheduler", "resolve_custom_fn"]
+__all__ = ["DIFFICULTY_TYPES", "SCHEDULE_TYPES", "SEQLEN_MODES", "CurriculumConfig", "CurriculumScheduler",
+           "resolve_custom_fn"]
 
 SCHEDULE_TYPES = ("fixed_linear", "fixed_root", "fixed_discrete", "custom")
+# The metric curriculum's difficulty types (sampler.CurriculumSampler) and the seqlen curriculum's modes
+# (seqlen.SeqlenCurriculum): defined in this torch-free module, so that the recipe schema (config.py) builds
+# its Enums from them without importing torch (`python -m dsrecipes --help` composes the recipe only).
+DIFFICULTY_TYPES = ("value", "percentile")
+SEQLEN_MODES = ("truncate", "pack")
 
 # Keys of a DeepSpeed curriculum block that describe the data pipeline rather than the schedule;
 # `from_dict` accepts and ignores them.

@@ -30,11 +30,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from .curriculum import CurriculumScheduler
+from .curriculum import DIFFICULTY_TYPES, CurriculumScheduler
 
 __all__ = ["DIFFICULTY_TYPES", "CurriculumSampler"]
 
-DIFFICULTY_TYPES = ("value", "percentile")
 _STATE_KEYS = ("global_batch", "seed", "micro_batch_size", "world_size", "num_samples")
 
 

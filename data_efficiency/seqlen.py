@@ -28,11 +28,9 @@ from typing import Any
 
 import torch
 
-from .curriculum import CurriculumScheduler
+from .curriculum import SEQLEN_MODES, CurriculumScheduler
 
 __all__ = ["SEQLEN_MODES", "SeqlenCurriculum"]
-
-SEQLEN_MODES = ("truncate", "pack")
 
 
 class SeqlenCurriculum:

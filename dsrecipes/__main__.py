@@ -21,7 +21,6 @@ from datetime import datetime
 from pathlib import Path
 
 import hydra
-import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
@@ -103,15 +102,20 @@ def main() -> None:
         sys.exit(report_main(sys.argv[2:]))
     from dsrecipes.config.ds_import.cli import apply_deepspeed_argument
     from dsrecipes.config.run_directory import RUN_STAMP_ENV
-    from dsrecipes.launch import join_launcher_group
+    from dsrecipes.distributed.environment import under_launcher
     from dsrecipes.utils.errors import USER_ERRORS, exit_on_user_error
 
-    if join_launcher_group():
-        stamp = [datetime.now().isoformat()]
-        torch.distributed.broadcast_object_list(stamp, src=0)
-        os.environ[RUN_STAMP_ENV] = stamp[0]
-        if torch.distributed.get_rank() != 0:
-            sys.argv.append("hydra.output_subdir=null")  # .hydra/ is written once, by rank 0
+    if under_launcher():  # torchrun, srun: launch and torch.distributed imported only here (`--help` imports no torch)
+        import torch.distributed
+
+        from dsrecipes.launch import join_launcher_group
+
+        if join_launcher_group():
+            stamp = [datetime.now().isoformat()]
+            torch.distributed.broadcast_object_list(stamp, src=0)
+            os.environ[RUN_STAMP_ENV] = stamp[0]
+            if torch.distributed.get_rank() != 0:
+                sys.argv.append("hydra.output_subdir=null")  # .hydra/ is written once, by rank 0
     from dsrecipes.inference_cli import rewrite_aliases
 
     sys.argv[1:] = rewrite_aliases(sys.argv[1:])  # mode=generate checkpoint=PATH prompt=TEXT

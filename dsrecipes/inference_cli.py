@@ -25,11 +25,12 @@ import json
 import os
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
 from dsrecipes.inference.config import INFERENCE_MODES, GenerateConfig, validate_generate_config
+
+# torch is imported in the functions that run inference: `python -m dsrecipes` imports this module for
+# rewrite_aliases before every run, and `--help` must not import torch.
 
 ALIASES = {"checkpoint": "generate.checkpoint", "prompt": "generate.prompt"}
 GENERATIONS_FILE = "generations.jsonl"
@@ -63,6 +64,8 @@ def _model_overrides(overrides: list[str]) -> bool:
 
 
 def _load(cfg: DictConfig, overrides: list[str], device):
+    import torch
+
     from dsrecipes.data.tokenizers import build_tokenizer
     from dsrecipes.inference.loading import load_model
     from dsrecipes.models.config import ModelConfig
@@ -109,6 +112,9 @@ def run_inference_mode(cfg: DictConfig, run_dir: str, overrides: list[str]) -> d
 
 
 def _run(cfg: DictConfig, run_dir: str, own_dir: Path | None, overrides: list[str]) -> dict:
+    import torch
+    import torch.distributed as dist
+
     g: GenerateConfig = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(GenerateConfig), cfg.generate))
     validate_generate_config(g, cfg.mode)
     world = dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", "1"))

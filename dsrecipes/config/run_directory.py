@@ -33,8 +33,6 @@ import shutil
 from datetime import datetime
 from pathlib import Path
 
-from dsrecipes.distributed.utils import rank_zero_result
-
 RUN_STAMP_ENV = "DSRECIPES_RUN_STAMP"
 NO_RUN_DIR_MODES = ("generate",)  # modes whose single run writes only to the console and files named by the user
 HYDRA_SUBDIR = ".hydra"
@@ -67,6 +65,9 @@ def run_dir(parent: str, stamp: str, name: str, mode: str = "train") -> str:
         return "."
     key = (str(parent), str(stamp), str(name))
     if key not in _CLAIMED:
+        # imported here: it imports torch.distributed, and composing a recipe (`--help`, `--cfg job`) must not
+        from dsrecipes.distributed.utils import rank_zero_result
+
         _CLAIMED[key] = rank_zero_result(lambda: claim_run_dir(*key))
     return _CLAIMED[key]
 

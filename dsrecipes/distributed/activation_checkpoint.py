@@ -12,12 +12,14 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-
-import torch
-from torch import nn
-from torch.utils.checkpoint import checkpoint
+from typing import TYPE_CHECKING
 
 from dsrecipes.utils.config_enum import ConfigEnum, enum_values
+
+# torch is imported in the functions that use it: the recipe schema imports ActivationCheckpointConfig from
+# here, and composing a recipe (`python -m dsrecipes --help`) must not import torch.
+if TYPE_CHECKING:
+    from torch import nn
 
 
 class ACMode(ConfigEnum):
@@ -46,6 +48,9 @@ def validate_activation_checkpoint_config(cfg: ActivationCheckpointConfig, prefi
 
 
 def _checkpointed(forward, cpu_offload: bool, *args, **kwargs):
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
     if cpu_offload:
         with torch.autograd.graph.save_on_cpu(pin_memory=torch.cuda.is_available()):
             return checkpoint(forward, *args, use_reentrant=False, **kwargs)
@@ -54,6 +59,8 @@ def _checkpointed(forward, cpu_offload: bool, *args, **kwargs):
 
 def apply_activation_checkpointing(model: nn.Module, cfg: ActivationCheckpointConfig) -> int:
     """Checkpoint the chosen members of the model's nn.ModuleLists (its blocks); returns how many."""
+    from torch import nn
+
     validate_activation_checkpoint_config(cfg)
     if cfg.mode == "none":
         return 0
@@ -71,6 +78,8 @@ def apply_activation_checkpointing(model: nn.Module, cfg: ActivationCheckpointCo
 def saved_activation_bytes(model: Callable, *inputs, **kwargs) -> int:
     """Bytes autograd keeps for the backward during one forward of `model` (any module or function;
     what checkpointing trims)."""
+    import torch
+
     total = 0
 
     def pack(tensor):

@@ -32,11 +32,15 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from dataclasses import dataclass, field
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING
 
 from dsrecipes.utils.config_enum import ConfigEnum, enum_values
+
+# torch is imported in the functions that use it: the recipe schema imports Float8Config from here, and
+# composing a recipe (`python -m dsrecipes --help`) must not import torch.
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 
 class Float8Recipe(ConfigEnum):
@@ -119,6 +123,8 @@ def validate_float8_config(cfg: Float8Config, device_type: str | torch.device) -
     if empty:
         raise ValueError(f"fp8.filter_fqns={list(cfg.filter_fqns)} holds an empty name, which every layer's name "
                          "contains (nothing would be converted); list name fragments such as lm_head")
+    import torch
+
     device = torch.device(device_type)
     if device.type != "cuda":
         raise ValueError(f"fp8={recipe} needs a CUDA GPU with compute capability >= 8.9 (Ada/Hopper); this run's "
@@ -182,6 +188,8 @@ def _shared_parameter_ids(model: nn.Module) -> set[int]:
 
 def _router_fqns(model: nn.Module) -> set[str]:
     """FQNs of the linear layers inside dsrecipes MoE layers (router gate, residual coefficient): kept in fp32."""
+    from torch import nn
+
     from dsrecipes.models.moe import MoELayer
 
     fqns: set[str] = set()
@@ -195,6 +203,8 @@ def _router_fqns(model: nn.Module) -> set[str]:
 
 def skip_reason(module: nn.Module, fqn: str, cfg: Float8Config, shared: set[int], routers: set[str]) -> str | None:
     """Why the linear layer `fqn` stays in high precision (None: it is converted)."""
+    from torch import nn
+
     if type(module) is not nn.Linear:
         return f"{type(module).__name__} is not a plain nn.Linear"
     matched = [f for f in cfg.filter_fqns if f in fqn]

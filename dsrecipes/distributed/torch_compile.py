@@ -31,11 +31,14 @@ from __future__ import annotations
 import os
 import shutil
 from dataclasses import dataclass
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING
 
 from dsrecipes.utils.config_enum import ConfigEnum, enum_values
+
+# torch is imported in the functions that use it: the recipe schema imports CompileConfig from here, and
+# composing a recipe (`python -m dsrecipes --help`) must not import torch.
+if TYPE_CHECKING:
+    from torch import nn
 
 
 class CompileScope(ConfigEnum):
@@ -100,11 +103,15 @@ def validate_compile_config(cfg: CompileConfig, device_type: str, prefix: str = 
 
 
 def _compile(fn, cfg: CompileConfig):
+    import torch
+
     return torch.compile(fn, backend=cfg.backend, mode=cfg.mode, fullgraph=cfg.fullgraph, dynamic=cfg.dynamic)
 
 
 def block_lists(model: nn.Module) -> list[nn.ModuleList]:
     """The outermost nn.ModuleLists of `model` (a GPT's `blocks`); lists inside a block (experts) are left to it."""
+    from torch import nn
+
     found: list[nn.ModuleList] = []
     inside: set[str] = set()
     for name, module in model.named_modules():

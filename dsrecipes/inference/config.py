@@ -17,13 +17,13 @@ import os
 from dataclasses import dataclass, field
 
 from dsrecipes.utils.config_enum import ConfigEnum, config_enum, enum_values
-from dsrecipes.utils.dtypes import DTYPES
+from dsrecipes.utils.dtypes import DTYPE_NAMES
 from dsrecipes.utils.ranges import check_section
 
 # the root `mode` ("serve-bench" is no identifier: the functional form names each member by its value)
 RecipeMode = config_enum("RecipeMode", ("train", "generate", "serve-bench"), __name__)
 # generate.dtype: the configs' dtype names (dsrecipes.utils.dtypes), or int8 (fp16/bf16 activations + int8 weights)
-GenerateDtype = config_enum("GenerateDtype", (*DTYPES, "int8"), __name__)
+GenerateDtype = config_enum("GenerateDtype", (*DTYPE_NAMES, "int8"), __name__)
 
 
 class QuantMode(ConfigEnum):

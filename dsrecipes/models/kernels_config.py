@@ -12,10 +12,12 @@ TRITON_INTERPRET is settled (Triton reads it when a kernel is decorated).
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from dsrecipes.utils.config_enum import ConfigEnum, enum_values
+
+if TYPE_CHECKING:
+    import torch
 
 
 class KernelBackend(ConfigEnum):
@@ -48,6 +50,8 @@ def resolve_kernels_backend(backend: str, device: torch.device | str | None = No
     validate_kernels_config(KernelsConfig(backend=backend))
     if backend != "auto":
         return str(backend)
+    import torch  # imported here: the recipe schema imports this module, and `--help` must not import torch
+
     on_cuda = torch.device(device).type == "cuda" if device is not None else torch.cuda.is_available()
     if not on_cuda:
         return "torch"

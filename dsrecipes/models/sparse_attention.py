@@ -35,13 +35,16 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field, fields
-
-import torch
-import torch.nn.functional as F
-from torch import nn
+from typing import TYPE_CHECKING
 
 from dsrecipes.models.sparsity_config import ATTENTION_TYPES, LAYOUT_CLASSES, SparsityConfig
 from dsrecipes.utils.config_enum import ConfigEnum, config_enum, enum_values, plain
+
+# torch is imported in the methods that use it: the recipe schema imports SparseAttentionConfig from here, and
+# composing a recipe (`python -m dsrecipes --help`) must not import torch.
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 # sparse_attention.mode: none or a layout of dsrecipes.models.sparsity_config (its LAYOUT_CLASSES are the list)
 SparseMode = config_enum("SparseMode", ("none", *LAYOUT_CLASSES), __name__)
@@ -175,6 +178,8 @@ class BlockSparseAttention:
     def layout(self, seq_len: int, num_heads: int, device) -> tuple[torch.Tensor, object]:
         key = (seq_len, num_heads, str(device))
         if key not in self._cache:
+            import torch
+
             layout = torch.tril(self.block_layout(seq_len))
             if num_heads != layout.shape[0]:
                 if not bool((layout == layout[:1]).all()):
@@ -193,6 +198,8 @@ class BlockSparseAttention:
         return extras[what]
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        import torch.nn.functional as F
+
         from dsrecipes.kernels import block_sparse_attention as bsa
 
         T = q.shape[2]

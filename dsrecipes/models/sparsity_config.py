@@ -26,8 +26,13 @@ Pure torch; no Hydra (the config group lives in dsrecipes.models.sparse_attentio
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
+# torch is imported in the functions that build layouts: the recipe schema (dsrecipes.models.sparse_attention's
+# SparseAttentionConfig) reads ATTENTION_TYPES and LAYOUT_CLASSES' names from here, and composing a recipe
+# (`python -m dsrecipes --help`) must not import torch.
+if TYPE_CHECKING:
+    import torch
 
 ATTENTION_TYPES = ("unidirectional", "bidirectional")
 
@@ -59,6 +64,8 @@ class SparsityConfig:
 
     def setup_layout(self, seq_len: int) -> torch.Tensor:
         """All-False [num_heads, nb, nb]; ValueError unless seq_len is a positive multiple of block."""
+        import torch
+
         if seq_len < 1 or seq_len % self.block != 0:
             raise ValueError(f"sequence length {seq_len} must be a positive multiple of {self.prefix}.block="
                              f"{self.block} (set data.block_size to a multiple of it)")
@@ -120,6 +127,8 @@ def _sliding_window(layout: torch.Tensor, h: int, width: int, causal: bool) -> N
 
 
 def _random_cols(gen: torch.Generator, population: int, k: int) -> torch.Tensor:
+    import torch
+
     return torch.randperm(population, generator=gen)[:k]
 
 
@@ -234,6 +243,8 @@ class VariableSparsityConfig(SparsityConfig):
         return max(1, self.num_random_blocks)
 
     def make_layout(self, seq_len: int) -> torch.Tensor:
+        import torch
+
         layout = self.setup_layout(seq_len)
         nb, causal = layout.shape[1], self.attention == "unidirectional"
         self._require_blocks("num_random_blocks", self.num_random_blocks, nb)
@@ -282,6 +293,8 @@ class BigBirdSparsityConfig(SparsityConfig):
         return max(1, self.num_random_blocks, self.num_sliding_window_blocks, self.num_global_blocks)
 
     def make_layout(self, seq_len: int) -> torch.Tensor:
+        import torch
+
         layout = self.setup_layout(seq_len)
         nb, causal = layout.shape[1], self.attention == "unidirectional"
         for key in ("num_random_blocks", "num_sliding_window_blocks", "num_global_blocks"):
@@ -323,6 +336,8 @@ class BSLongformerSparsityConfig(SparsityConfig):
         return self.num_sliding_window_blocks
 
     def make_layout(self, seq_len: int) -> torch.Tensor:
+        import torch
+
         layout = self.setup_layout(seq_len)
         nb = layout.shape[1]
         self._require_blocks("num_sliding_window_blocks", self.num_sliding_window_blocks, nb)
@@ -375,6 +390,8 @@ LAYOUT_CLASSES: dict[str, type[SparsityConfig]] = {
 
 def expand_layout(layout: torch.Tensor, block: int, causal: bool) -> torch.Tensor:
     """Token-level mask [H, nb*block, nb*block] from a block layout (True = attend); causal adds j <= i."""
+    import torch
+
     mask = layout.bool().repeat_interleave(block, dim=1).repeat_interleave(block, dim=2)
     if causal:
         t = mask.shape[-1]

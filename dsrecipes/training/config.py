@@ -23,7 +23,7 @@ from typing import Any
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from dsrecipes.utils.config_enum import ConfigEnum, config_enum
-from dsrecipes.utils.dtypes import DTYPES
+from dsrecipes.utils.dtypes import DTYPE_NAMES
 
 
 @dataclass
@@ -540,7 +540,7 @@ def check_option(cfg: Any, group: str, prefix: str) -> None:
 
 # dtype names from the one table of them (dsrecipes.utils.dtypes): fp32, bf16, fp16; auto resolves to one of
 # them for the run's device (dsrecipes.training.precision.resolve_auto_precision)
-PrecisionDtype = config_enum("PrecisionDtype", [*DTYPES, "auto"], __name__)
+PrecisionDtype = config_enum("PrecisionDtype", [*DTYPE_NAMES, "auto"], __name__)
 
 
 class NonfiniteGrads(ConfigEnum):

@@ -1,8 +1,9 @@
 """A package's public names imported on first use (PEP 562 module __getattr__).
 
 Used by dsrecipes.data and dsrecipes.inference, whose modules pull in heavy libraries (datasets and
-pandas; the inference engine): importing the package, or one light module of it (a config schema),
-then costs nothing until a name is used.
+pandas; the inference engine), and by dsrecipes.config, .models, .profiling, .profiling.autotuning and
+.compression, whose modules import torch: importing the package, or one light module of it (a config
+schema), then costs nothing until a name is used.
 """
 
 from __future__ import annotations
