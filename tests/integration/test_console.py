@@ -9,6 +9,7 @@ import csv
 import pytest
 
 from tests.helpers.cli import run_cli
+from tests.unit.test_console import no_columns  # noqa: F401 - fixtures, used by name
 
 
 @pytest.mark.slow

@@ -5,7 +5,11 @@
 from dsrecipes.data import (
     prepare_data,
 )
-from tests.unit.test_data import builtin_cfg
+from tests.unit.test_data import (
+    builtin_cache,  # noqa: F401 - fixtures, used by name
+    builtin_cfg,
+    prepared,  # noqa: F401
+)
 
 
 def test_num_proc_does_not_change_the_blocks(prepared, tmp_path):

@@ -8,7 +8,11 @@ from pathlib import Path
 import pytest
 
 from dsrecipes.training.extensions import Callback
-from tests.unit.test_data_efficiency_training import records, trainer_for
+from tests.unit.test_data_efficiency_training import (
+    de_overrides,  # noqa: F401 - fixtures, used by name
+    records,
+    trainer_for,
+)
 
 
 class Preempted(Exception):

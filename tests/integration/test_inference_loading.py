@@ -11,7 +11,10 @@ import sys
 
 import pytest
 
-from tests.unit.test_inference_loading import _reference
+from tests.unit.test_inference_loading import (
+    _reference,
+    runs,  # noqa: F401 - fixtures, used by name
+)
 
 
 def _cli(args, cwd, timeout=120):

@@ -12,7 +12,11 @@ import pytest
 
 from dsrecipes.inference_cli import GENERATIONS_FILE
 from tests.helpers.cli import run_cli
-from tests.unit.test_inference_outputs import GENERATE, SERVE_BENCH
+from tests.unit.test_inference_outputs import (
+    GENERATE,
+    SERVE_BENCH,
+    export,  # noqa: F401 - fixtures, used by name
+)
 
 
 @pytest.mark.slow

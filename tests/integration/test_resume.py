@@ -5,7 +5,10 @@ import json
 import pytest
 
 from dsrecipes.training.extensions import Callback, Extensions
-from tests.unit.test_resume import trainer_for
+from tests.unit.test_resume import (
+    resume_overrides,  # noqa: F401 - fixtures, used by name
+    trainer_for,
+)
 
 
 class Preempted(Exception):
