@@ -42,20 +42,57 @@ def _can_fork(env_extra: dict) -> bool:
 
 
 def _forked_cli(args: list[str], cwd: str, env: dict, timeout: int) -> subprocess.CompletedProcess:
-    import dsrecipes.__main__  # noqa: F401 - imported here once, before the fork, for every later command
-    import dsrecipes.training.trainer  # noqa: F401
-
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:  # the child: never returns into pytest
-            _child(args, cwd, env, out.fileno(), err.fileno())
-        returncode = _wait(pid, timeout, args)
+        process = ForkedCLI(args, cwd, env, out.fileno(), err.fileno())
+        try:
+            returncode = process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            raise
         out.seek(0)
         err.seek(0)
         stdout, stderr = (f.read().decode(errors="replace") for f in (out, err))
     return subprocess.CompletedProcess(["python", "-m", "dsrecipes", *args], returncode, stdout, stderr)
+
+
+class ForkedCLI:
+    """`python -m dsrecipes ARGS` in a child forked from this process, with subprocess.Popen's pid, poll, wait and
+    returncode. The child leads a process group of its own: kill() takes down every worker it started."""
+
+    def __init__(self, args: list[str], cwd: str, env: dict, out_fd: int, err_fd: int):
+        import dsrecipes.__main__  # noqa: F401 - imported here once, before the fork, for every later command
+        import dsrecipes.training.trainer  # noqa: F401
+
+        self.args, self.returncode = ["python", "-m", "dsrecipes", *args], None
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.pid = os.fork()
+        if self.pid == 0:  # the child: never returns into pytest
+            _child(args, str(cwd), env, out_fd, err_fd)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            done, status = os.waitpid(self.pid, os.WNOHANG)
+            if done:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            time.sleep(0.05)
+        return self.returncode
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        if self.returncode is None:
+            _, status = os.waitpid(self.pid, 0)
+            self.returncode = os.waitstatus_to_exitcode(status)
 
 
 def _child(args: list[str], cwd: str, env: dict, out_fd: int, err_fd: int) -> None:
@@ -120,19 +157,3 @@ def _show_warnings_as_python_does(warnings) -> None:
     for category in (ResourceWarning, ImportWarning, PendingDeprecationWarning, DeprecationWarning):
         warnings.simplefilter("ignore", category)
     warnings.filterwarnings("default", category=DeprecationWarning, module="__main__")
-
-
-def _wait(pid: int, timeout: float, args: list[str]) -> int:
-    deadline = time.monotonic() + timeout
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        if time.monotonic() > deadline:
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            os.waitpid(pid, 0)
-            raise subprocess.TimeoutExpired(["python", "-m", "dsrecipes", *args], timeout)
-        time.sleep(0.05)

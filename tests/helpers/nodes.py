@@ -19,7 +19,9 @@ import sys
 import time
 from pathlib import Path
 
+from tests.helpers.cli import ForkedCLI
 from tests.helpers.environment import subprocess_env
+from tests.helpers.forking import fork_is_safe
 
 
 def free_port() -> int:
@@ -41,15 +43,23 @@ def launcher_node_args(nnodes: int, node_rank: int, port: int, nproc: int = 2) -
             f"launcher.rdzv_endpoint=127.0.0.1:{port}", f"launcher.nproc_per_node={nproc}"]
 
 
-def start_node(cwd: Path, args: list[str], name: str, env_extra: dict | None = None) -> subprocess.Popen:
-    """`python ARGS` in cwd, in its own session; its output goes to cwd/<name>.out and .err."""
+def start_node(cwd: Path, args: list[str], name: str, env_extra: dict | None = None):
+    """`python ARGS` in cwd, in a process group of its own; its output goes to cwd/<name>.out and .err.
+
+    A `-m dsrecipes` node is forked from the test process where that is safe (tests/helpers/cli.py's ForkedCLI, the
+    path run_cli takes): it and the workers it forks start with torch and dsrecipes imported, instead of importing
+    them afresh, about 5 s of CPU per process. A torchrun node is a real subprocess (its workers are interpreters of
+    their own, as torchrun starts them). Either way the handle has Popen's pid, poll and wait."""
     env = subprocess_env(OMP_NUM_THREADS="1", **(env_extra or {}))
     out, err = (open(cwd / f"{name}.{suffix}", "w") for suffix in ("out", "err"))
-    return subprocess.Popen([sys.executable, *args], cwd=cwd, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                            start_new_session=True)
+    with out, err:
+        if args[:2] == ["-m", "dsrecipes"] and fork_is_safe():
+            return ForkedCLI(args[2:], str(cwd), env, out.fileno(), err.fileno())
+        return subprocess.Popen([sys.executable, *args], cwd=cwd, env=env, stdout=out, stderr=err,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
 
 
-def kill_node(node: subprocess.Popen) -> None:
+def kill_node(node) -> None:
     """SIGKILL the node's launcher and every process it started (its session's process group)."""
     try:
         os.killpg(node.pid, signal.SIGKILL)
@@ -58,7 +68,7 @@ def kill_node(node: subprocess.Popen) -> None:
     node.wait()
 
 
-def wait_all(nodes: list[subprocess.Popen], timeout: float) -> list[int]:
+def wait_all(nodes: list, timeout: float) -> list[int]:
     """Every node's exit status; past the timeout the remaining ones are killed (status -9)."""
     deadline = time.monotonic() + timeout
     codes = []
