@@ -1,7 +1,7 @@
 """The layout-equivalence table: every parallel layout the suite proves, one row each, against a single process.
 
 Each Row is one training run through the real CLI (`python -m dsrecipes ...`, 10 steps of gpt_debug, gradient
-accumulation 2, clipping at 1.0, no dropout, a checkpoint every 5 steps) compared with its Reference, a
+accumulation 2, clipping at 1.0, no dropout; a checkpoint at step 5 where the row resumes) compared with its Reference, a
 single-process run of the same recipe on the same global batch. tests/integration/equivalence/test_layouts.py
 runs the table; tests/helpers/run_cache.py runs each distinct recipe once for the whole pytest run, so a
 reference serves every row of its family, and a row's equivalence and resume checks read one run.
@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 STEPS = 10
-CHECKPOINT_STEP = 5  # every run saves here; the resume checks continue from it in one process
+CHECKPOINT_STEP = 5  # the rows that resume save here; their resume checks continue from it in one process
 
 # The recipe every row trains. The last two keys skip what no check reads: the end-of-run text sample and the
 # loss-curve PNG (the final checkpoint stays: the offline export of tests/integration/test_distributed.py reads it).
@@ -38,9 +38,10 @@ COMMON = (
     "model=gpt_debug", "model.max_seq_len=64", "model.dropout=0.0", "data.max_bytes=300000",
     f"trainer.max_steps={STEPS}", "trainer.log_interval=1", "trainer.eval_interval=0", "trainer.eval_batches=2",
     "trainer.progress_bar=false", "trainer.gradient_accumulation_steps=2", "trainer.gradient_clipping=1.0",
-    "lr_scheduler.warmup_num_steps=3", "logger=jsonl", f"checkpoint.interval={CHECKPOINT_STEP}",
-    "trainer.sample_tokens=0", "trainer.loss_curve=false",
+    "lr_scheduler.warmup_num_steps=3", "logger=jsonl", "trainer.sample_tokens=0", "trainer.loss_curve=false",
 )
+# what a run that is resumed adds: its step-5 checkpoint (saving changes nothing the other checks read)
+SAVES_STEP_5 = (f"checkpoint.interval={CHECKPOINT_STEP}",)
 
 
 def merged(*parts) -> list[str]:
@@ -118,7 +119,7 @@ MOE_UNGROUPED_BF16_MASTER = Reference("moe_ungrouped_bf16_master", (*MOE_UNGROUP
 # the gate's random draws off: inside a compiled block they draw from inductor's generator, not eager torch's
 MOE_TOP2 = Reference("moe_top2", ("moe=top2", "moe.num_experts=4", "moe.use_rts=false",
                                   "moe.top2_2nd_expert_sampling=false"))
-COMPRESSED = Reference("compressed", COMPRESSION_RECIPE)
+COMPRESSED = Reference("compressed", (*COMPRESSION_RECIPE, *SAVES_STEP_5))  # also resumed from its own step 5
 DATA_EFFICIENCY = Reference("data_efficiency", DATA_EFFICIENCY_RECIPE)
 
 
@@ -156,8 +157,8 @@ class Row:
 
     def overrides(self) -> list[str]:
         """COMMON + the reference's recipe + the layout; the layout sets its own batch split (world and micro-batch;
-        accumulation 2 unless it says otherwise) for the reference's global batch."""
-        return merged(COMMON, self.reference.recipe, self.layout)
+        accumulation 2 unless it says otherwise) for the reference's global batch. A row that resumes saves at step 5."""
+        return merged(COMMON, self.reference.recipe, self.layout, SAVES_STEP_5 if self.resume else ())
 
     def resume_overrides(self, checkpoint) -> list[str]:
         return merged(self.reference.overrides(), (f"trainer.resume={checkpoint}",))
