@@ -8,6 +8,10 @@ than once per command, and the workers a multi-worker recipe starts are forked f
 (tests/conftest.py sets launcher.start_method's default to fork), which saves them their imports too:
 about 10 s of CPU per process, most of what a short CLI test costs.
 
+A command still running at `timeout` is not just killed: every process of its group (the launcher and the
+workers it forked) first prints the Python stacks of all its threads to its stderr (faulthandler, on SIGUSR2),
+and the TimeoutExpired raised carries that stderr, so a hang in CI names the line each process waited on.
+
 fresh_interpreter=True (or DSRECIPES_TEST_FRESH_CLI=1 for the whole suite) runs a real `python -m
 dsrecipes` subprocess instead. The fork is not used, and the subprocess taken, where the test process
 could not hand a clean state to a child: a process group or CUDA already initialised here, or an
@@ -25,6 +29,8 @@ import time
 
 from tests.helpers.environment import subprocess_env
 from tests.helpers.forking import fork_is_safe
+
+STACKS_SIGNAL = signal.SIGUSR2  # faulthandler's: a forked command and its workers print their stacks on it
 
 
 def run_cli(args: list[str], cwd, timeout: int = 240, env_extra: dict | None = None,
@@ -46,8 +52,11 @@ def _forked_cli(args: list[str], cwd: str, env: dict, timeout: int) -> subproces
         process = ForkedCLI(args, cwd, env, out.fileno(), err.fileno())
         try:
             returncode = process.wait(timeout)
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired as timed_out:
+            process.dump_stacks()
             process.kill()
+            err.seek(0)
+            timed_out.stderr = err.read().decode(errors="replace")
             raise
         out.seek(0)
         err.seek(0)
@@ -85,6 +94,14 @@ class ForkedCLI:
             time.sleep(0.05)
         return self.returncode
 
+    def dump_stacks(self, wait_s: float = 3.0) -> None:
+        """Every process of the command's group prints its threads' Python stacks to its stderr (a hang's diagnosis)."""
+        try:
+            os.killpg(self.pid, STACKS_SIGNAL)
+        except ProcessLookupError:
+            return
+        time.sleep(wait_s)
+
     def kill(self) -> None:
         try:
             os.killpg(self.pid, signal.SIGKILL)
@@ -108,6 +125,9 @@ def _child(args: list[str], cwd: str, env: dict, out_fd: int, err_fd: int) -> No
         sys.stderr = open(2, "w", buffering=1, closefd=False)
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGALRM):
             signal.signal(sig, signal.SIG_DFL)
+        import faulthandler
+
+        faulthandler.register(STACKS_SIGNAL, file=sys.stderr, all_threads=True)  # inherited by forked workers
         os.chdir(cwd)
         os.environ.clear()
         os.environ.update(env)

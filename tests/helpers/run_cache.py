@@ -108,8 +108,10 @@ def cached_run(tmp_path_factory, overrides: list[str], timeout: int = 300) -> Ru
             try:
                 result = run_cli(command, cwd=folder, timeout=timeout)
                 returncode, stderr = result.returncode, result.stderr[-4000:]
-            except subprocess.TimeoutExpired:
-                returncode, stderr = "timeout", f"killed after {timeout} s (a hang?)"
+            except subprocess.TimeoutExpired as timed_out:
+                said = timed_out.stderr or ""
+                said = said.decode(errors="replace") if isinstance(said, bytes) else said
+                returncode, stderr = "timeout", f"killed after {timeout} s (a hang?); its stderr ended:\n{said[-12000:]}"
             result_file.write_text(json.dumps({"overrides": list(overrides), "returncode": returncode,
                                                "stderr": stderr}))
     recorded = json.loads(result_file.read_text())
