@@ -32,6 +32,9 @@ from dsrecipes.distributed.environment import adopt_slurm_environment, under_lau
 from dsrecipes.distributed.multinode import NodeReports, remove_unused_run_dir, rendezvous, rendezvous_error
 
 RUN_DIR_KEY = "run_dir"  # what workers without rank 0 return: the run directory the job used
+# launcher.start_method=forkserver: the modules the fork server imports once, so the workers it forks start with
+# torch, Hydra and the trainer imported (Python's default preloads only __main__, which imports none of them).
+FORKSERVER_PRELOAD = ("dsrecipes.launch", "dsrecipes.training.trainer")
 
 
 def backend_for(configured: str) -> str:
@@ -154,6 +157,10 @@ def spawn_workers(nproc: int, max_restarts: int, config: dict, run_dir: str, ove
     summary, or on a node without rank 0 None."""
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    if _start_method(config) == "forkserver":
+        import multiprocessing
+
+        multiprocessing.set_forkserver_preload(list(FORKSERVER_PRELOAD))
     launch_config = LaunchConfig(
         nproc_per_node=nproc,
         rdzv_backend="c10d",

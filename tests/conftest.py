@@ -16,11 +16,13 @@ from tests.helpers.triton_interpreter import VARIABLE, interpreted_kernels_in_th
 
 os.environ.pop(VARIABLE, None)  # the kernel tests set it for themselves, in their own copy of dsrecipes
 
-# Workers that `python -m dsrecipes` spawns in tests are forked from the launching process
-# (launcher.start_method's default, see conf/launcher/default.yaml): they skip re-importing torch, Hydra
-# and dsrecipes, about a quarter of a short 2-worker run's CPU. The restart test in
-# tests/integration/test_distributed.py keeps spawn, users' default.
-os.environ.setdefault("DSRECIPES_START_METHOD", "fork")
+# Workers that `python -m dsrecipes` starts in tests come from a fork server (launcher.start_method's default,
+# see conf/launcher/default.yaml) that imported torch, Hydra and the trainer once per launch
+# (dsrecipes.launch.FORKSERVER_PRELOAD), instead of one import per worker. Not fork: a worker forked from the
+# launcher while the elastic agent's store thread held glibc's resolver lock waited on it forever at its first
+# connect (stacks taken from CI-like runs, 2026-12-03: a few multi-rank runs per suite hung that way). The
+# restart test in tests/integration/test_distributed.py keeps spawn, users' default.
+os.environ.setdefault("DSRECIPES_START_METHOD", "forkserver")
 if os.environ.get("PYTEST_XDIST_WORKER") and (os.environ.get("PYTEST_XDIST_WORKER_COUNT") or "1") != "1":
     # Several test processes share the cores: one intra-op thread each (and in the runs they start),
     # or OpenMP's spinning threads oversubscribe them and everything slows several times over.

@@ -47,10 +47,13 @@ class LauncherBackend(ConfigEnum):
 class StartMethod(ConfigEnum):
     """launcher.start_method: how the elastic agent starts local workers (torchrun's --start-method).
 
-    spawn (torchrun's default) starts fresh interpreters, safe everywhere; fork copies the launching
-    process, so workers skip re-importing torch, Hydra and dsrecipes (seconds of CPU each: worth it for
-    short CPU runs), but must not be used once the launcher has initialised CUDA; forkserver forks from a
-    clean server process.
+    spawn (torchrun's default) starts fresh interpreters, safe everywhere. forkserver starts one clean
+    server process per launch that imports torch and the trainer once (dsrecipes.launch.FORKSERVER_PRELOAD)
+    and forks every worker from it: one import per node instead of one per worker, and as safe as spawn.
+    fork copies the launching process itself, so workers skip every import, but the launcher is already
+    running the elastic agent's store threads when it forks: a worker forked while one of them holds a libc
+    lock (the resolver's, seen under load) waits on it forever at its first connect. It must not be used
+    once the launcher has initialised CUDA either.
     """
 
     spawn = "spawn"
@@ -159,7 +162,7 @@ class LauncherConfig:
     collective_timeout_s: int = 600
     backend: LauncherBackend = LauncherBackend.auto  # auto (nccl on CUDA, gloo on CPU) | nccl | gloo
     # spawn | fork | forkserver (StartMethod). conf/launcher/default.yaml reads the default from the
-    # DSRECIPES_START_METHOD environment variable (spawn when unset); the test suite sets fork.
+    # DSRECIPES_START_METHOD environment variable (spawn when unset); the test suite sets forkserver.
     start_method: StartMethod = StartMethod.spawn
     nnodes: int = 1
     node_rank: int = 0

@@ -1,97 +1,120 @@
 """Run the dsrecipes CLI for a test, offline (W&B offline, no Hugging Face network).
 
 `run_cli(args, cwd)` is `python -m dsrecipes ARGS` run in `cwd`, with the result of subprocess.run. By
-default the command runs in a child forked from the test process: the same entry (`dsrecipes.__main__
-.main` with sys.argv, as `-m` runs it), in a fresh working directory and environment, its stdout and
-stderr in files of its own; torch, Hydra and dsrecipes are then imported once per test process rather
-than once per command, and the workers a multi-worker recipe starts are forked from that child
-(tests/conftest.py sets launcher.start_method's default to fork), which saves them their imports too:
-about 10 s of CPU per process, most of what a short CLI test costs.
+default the command is forked from a slim parent: a fork server of this test process (multiprocessing's
+forkserver), an interpreter that imported torch, Hydra and dsrecipes and has run nothing else. The child runs
+the same entry (`dsrecipes.__main__.main` with sys.argv, as `-m` runs it) in its working directory and
+environment, its stdout and stderr in files of its own; the workers a multi-worker recipe starts are forked from
+the launch's own fork server (tests/conftest.py sets launcher.start_method's default to forkserver). Imports are
+paid once per test process and once per launch instead of once per command and worker (about 5 s of CPU per
+process, most of what a short CLI test costs), while
+nothing of the test process reaches the command: not pytest's threads, locks, warning filters or log handlers,
+not what earlier tests imported, initialised or left running. (Forking the test process itself, as this helper
+once did, let a command inherit that state; under CI's load a few multi-rank commands a run hung at start.)
 
 A command still running at `timeout` is not just killed: every process of its group (the launcher and the
 workers it forked) first prints the Python stacks of all its threads to its stderr (faulthandler, on SIGUSR2),
 and the TimeoutExpired raised carries that stderr, so a hang in CI names the line each process waited on.
 
 fresh_interpreter=True (or DSRECIPES_TEST_FRESH_CLI=1 for the whole suite) runs a real `python -m
-dsrecipes` subprocess instead. The fork is not used, and the subprocess taken, where the test process
-could not hand a clean state to a child: a process group or CUDA already initialised here, or an
-`env_extra` naming a variable read when a library is imported (HF_*, a cached constant there).
+dsrecipes` subprocess instead; so does an `env_extra` naming a variable read when a library is imported (HF_*,
+a cached constant there), which the fork server imported before.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from pathlib import Path
 
 from tests.helpers.environment import subprocess_env
-from tests.helpers.forking import fork_is_safe
 
 STACKS_SIGNAL = signal.SIGUSR2  # faulthandler's: a forked command and its workers print their stacks on it
+# what the fork server imports, once, for every command
+PRELOADED = ("dsrecipes.__main__", "dsrecipes.launch", "dsrecipes.training.trainer")
 
 
 def run_cli(args: list[str], cwd, timeout: int = 240, env_extra: dict | None = None,
             fresh_interpreter: bool = False) -> subprocess.CompletedProcess:
     """Run `python -m dsrecipes ARGS` in `cwd`; W&B forced offline, no network."""
     env = subprocess_env(**(env_extra or {}))
-    if fresh_interpreter or not _can_fork(env_extra or {}):
+    if fresh_interpreter or not can_fork(env_extra or {}):
         return subprocess.run([sys.executable, "-m", "dsrecipes", *args], cwd=cwd, env=env, capture_output=True,
                               text=True, timeout=timeout)
-    return _forked_cli(list(args), str(cwd), env, timeout)
-
-
-def _can_fork(env_extra: dict) -> bool:
-    return fork_is_safe() and not any(key.startswith("HF_") for key in env_extra)
-
-
-def _forked_cli(args: list[str], cwd: str, env: dict, timeout: int) -> subprocess.CompletedProcess:
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        process = ForkedCLI(args, cwd, env, out.fileno(), err.fileno())
+    with tempfile.TemporaryDirectory(prefix="dsrecipes-cli-") as folder:
+        out, err = Path(folder) / "stdout", Path(folder) / "stderr"
+        process = ForkedCLI(list(args), str(cwd), env, out, err)
         try:
             returncode = process.wait(timeout)
         except subprocess.TimeoutExpired as timed_out:
             process.dump_stacks()
             process.kill()
-            err.seek(0)
-            timed_out.stderr = err.read().decode(errors="replace")
+            timed_out.stderr = err.read_text(errors="replace")
             raise
-        out.seek(0)
-        err.seek(0)
-        stdout, stderr = (f.read().decode(errors="replace") for f in (out, err))
+        stdout, stderr = out.read_text(errors="replace"), err.read_text(errors="replace")
     return subprocess.CompletedProcess(["python", "-m", "dsrecipes", *args], returncode, stdout, stderr)
 
 
+def can_fork(env_extra: dict) -> bool:
+    """Whether the command may come from the fork server (see the module docstring)."""
+    if os.environ.get("DSRECIPES_TEST_FRESH_CLI") == "1" or not hasattr(os, "fork"):
+        return False
+    return not any(key.startswith("HF_") for key in env_extra)
+
+
+_server_lock = threading.Lock()
+_context = None
+
+
+def _fork_server():
+    """This test process's fork server, started on first use with the environment a subprocess gets (so it never
+    imports dsrecipes under the kernel tests' Triton interpreter, whatever test asks first)."""
+    global _context
+    with _server_lock:
+        if _context is None:
+            context = multiprocessing.get_context("forkserver")
+            context.set_forkserver_preload(list(PRELOADED))
+            saved = dict(os.environ)
+            os.environ.clear()
+            os.environ.update(subprocess_env())
+            try:
+                from multiprocessing import forkserver
+
+                forkserver.ensure_running()
+            finally:
+                os.environ.clear()
+                os.environ.update(saved)
+            _context = context
+        return _context
+
+
 class ForkedCLI:
-    """`python -m dsrecipes ARGS` in a child forked from this process, with subprocess.Popen's pid, poll, wait and
-    returncode. The child leads a process group of its own: kill() takes down every worker it started."""
+    """`python -m dsrecipes ARGS` forked from the fork server, with subprocess.Popen's pid, poll, wait and
+    returncode; its stdout and stderr go to the files `out` and `err`. The child leads a process group of its own:
+    kill() takes down every worker it started."""
 
-    def __init__(self, args: list[str], cwd: str, env: dict, out_fd: int, err_fd: int):
-        import dsrecipes.__main__  # noqa: F401 - imported here once, before the fork, for every later command
-        import dsrecipes.training.trainer  # noqa: F401
-
+    def __init__(self, args: list[str], cwd: str, env: dict, out, err):
         self.args, self.returncode = ["python", "-m", "dsrecipes", *args], None
-        sys.stdout.flush()
-        sys.stderr.flush()
-        self.pid = os.fork()
-        if self.pid == 0:  # the child: never returns into pytest
-            _child(args, str(cwd), env, out_fd, err_fd)
+        self._process = _fork_server().Process(target=_child, args=(list(args), str(cwd), env, str(out), str(err)),
+                                               name="dsrecipes-cli")
+        self._process.start()
+        self.pid = self._process.pid
 
     def poll(self) -> int | None:
         if self.returncode is None:
-            done, status = os.waitpid(self.pid, os.WNOHANG)
-            if done:
-                self.returncode = os.waitstatus_to_exitcode(status)
+            self.returncode = self._process.exitcode
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(self.args, timeout)
-            time.sleep(0.05)
+        self._process.join(timeout)
+        if self.poll() is None:
+            raise subprocess.TimeoutExpired(self.args, timeout)
         return self.returncode
 
     def dump_stacks(self, wait_s: float = 3.0) -> None:
@@ -105,43 +128,29 @@ class ForkedCLI:
     def kill(self) -> None:
         try:
             os.killpg(self.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        if self.returncode is None:
-            _, status = os.waitpid(self.pid, 0)
-            self.returncode = os.waitstatus_to_exitcode(status)
+        except ProcessLookupError:  # not yet the leader of its group, or gone
+            self._process.kill()
+        self._process.join()
+        self.poll()
 
 
-def _child(args: list[str], cwd: str, env: dict, out_fd: int, err_fd: int) -> None:
+def _child(args: list[str], cwd: str, env: dict, out: str, err: str) -> None:
+    """The command, in the fork server's child: its own process group, files, directory and environment."""
     code = 1
     try:
         os.setpgid(0, 0)  # its own process group: a timeout kills it with every worker it started
-        os.dup2(out_fd, 1)
-        os.dup2(err_fd, 2)
-        devnull = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(devnull, 0)
-        sys.stdin = open(0, closefd=False)
+        for fd, path in ((1, out), (2, err)):
+            opened = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.dup2(opened, fd)
+            os.close(opened)
         sys.stdout = open(1, "w", buffering=1, closefd=False)
         sys.stderr = open(2, "w", buffering=1, closefd=False)
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGALRM):
-            signal.signal(sig, signal.SIG_DFL)
         import faulthandler
 
         faulthandler.register(STACKS_SIGNAL, file=sys.stderr, all_threads=True)  # inherited by forked workers
         os.chdir(cwd)
         os.environ.clear()
         os.environ.update(env)
-        import logging
-        import warnings
-
-        _show_warnings_as_python_does(warnings)
-
-        root = logging.getLogger()
-        for handler in list(root.handlers):  # pytest's capture handlers belong to the test process
-            root.removeHandler(handler)
-        from hydra.core.global_hydra import GlobalHydra
-
-        GlobalHydra.instance().clear()
         import dsrecipes.__main__ as cli
 
         sys.argv = ["dsrecipes", *args]
@@ -161,19 +170,3 @@ def _child(args: list[str], cwd: str, env: dict, out_fd: int, err_fd: int) -> No
             sys.stderr.flush()
         finally:
             os._exit(code)
-
-
-def _show_warnings_as_python_does(warnings) -> None:
-    """Warnings printed to stderr with the interpreter's default filters: pytest records them in the test
-    process (catch_warnings), which the fork would inherit, so a child's warnings would never be shown."""
-
-    def show(message) -> None:
-        sys.stderr.write(warnings.formatwarning(message.message, message.category, message.filename, message.lineno,
-                                                message.line))
-
-    warnings._showwarnmsg_impl = show
-    warnings.showwarning = warnings._showwarning_orig
-    warnings.resetwarnings()
-    for category in (ResourceWarning, ImportWarning, PendingDeprecationWarning, DeprecationWarning):
-        warnings.simplefilter("ignore", category)
-    warnings.filterwarnings("default", category=DeprecationWarning, module="__main__")

@@ -19,9 +19,8 @@ import sys
 import time
 from pathlib import Path
 
-from tests.helpers.cli import ForkedCLI
+from tests.helpers.cli import ForkedCLI, can_fork
 from tests.helpers.environment import subprocess_env
-from tests.helpers.forking import fork_is_safe
 
 
 def free_port() -> int:
@@ -46,16 +45,16 @@ def launcher_node_args(nnodes: int, node_rank: int, port: int, nproc: int = 2) -
 def start_node(cwd: Path, args: list[str], name: str, env_extra: dict | None = None):
     """`python ARGS` in cwd, in a process group of its own; its output goes to cwd/<name>.out and .err.
 
-    A `-m dsrecipes` node is forked from the test process where that is safe (tests/helpers/cli.py's ForkedCLI, the
-    path run_cli takes): it and the workers it forks start with torch and dsrecipes imported, instead of importing
-    them afresh, about 5 s of CPU per process. A torchrun node is a real subprocess (its workers are interpreters of
+    A `-m dsrecipes` node is forked from the test process's fork server (tests/helpers/cli.py's ForkedCLI, the path
+    run_cli takes): it and the workers it forks start with torch and dsrecipes imported, instead of importing them
+    afresh, about 5 s of CPU per process. A torchrun node is a real subprocess (its workers are interpreters of
     their own, as torchrun starts them). Either way the handle has Popen's pid, poll and wait."""
     env = subprocess_env(OMP_NUM_THREADS="1", **(env_extra or {}))
-    out, err = (open(cwd / f"{name}.{suffix}", "w") for suffix in ("out", "err"))
-    with out, err:
-        if args[:2] == ["-m", "dsrecipes"] and fork_is_safe():
-            return ForkedCLI(args[2:], str(cwd), env, out.fileno(), err.fileno())
-        return subprocess.Popen([sys.executable, *args], cwd=cwd, env=env, stdout=out, stderr=err,
+    out, err = cwd / f"{name}.out", cwd / f"{name}.err"
+    if args[:2] == ["-m", "dsrecipes"] and can_fork(env_extra or {}):
+        return ForkedCLI(args[2:], str(cwd), env, out, err)
+    with open(out, "w") as out_file, open(err, "w") as err_file:
+        return subprocess.Popen([sys.executable, *args], cwd=cwd, env=env, stdout=out_file, stderr=err_file,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
 
 

@@ -70,11 +70,16 @@ def _two_nodes(cwd: Path, node_args, overrides: list[str], timeout: int = 360, e
 @pytest.mark.matrix
 @pytest.mark.slow
 @pytest.mark.timeout(420)
-@pytest.mark.parametrize("stage, strategy, axis", [(0, "ddp", "dp_replicate"), (1, "zero1", "dp_replicate"),
-                                                   (2, "zero2", "dp_shard"), (3, "fsdp2", "dp_shard")])
-def test_two_torchrun_nodes_reproduce_single_process_at_every_zero_stage(tmp_path, datasets_cache, single_gpt,
-                                                                          stage, strategy, axis):
-    run_dir = _two_nodes(tmp_path / "torchrun", torchrun_node_args, common(datasets_cache) + [
+@pytest.mark.parametrize("stage, strategy, axis, node_args", [
+    (0, "ddp", "dp_replicate", launcher_node_args), (1, "zero1", "dp_replicate", launcher_node_args),
+    (2, "zero2", "dp_shard", launcher_node_args), (3, "fsdp2", "dp_shard", torchrun_node_args)],
+    ids=["0-ddp-launcher", "1-zero1-launcher", "2-zero2-launcher", "3-fsdp2-torchrun"])
+def test_two_nodes_reproduce_single_process_at_every_zero_stage(tmp_path, datasets_cache, single_gpt,
+                                                                stage, strategy, axis, node_args):
+    """Two simulated nodes x 2 ranks at each ZeRO stage. Stage 3 meets through torchrun on each node (its workers
+    are fresh interpreters, as torchrun starts them); stages 0-2 through `python -m dsrecipes launcher.nnodes=2`,
+    the same c10d rendezvous and elastic agent with forked workers, a third of the CPU."""
+    run_dir = _two_nodes(tmp_path / "nodes", node_args, common(datasets_cache) + [
         f"zero.stage={stage}", "trainer.train_micro_batch_size_per_gpu=2"])
     assert_matches_single_process(*_read(run_dir), *single_gpt)
     layout = json.loads((run_dir / "summary.json").read_text())["layout"]
