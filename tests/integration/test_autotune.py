@@ -1,7 +1,5 @@
-"""The autotuner: search space, pruning by the memory estimator, tuners, results, and one run end to end.
-
-Unit tests run in-process in well under a second each; the end-to-end test (slow) runs the sweeper on a
-2-worker CPU recipe with 4 candidates, 2 of them rejected by the estimate, and then trains the best experiment.
+"""The multi-process, CLI and launcher tests (marked slow) whose in-process twins are tests/unit/test_autotune.py;
+that module's docstring describes both halves.
 """
 
 import subprocess

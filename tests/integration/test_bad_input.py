@@ -1,11 +1,5 @@
-"""Bad input, one rule (issue 18): every value is checked before the run directory and any worker exist,
-and fails with one line naming the key, the value and what would be valid; a key that has no effect
-(its group is off) is a warning naming it.
-
-The table runs in this process: compose the recipe once per set of group options, apply the
-key=value overrides as Hydra does (OmegaConf.update on the typed config), then validate_recipe (or
-the inference checks for mode=generate / serve-bench). A few real-CLI runs (marked slow) check what
-the user sees: a multirun refused before its first job, one line and no traceback, no run directory.
+"""The multi-process, CLI and launcher tests (marked slow) whose in-process twins are tests/unit/test_bad_input.py;
+that module's docstring describes both halves.
 """
 
 from __future__ import annotations

@@ -1,15 +1,5 @@
-"""DeepSpeed configs in (dsrecipes.config.ds_import): translation, report, refusals, the three entry points.
-
-* round trip: each DeepSpeed config of tests/helpers/ds_round_trip.py, through the CLI's
-  composition (`deepspeed_config=PATH`), equals its hand-written experiment; together they give
-  every key the catalog calls mapped; convert_ds_config's YAML composes to the same config;
-* the batch triple against DeepSpeed's own DeepSpeedConfig (fake world size 1/2/4), also under a
-  recipe that sets batch keys of its own (a default never counts as given);
-* "auto" as Hugging Face's integration resolves it; refused keys, each named in one ValueError;
-  the report lists every key of the config;
-* load_config / dsrecipes.initialize with a .json path, a DeepSpeed dict, and `deepspeed_config`
-  beside dsrecipes keys (those win); one CLI subprocess with an override on top winning;
-* the key tables against DeepSpeed's pydantic config models (where DeepSpeed is installed).
+"""The multi-process, CLI and launcher tests (marked slow) whose in-process twins are tests/unit/test_deepspeed_config.py;
+that module's docstring describes both halves.
 """
 
 from __future__ import annotations

@@ -1,39 +1,5 @@
-"""dsrecipes against DeepSpeed's own functions, where DeepSpeed is installed (the optional `parity` oracle).
-
-Issue 17's behaviours, each compared with the DeepSpeed code that defines it:
-
-* MoE top-1 gating without random token selection: `deepspeed.moe.sharded_moe.top1gating(use_rts=False)`
-  keeps the tokens torch.topk picks among tied candidates; the kept tokens, their slots and weights must
-  be the same (the whole [S, E, C] combine tensor, exactly).
-* Curriculum pacing: `deepspeed.runtime.data_pipeline.curriculum_scheduler.CurriculumScheduler` at every
-  step, fixed_linear / fixed_root / fixed_discrete (the lower bound ceil(min / step) * step arrived in
-  DeepSpeed 0.19.7; older releases are skipped).
-* Compression-training weight quantizers: `deepspeed.compression.utils.SymQuantizer` / `AsymQuantizer`
-  bit for bit. DeepSpeed 0.19.7 removed its compression library: with deepspeed<=0.19.6 installed the
-  tests call it, otherwise they compare with what 0.19.6 returned for the same cases
-  (tests/data/deepspeed_0_19_6_quantizers.pt, written by tests/helpers/record_deepspeed_quantizers.py);
-  the symmetric grid is also checked against 0.19.8's surviving copy of the same formula,
-  `deepspeed.module_inject.replace_module.GroupQuantizer` (codes and scales).
-* LR schedules: every schedule's lr (and OneCycle's momentum) over 30 steps from DeepSpeed's classes
-  (`deepspeed.runtime.lr_schedules`: placeholder at construction, step() after each optimizer step)
-  equals dsrecipes' with lr_scheduler.step_alignment=deepspeed; the default is one step ahead. The
-  deliberate differences (OneCycle's beta2 / SGD momentum, WarmupDecayLR's 0.001) and the validation
-  both ways are checked against DeepSpeed's behaviour, so a DeepSpeed change shows up here.
-* The batch triple: `deepspeed.runtime.config.DeepSpeedConfig`'s derivation over a grid of given /
-  absent keys at dp 1, 2, 4 equals dsrecipes.training.batch's (no key at all: dsrecipes' default).
-* Training through `deepspeed.initialize` and `dsrecipes.initialize` side by side, in one world-2
-  gloo spawn for everything (DeepSpeed joins the harness's process group with
-  `deepspeed.init_distributed(dist_backend="gloo")`; its CPU accelerator is chosen with
-  DS_ACCELERATOR=cpu, set below): a plain nn.Module under ZeRO 0-3, fp32, gradient accumulation 2,
-  clipping on, two parameter groups (model_parameters) and a WarmupLR schedule stepped by each
-  engine: the same losses (within 1e-6, see there) and lrs; fp16 with injected overflows: the same
-  loss scale, skipped steps and lrs per step at ZeRO 1-3, and at ZeRO-0 DeepSpeed's simpler rules
-  (no hysteresis, backward without the loss scale) that dsrecipes deliberately does not copy.
-
-Runs on CPU in well under a minute on 2 cores, DeepSpeed's import and one world-2 spawn included.
-Without DeepSpeed the module is skipped; the same behaviours are held without it by hard-coded cases
-in test_moe.py, test_curriculum.py, test_compression*.py, test_lr_schedules.py, test_batch_sizes.py,
-test_param_groups.py and test_loss_scaler / test_precision*.py.
+"""The multi-process, CLI and launcher tests (marked slow) whose in-process twins are tests/unit/test_deepspeed_parity.py;
+that module's docstring describes both halves.
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
-"""Hugging Face transformers interop both ways, on tiny random models built here (no download).
-
-Out: a dsrecipes GPT exported (dsrecipes.models.hf_export) loads with AutoModelForCausalLM and gives the
-same logits (gpt2 and llama styles, GQA, bias layouts), its tokenizer with AutoTokenizer, and back
-with load_exported. In: transformers' GPT-2 / Llama / Mistral / Qwen2 checkpoints (save_pretrained)
-import into dsrecipes' GPT with the same logits, fine-tune with the Trainer (model=hf) and generate
-(mode=generate checkpoint=DIR). Bad input: an unsupported model_type is one line naming the supported ones.
+"""The multi-process, CLI and launcher tests (marked slow) whose in-process twins are tests/unit/test_hf_interop.py;
+that module's docstring describes both halves.
 """
 
 from __future__ import annotations

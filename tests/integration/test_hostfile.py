@@ -1,10 +1,5 @@
-"""python -m dsrecipes.hostfile: DeepSpeed's hostfile, its filters and the torchrun commands made from them.
-
-(a) parsing and filtering against written-out results and, where DeepSpeed is installed, against DeepSpeed
-0.19.8's own fetch_hostfile / parse_inclusion_exclusion (parse_resource_filter) / apply_num_nodes_and_gpus;
-(b) the print, ssh and pdsh commands, CUDA_VISIBLE_DEVICES and the forwarded environment as exact strings;
-(c) bad input: exit status 2, one line, nothing started; (d) a real world-2 run through --launch ssh with a
-fake ssh that runs the remote command on this machine.
+"""The multi-process, CLI and launcher tests (marked slow) whose in-process twins are tests/unit/test_hostfile.py;
+that module's docstring describes both halves.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
-"""Loading trained models for inference (dsrecipes.inference.loading) from every format the project
-writes: sharded dcp/ checkpoints and full-state model.pt checkpoints (written by the real Engine),
-checkpoints folders (`latest`), run directories and the safetensors export; generation from each equals
-generation from the in-memory model. Plus the CLI: mode=generate and mode=serve-bench, and clear errors."""
+"""The multi-process, CLI and launcher tests (marked slow) whose in-process twins are tests/unit/test_inference_loading.py;
+that module's docstring describes both halves.
+"""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""Where mode=generate and mode=serve-bench write: a single generate run makes no run directory (console,
-and generate.output_file relative to the working directory); a generate job that has a directory
-(hydra.run.dir=PATH, multirun jobs) writes generations.jsonl into it; serve-bench writes its CSV, JSON
-and Markdown table into its run directory; a job that fails before writing anything leaves no directory."""
+"""The multi-process, CLI and launcher tests (marked slow) whose in-process twins are tests/unit/test_inference_outputs.py;
+that module's docstring describes both halves.
+"""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""Tensor-parallel inference (dsrecipes.inference.tensor_parallel) at world size 2 on gloo: generation
-equals single-process generation token for token; logits agree to fp32 reduction-order noise (1e-5).
-The vocabulary (53) does not divide by 2, so the vocab-parallel LM head's padded last shard is covered.
-
-int8 is checked with groups of 16, which divide every row-parallel shard's width: each rank then holds
-exactly the groups the single process has. (With per-channel scales a row-parallel shard gets its own
-scale per output row over its half of the columns, a slightly different, finer quantization.)"""
+"""The multi-process, CLI and launcher tests (marked slow) whose in-process twins are tests/unit/test_inference_tp.py;
+that module's docstring describes both halves.
+"""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""MoE gating semantics, sparse dispatch, the MoE layer, and an MoE recipe through the Trainer.
-
-Tolerances: gating values are exact formulas on fp32 (compared at 1e-6); the sparse dispatch vs the
-dense einsum reference differ only by summation order (1e-6, router gradients 1e-5 of their largest
-entry since they sum nearly cancelling terms); the layer vs a per-token loop 1e-5.
+"""The multi-process, CLI and launcher tests (marked slow) whose in-process twins are tests/unit/test_moe.py;
+that module's docstring describes both halves.
 """
 
 import json

@@ -1,12 +1,5 @@
-"""Multi-node runs, simulated on one machine: two launchers x 2 local ranks meeting at a c10d rendezvous on
-127.0.0.1 (tests/helpers/nodes.py), against the single-process reference of tests/integration/equivalence/table.py.
-
-The fast tests cover the node-aware layout (which axis crosses nodes, `node`-sized groups), the launcher.* keys
-and their errors. The slow ones train: ZeRO 0-3 under two torchrun agents; through `python -m dsrecipes launcher.nnodes=2`, TP
-inside a node with DP across, one pipeline stage per node, and hybrid sharding with one shard group per node,
-whose checkpoint then resumes on one node; a node killed mid-run that the job survives (max_restarts=1, a
-replacement node joins); and the rendezvous mistakes' one-line errors. Tolerances as in
-tests/helpers/equivalence.py: losses 2e-5, exported parameters 5e-5.
+"""The multi-process, CLI and launcher tests (marked slow) whose in-process twins are tests/unit/test_multinode.py;
+that module's docstring describes both halves.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""ZeRO-Infinity NVMe offload (dsrecipes.distributed.offload): the I/O engine, the swap files, the optimizer
-and parameter swappers, start-up checks, and the CLI equivalence with CPU offload.
-
-Equivalence is bitwise: NVMe offload moves the same fp32 bytes through files that CPU offload keeps in
-memory, and the optimizer steps each swap unit with the configured optimizer itself (per-parameter
-updates), so losses and exported parameters must be identical, not merely close.
+"""The multi-process, CLI and launcher tests (marked slow) whose in-process twins are tests/unit/test_nvme_offload.py;
+that module's docstring describes both halves.
 """
 
 from __future__ import annotations

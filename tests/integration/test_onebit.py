@@ -1,14 +1,5 @@
-"""1-bit Adam, 0/1 Adam, 1-bit LAMB and their compressed all-reduce (issue 20, deliverable 2).
-
-* the error-compensated 1-bit all-reduce at world 2 and 4, odd sizes, several calls (so the error
-  buffers matter) equals `torch_sim`, a single-process simulation of every rank written from
-  DeepSpeed's description of the algorithm (its tests/onebit/test_nccl_backend.py::torch_sim, with
-  error feedback and all ranks in one process);
-* before the freeze each optimizer equals its uncompressed counterpart exactly;
-* 0/1 Adam's variance-update and local-step schedule against a hand computation;
-* a tiny training run at world 2 tracks adamw; checkpoint reload resets the errors; bad input.
-
-Multi-rank tests fork gloo workers (tests/helpers/distributed.run_distributed) and are marked slow.
+"""The multi-process, CLI and launcher tests (marked slow) whose in-process twins are tests/unit/test_onebit.py;
+that module's docstring describes both halves.
 """
 
 from __future__ import annotations

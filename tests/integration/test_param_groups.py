@@ -1,11 +1,5 @@
-"""`dsrecipes.initialize(model_parameters=...)`: the caller's parameter groups, DeepSpeed's argument, at every ZeRO stage.
-
-The configured optimizer is built over the groups the caller gives (per-group lr, weight decay ...).
-At world 2, ZeRO 0-3 (DDP, ZeroRedundancyOptimizer, replicated ZeRO-2, FSDP2, whose fully_shard
-replaces the parameter objects: the groups are found again by parameter name) must train like one
-process running torch.optim.SGD over the same groups. Tolerance: SGD + momentum differs from one
-process only in fp32 summation order (half batches averaged), ~1e-7, so parameters agree within 1e-6
-(as in test_zero2.py); the two groups' lrs differ 10x, so ignoring the groups misses by far more.
+"""The multi-process, CLI and launcher tests (marked slow) whose in-process twins are tests/unit/test_param_groups.py;
+that module's docstring describes both halves.
 """
 
 from __future__ import annotations

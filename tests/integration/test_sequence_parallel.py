@@ -1,16 +1,5 @@
-"""Ulysses sequence parallelism (SP=2, CPU/gloo) reproduces the single process on the full sequence.
-
-Every worker builds the same seeded model and batch, runs the single-process reference on the whole
-sequence itself, then the SP=2 copy on its half (all-to-alls around attention, position offset r*T/2)
-and compares: its logits with the reference's rows for its chunk, the mean of the two ranks' losses
-with the full-sequence loss, and every parameter gradient averaged over the two ranks (as DDP does)
-with the reference gradient; then a few AdamW steps under DDP against single-process steps, at
-SP=2 (world 2) and at dp 2 x sp 2 (world 4, sp groups {0,1} and {2,3}).
-
-Tolerance (fp32): logits/loss 1e-5 absolute + 1e-5 relative, gradients 1e-5 / 1e-4; the optimizer
-run's losses 2e-5 absolute over 6 steps (tests/integration/equivalence/table.py's). The math is the same; only
-summation orders differ (attention over a re-assembled sequence, gradients summed across ranks by
-the all-to-all backward and by the gradient all-reduce).
+"""The multi-process, CLI and launcher tests (marked slow) whose in-process twins are tests/unit/test_sequence_parallel.py;
+that module's docstring describes both halves.
 """
 
 from __future__ import annotations

@@ -1,17 +1,5 @@
-"""The SLURM recipes, as far as one machine can run them.
-
-* The shipped sbatch templates (dsrecipes/cluster/*.sbatch) run with bash, as sbatch runs them (the
-  #SBATCH lines are comments to bash), in a pretend two-node allocation whose nodes are both this
-  machine (tests/helpers/fake_slurm.py: fake srun and scontrol). The torchrun form at 2 nodes x 2
-  workers, ZeRO-3, reproduces the single-process reference run (tests/helpers/equivalence.py); the
-  srun-alone form at 2 nodes x 1 task trains as world 2. Both write one run directory.
-* Hydra's submitit launcher through its local executor (hydra/launcher=slurm_local): the job's two
-  tasks are the two ranks of one run; and through its SLURM executor (hydra/launcher=slurm) with the
-  fake sbatch/sacct: a job of 2 nodes x 1 task is one run at world 2.
-
-Not covered here: real sbatch/srun/sacct (queueing, GPU binding, the environment real SLURM gives a
-task beyond the variables faked here), nodes that are different machines (hostname resolution,
-network interfaces, a filesystem shared between nodes), GPUs and NCCL.
+"""The multi-process, CLI and launcher tests (marked slow) whose in-process twins are tests/unit/test_slurm_recipes.py;
+that module's docstring describes both halves.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""Block-sparse attention in the model: layouts against their definitions, dense equivalence, config, training.
-
-Layouts are checked cell by cell against small hand-built matrices worked out from each mode's
-definition (DeepSpeed's sparsity configs); a dense layout through the sparse path equals dense
-causal SDPA (fp32, atol 1e-5: only the softmax/sum order differs); a short Trainer run with a sparse
-layout trains. Kernel-vs-reference checks live in tests/unit/kernels/test_block_sparse_attention.py.
+"""The multi-process, CLI and launcher tests (marked slow) whose in-process twins are tests/unit/test_sparse_attention.py;
+that module's docstring describes both halves.
 """
 
 from __future__ import annotations

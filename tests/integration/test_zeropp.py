@@ -1,17 +1,5 @@
-"""ZeRO++ (qwZ, qgZ, hpZ) on FSDP2: quantized collectives, training equivalence, refusals, DeepSpeed import.
-
-Bounds and tolerances:
-* int8 symmetric blocks: |x - dq(q(x))| <= max|block| / 254 (half a step of max|block| / 127); int4:
-  max|block| / 14. A quantized reduce-scatter of W ranks' gradients errs by at most the sum of the
-  W per-rank bounds (divided by W when averaged).
-* gpt_debug at world 2, 8 steps of SGD with momentum (lr 0.3) on one batch: the mean loss under qwZ
-  within 0.1 of plain ZeRO-3's (measured max 0.068 at step 7; 0.046 with the initial weights the GPT had
-  before its construction-time draws were kept off the random stream: every forward sees int8 weights,
-  and at this learning rate the curves part by a few hundredths), under qgZ
-  (int8) within 5e-3 (measured 1.6e-3). Adam is not used here: its first steps are sign-like, so
-  quantization noise in near-zero gradients flips whole steps and the loss curves part more (measured
-  ~0.06 after 6 steps at lr 1e-2 for qgZ). hpZ (world 4, groups of 2, 3 steps) within 1e-5 of plain ZeRO-3
-  (the same values are gathered from a smaller group: only fp32 summation order can differ).
+"""The multi-process, CLI and launcher tests (marked slow) whose in-process twins are tests/unit/test_zeropp.py;
+that module's docstring describes both halves.
 """
 
 from __future__ import annotations
