@@ -26,7 +26,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from torch.distributed.elastic.multiprocessing.errors import record
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure, record
 
 from dsrecipes.distributed.environment import adopt_slurm_environment, under_launcher  # noqa: F401 (re-exported)
 from dsrecipes.distributed.multinode import NodeReports, remove_unused_run_dir, rendezvous, rendezvous_error
@@ -179,6 +179,8 @@ def spawn_workers(nproc: int, max_restarts: int, config: dict, run_dir: str, ove
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
     try:
         results = elastic_launch(launch_config, worker_main)(config, run_dir, overrides, sweep_name, True)
+    except ChildFailedError as error:
+        raise with_unobserved_failures(error) from None
     except Exception as error:
         clear = rendezvous_error(error, config.get("launcher", {}))
         if clear is None:
@@ -188,3 +190,29 @@ def spawn_workers(nproc: int, max_restarts: int, config: dict, run_dir: str, ove
     agreed = next((r[RUN_DIR_KEY] for r in results.values() if isinstance(r, dict) and RUN_DIR_KEY in r), run_dir)
     remove_unused_run_dir(run_dir, agreed)
     return results.get(0)
+
+
+def with_unobserved_failures(error: ChildFailedError) -> ChildFailedError:
+    """The job's failure with every worker that wrote an error file, the one that started it first.
+
+    The agent reports the workers it saw exit with an error. When one rank raises, its peers fail in the collective
+    it left ("connection reset by peer") a moment later; if the agent polls after both have exited it sees a peer
+    first, stops the rest, and the rank that raised is never reported, though its traceback is in its error file
+    (@record writes it before the worker exits). Those files sit side by side (.../attempt_N/<local_rank>/
+    error.json): each one missing from the report is added ahead of the reported ones, so the root cause shown is
+    the earliest error and, on a tie in its one-second timestamp, the one the agent did not see.
+    """
+    root_rank, root = error.get_first_failure()
+    if not root.error_file or not os.path.isfile(root.error_file):
+        return error
+    node_offset = root_rank - root.local_rank  # global rank of this node's local rank 0
+    attempt = os.path.dirname(os.path.dirname(root.error_file))
+    reported = {failure.local_rank for rank, failure in error.failures.items() if rank - failure.local_rank == node_offset}
+    unobserved = {}
+    for entry in sorted(os.listdir(attempt)):
+        path = os.path.join(attempt, entry, "error.json")
+        if entry.isdigit() and int(entry) not in reported and os.path.isfile(path):
+            unobserved[node_offset + int(entry)] = ProcessFailure(local_rank=int(entry), pid=-1, exitcode=1, error_file=path)
+    if not unobserved:
+        return error
+    return ChildFailedError(error.name, {**unobserved, **error.failures})
