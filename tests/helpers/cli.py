@@ -1,43 +1,37 @@
 """Run the dsrecipes CLI for a test, offline (W&B offline, no Hugging Face network).
 
 `run_cli(args, cwd)` is `python -m dsrecipes ARGS` run in `cwd`, with the result of subprocess.run. By
-default the command is forked from a slim parent: a fork server of this test process (multiprocessing's
-forkserver), an interpreter that imported torch, Hydra and dsrecipes and has run nothing else. The child runs
-the same entry (`dsrecipes.__main__.main` with sys.argv, as `-m` runs it) in its working directory and
-environment, its stdout and stderr in files of its own; the workers a multi-worker recipe starts are forked from
-the launch's own fork server (tests/conftest.py sets launcher.start_method's default to forkserver). Imports are
-paid once per test process and once per launch instead of once per command and worker (about 5 s of CPU per
-process, most of what a short CLI test costs), while
-nothing of the test process reaches the command: not pytest's threads, locks, warning filters or log handlers,
-not what earlier tests imported, initialised or left running. (Forking the test process itself, as this helper
-once did, let a command inherit that state; under CI's load a few multi-rank commands a run hung at start.)
+default the command is forked from a slim parent, this test process's fork server (tests/helpers/fork_server.py:
+an interpreter that imported torch, Hydra and dsrecipes and does nothing but fork), and so are the workers a
+multi-worker recipe starts (tests/conftest.py sets launcher.start_method's default to forkserver, and the
+command's launcher asks the same server). The child runs the same entry (`dsrecipes.__main__.main` with
+sys.argv, as `-m` runs it) in its working directory and environment, its stdout and stderr in files of its own.
+Imports are paid once per test process instead of once per command and worker (about 5 s of CPU per process,
+most of what a short CLI test costs), while nothing of the test process reaches the command: not pytest's
+threads, locks, warning filters or log handlers, not what earlier tests imported, initialised or left running.
 
 A command still running at `timeout` is not just killed: every process of its group (the launcher and the
 workers it forked) first prints the Python stacks of all its threads to its stderr (faulthandler, on SIGUSR2),
 and the TimeoutExpired raised carries that stderr, so a hang in CI names the line each process waited on.
 
 fresh_interpreter=True (or DSRECIPES_TEST_FRESH_CLI=1 for the whole suite) runs a real `python -m
-dsrecipes` subprocess instead; so does an `env_extra` naming a variable read when a library is imported (HF_*,
-a cached constant there), which the fork server imported before.
+dsrecipes` subprocess instead (its workers then come from a fork server of its own launch); so does an
+`env_extra` naming a variable read when a library is imported (HF_*, a cached constant there), which the fork
+server imported before.
 """
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 from tests.helpers.environment import subprocess_env
-
-STACKS_SIGNAL = signal.SIGUSR2  # faulthandler's: a forked command and its workers print their stacks on it
-# what the fork server imports, once, for every command
-PRELOADED = ("dsrecipes.__main__", "dsrecipes.launch", "dsrecipes.training.trainer")
+from tests.helpers.fork_server import STACKS_SIGNAL, forget_inheritance, fork_server, serve_workers
 
 
 def run_cli(args: list[str], cwd, timeout: int = 240, env_extra: dict | None = None,
@@ -68,32 +62,6 @@ def can_fork(env_extra: dict) -> bool:
     return not any(key.startswith("HF_") for key in env_extra)
 
 
-_server_lock = threading.Lock()
-_context = None
-
-
-def _fork_server():
-    """This test process's fork server, started on first use with the environment a subprocess gets (so it never
-    imports dsrecipes under the kernel tests' Triton interpreter, whatever test asks first)."""
-    global _context
-    with _server_lock:
-        if _context is None:
-            context = multiprocessing.get_context("forkserver")
-            context.set_forkserver_preload(list(PRELOADED))
-            saved = dict(os.environ)
-            os.environ.clear()
-            os.environ.update(subprocess_env())
-            try:
-                from multiprocessing import forkserver
-
-                forkserver.ensure_running()
-            finally:
-                os.environ.clear()
-                os.environ.update(saved)
-            _context = context
-        return _context
-
-
 class ForkedCLI:
     """`python -m dsrecipes ARGS` forked from the fork server, with subprocess.Popen's pid, poll, wait and
     returncode; its stdout and stderr go to the files `out` and `err`. The child leads a process group of its own:
@@ -101,7 +69,7 @@ class ForkedCLI:
 
     def __init__(self, args: list[str], cwd: str, env: dict, out, err):
         self.args, self.returncode = ["python", "-m", "dsrecipes", *args], None
-        self._process = _fork_server().Process(target=_child, args=(list(args), str(cwd), env, str(out), str(err)),
+        self._process = fork_server().Process(target=_child, args=(list(args), str(cwd), env, str(out), str(err)),
                                                name="dsrecipes-cli")
         self._process.start()
         self.pid = self._process.pid
@@ -139,8 +107,8 @@ def _child(args: list[str], cwd: str, env: dict, out: str, err: str) -> None:
     code = 1
     try:
         os.setpgid(0, 0)  # its own process group: a timeout kills it with every worker it started
-        for fd, path in ((1, out), (2, err)):
-            opened = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        for fd, path in ((1, out), (2, err)):  # appending: the workers write to the same files (fork_server.py)
+            opened = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
             os.dup2(opened, fd)
             os.close(opened)
         sys.stdout = open(1, "w", buffering=1, closefd=False)
@@ -151,6 +119,7 @@ def _child(args: list[str], cwd: str, env: dict, out: str, err: str) -> None:
         os.chdir(cwd)
         os.environ.clear()
         os.environ.update(env)
+        serve_workers()
         import dsrecipes.__main__ as cli
 
         sys.argv = ["dsrecipes", *args]
@@ -166,6 +135,7 @@ def _child(args: list[str], cwd: str, env: dict, out: str, err: str) -> None:
             code = 1
     finally:
         try:
+            forget_inheritance()
             sys.stdout.flush()
             sys.stderr.flush()
         finally:
