@@ -31,7 +31,14 @@ import time
 from pathlib import Path
 
 from tests.helpers.environment import subprocess_env
-from tests.helpers.fork_server import STACKS_SIGNAL, forget_inheritance, fork_server, serve_workers
+from tests.helpers.fork_server import (
+    STACKS_SIGNAL,
+    forget_inheritance,
+    fork_server,
+    print_stacks_on_signal,
+    serve_workers,
+)
+from tests.helpers.forking import forking_turned_off
 
 
 def run_cli(args: list[str], cwd, timeout: int = 240, env_extra: dict | None = None,
@@ -57,9 +64,7 @@ def run_cli(args: list[str], cwd, timeout: int = 240, env_extra: dict | None = N
 
 def can_fork(env_extra: dict) -> bool:
     """Whether the command may come from the fork server (see the module docstring)."""
-    if os.environ.get("DSRECIPES_TEST_FRESH_CLI") == "1" or not hasattr(os, "fork"):
-        return False
-    return not any(key.startswith("HF_") for key in env_extra)
+    return not forking_turned_off() and not any(key.startswith("HF_") for key in env_extra)
 
 
 class ForkedCLI:
@@ -113,9 +118,7 @@ def _child(args: list[str], cwd: str, env: dict, out: str, err: str) -> None:
             os.close(opened)
         sys.stdout = open(1, "w", buffering=1, closefd=False)
         sys.stderr = open(2, "w", buffering=1, closefd=False)
-        import faulthandler
-
-        faulthandler.register(STACKS_SIGNAL, file=sys.stderr, all_threads=True)  # inherited by forked workers
+        print_stacks_on_signal()  # its workers do the same as they start (fork_server._adopt_launcher)
         os.chdir(cwd)
         os.environ.clear()
         os.environ.update(env)

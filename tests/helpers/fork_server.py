@@ -65,6 +65,13 @@ def fork_server():
         return _context
 
 
+def print_stacks_on_signal() -> None:
+    """This process prints its threads' Python stacks to stderr on STACKS_SIGNAL (a hang's diagnosis)."""
+    import faulthandler
+
+    faulthandler.register(STACKS_SIGNAL, file=sys.stderr, all_threads=True)
+
+
 def _inheritance_file(launcher_pid: int) -> Path:
     return Path(tempfile.gettempdir()) / f"dsrecipes-test-launcher-{launcher_pid}.json"
 
@@ -114,9 +121,7 @@ def _adopt_launcher(_) -> None:
         os.close(opened)
     os.environ.clear()
     os.environ.update(inherited["env"])
-    import faulthandler
-
-    faulthandler.register(STACKS_SIGNAL, file=sys.stderr, all_threads=True)
+    print_stacks_on_signal()
 
 
 multiprocessing.util.register_after_fork(_HOOK, _adopt_launcher)

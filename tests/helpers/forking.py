@@ -10,8 +10,13 @@ from __future__ import annotations
 import os
 
 
+def forking_turned_off() -> bool:
+    """DSRECIPES_TEST_FRESH_CLI=1 (fresh interpreters for the whole suite), or a platform without fork."""
+    return os.environ.get("DSRECIPES_TEST_FRESH_CLI") == "1" or not hasattr(os, "fork")
+
+
 def fork_is_safe() -> bool:
-    if os.environ.get("DSRECIPES_TEST_FRESH_CLI") == "1" or not hasattr(os, "fork"):
+    if forking_turned_off():
         return False
     import torch
 

@@ -46,8 +46,8 @@ def start_node(cwd: Path, args: list[str], name: str, env_extra: dict | None = N
     """`python ARGS` in cwd, in a process group of its own; its output goes to cwd/<name>.out and .err.
 
     A `-m dsrecipes` node is forked from the test process's fork server (tests/helpers/cli.py's ForkedCLI, the path
-    run_cli takes): it and the workers it forks start with torch and dsrecipes imported, instead of importing them
-    afresh, about 5 s of CPU per process. A torchrun node is a real subprocess (its workers are interpreters of
+    run_cli takes), and so are the workers it starts: they begin with torch and dsrecipes imported, instead of
+    importing them afresh, about 5 s of CPU per process. A torchrun node is a real subprocess (its workers are interpreters of
     their own, as torchrun starts them). Either way the handle has Popen's pid, poll and wait."""
     env = subprocess_env(OMP_NUM_THREADS="1", **(env_extra or {}))
     out, err = cwd / f"{name}.out", cwd / f"{name}.err"
