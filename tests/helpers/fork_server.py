@@ -31,13 +31,15 @@ import tempfile
 import threading
 from pathlib import Path
 
+from dsrecipes.launch import FORKSERVER_PRELOAD
 from tests.helpers.environment import subprocess_env
 from tests.helpers.paths import REPO
 
 # faulthandler's signal: a command and its workers print their Python stacks on it (cli.py, on a timeout)
 STACKS_SIGNAL = signal.SIGUSR2
-# what the server imports once, for every command and worker (this module registers the workers' hook)
-PRELOADED = ("dsrecipes.__main__", "dsrecipes.launch", "dsrecipes.training.trainer", "tests.helpers.fork_server")
+# what the server imports once, for every command and worker: the CLI, what the product's fork server preloads for
+# its workers, and this module (it registers the workers' hook)
+PRELOADED = ("dsrecipes.__main__", *FORKSERVER_PRELOAD, "tests.helpers.fork_server")
 
 _lock = threading.Lock()
 _context = None
