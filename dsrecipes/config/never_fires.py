@@ -8,6 +8,10 @@ naming the key, its value and trainer.max_steps, not an error. Schedules that st
 the last step (sparse pruning's ramp, weight quantization's bit decrease) warn that the run stops
 part-way, with what it reaches.
 
+The 1-bit optimizers are such a technique too: 1-bit Adam and 1-bit LAMB run uncompressed for freeze_step updates
+(DeepSpeed's default, kept here, is 100000), so a shorter run never compresses a byte; 0/1 Adam compresses from the
+start but reaches its local-step stage only after var_freeze_step.
+
 Schedule arithmetic as the techniques apply it (compression's callback advances after every
 optimizer step, so the state after step max_steps is what the export holds): weight quantization
 and pruning act from step schedule_offset on; activation quantization from the forward after step
@@ -27,7 +31,22 @@ def never_firing(root: Any) -> list[str]:
     steps = root.trainer.max_steps
     found = _compression(root.compression, steps)
     found += _data_efficiency(root.data_efficiency, root.data.block_size)
+    found += _onebit(root.optimizer, steps)
     return found
+
+
+def _onebit(optimizer: Any, steps: int) -> list[str]:
+    """1-bit Adam / LAMB compress from update freeze_step + 1; 0/1 Adam takes local steps after var_freeze_step."""
+    name = getattr(optimizer, "name", None)
+    if name in ("onebitadam", "onebitlamb") and optimizer.freeze_step >= steps:
+        return [f"optimizer.freeze_step={optimizer.freeze_step} is not before trainer.max_steps={steps}: "
+                f"optimizer={name} runs every step uncompressed (the full gradient all-reduce, as its uncompressed "
+                f"twin), so the run never compresses; set optimizer.freeze_step to ~15-25% of trainer.max_steps"]
+    if name == "zerooneadam" and optimizer.var_freeze_step >= steps:
+        return [f"optimizer.var_freeze_step={optimizer.var_freeze_step} is not before trainer.max_steps={steps}: "
+                f"optimizer=zerooneadam never freezes the variance, so the run takes no local steps (it stops in "
+                f"the variance stage: exact all-reduces at the variance updates, 1-bit ones in between)"]
+    return []
 
 
 def _compression(comp: Any, steps: int) -> list[str]:

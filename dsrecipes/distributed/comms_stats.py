@@ -61,10 +61,11 @@ def trim_mean(values: Sequence[float], trim: float = 0.1) -> float:
 
 
 def convert_size(size_bytes: float) -> str:
-    """DeepSpeed's human size: powers of 1024, two decimals ("1.5 MB")."""
+    """A human size in binary units, two decimals ("1.5 MiB" is 1.5 x 2**20 bytes). DeepSpeed's comms logger
+    divides by the same powers of 1024 but labels them KB / MB / GB; the labels here say what the numbers are."""
     if size_bytes <= 0:
-        return "0B"
-    names = ("B", "KB", "MB", "GB", "TB", "PB")
+        return "0 B"
+    names = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
     i = min(int(math.floor(math.log(size_bytes, 1024))), len(names) - 1)
     return f"{round(size_bytes / 1024 ** i, 2)} {names[i]}"
 

@@ -12,7 +12,7 @@ from dsrecipes.config.ds_import import translate
 from dsrecipes.config.store import compose
 from dsrecipes.distributed.comms_config import CommsLoggerConfig
 from dsrecipes.distributed.comms_logger import OP_TABLE, CommsLogger
-from dsrecipes.distributed.comms_stats import bandwidth_gbps, summarize, trim_mean
+from dsrecipes.distributed.comms_stats import bandwidth_gbps, convert_size, summarize, trim_mean
 from dsrecipes.training.recipe_extensions import build_extensions
 
 ORIGINALS = {name: getattr(dist, name) for name in OP_TABLE if hasattr(dist, name)}
@@ -36,6 +36,14 @@ def test_bandwidth_formulas_match_hand_computation():
     assert bandwidth_gbps("barrier", 0, t, n) == (0.0, 0.0)
     with pytest.raises(ValueError, match="no bandwidth formula"):
         bandwidth_gbps("send", size, t, n)
+
+
+@pytest.mark.parametrize("size, text", [(0, "0 B"), (4, "4.0 B"), (1536, "1.5 KiB"), (5_104_612, "4.87 MiB"),
+                                        (3 * 2 ** 30, "3.0 GiB")])
+def test_sizes_are_printed_in_binary_units_labelled_as_such(size, text):
+    """The logger divides by powers of 1024, so its labels are KiB / MiB / GiB (DeepSpeed's say KB / MB / GB for the
+    same numbers): 5,104,612 bytes print as 4.87 MiB, not "4.87 MB" (which would be 4,870,000 bytes)."""
+    assert convert_size(size) == text
 
 
 def test_summary_rows_per_op_and_size():

@@ -199,6 +199,13 @@ NEVER_FIRES = [
      "data_efficiency.curriculum_learning.min_difficulty=128 is not shorter than data.block_size=128"),
     (["+experiment=gpt_random_ltd", "data_efficiency.random_ltd.min_value=128"],
      "data_efficiency.random_ltd.min_value=128 keeps every token of data.block_size=128"),
+    (["optimizer=onebitadam", "trainer.max_steps=40"],
+     "optimizer.freeze_step=100000 is not before trainer.max_steps=40: optimizer=onebitadam runs every step "
+     "uncompressed"),
+    (["optimizer=onebitlamb", "optimizer.freeze_step=40", "trainer.max_steps=40"],
+     "optimizer.freeze_step=40 is not before trainer.max_steps=40: optimizer=onebitlamb runs every step uncompressed"),
+    (["optimizer=zerooneadam", "trainer.max_steps=40"],
+     "optimizer.var_freeze_step=100000 is not before trainer.max_steps=40: optimizer=zerooneadam never freezes"),
 ]
 
 
@@ -210,7 +217,11 @@ def test_a_technique_that_never_takes_effect_warns_naming_the_key(overrides, mes
 
 @pytest.mark.parametrize("overrides", [["compression=prune_heads", "trainer.max_steps=200"],
                                        ["compression=qat_int4", "trainer.max_steps=250"],
-                                       ["data_efficiency=seqlen_curriculum"], ["+experiment=gpt_random_ltd"]])
+                                       ["data_efficiency=seqlen_curriculum"], ["+experiment=gpt_random_ltd"],
+                                       ["optimizer=onebitadam", "optimizer.freeze_step=10", "trainer.max_steps=40"],
+                                       ["optimizer=onebitlamb", "optimizer.freeze_step=39", "trainer.max_steps=40"],
+                                       ["optimizer=zerooneadam", "optimizer.var_freeze_step=20",
+                                        "trainer.max_steps=40"]])
 def test_a_technique_that_takes_effect_does_not_warn(overrides, recwarn):
     from dsrecipes.config.never_fires import never_firing
 
