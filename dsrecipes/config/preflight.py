@@ -9,7 +9,8 @@ the second job's bad value is only found once the first job has trained. The `Pr
 * on_multirun_start (a sweep): hydra.sweep.dir must be creatable, then every job's config is
   composed, as the sweeper will compose it, and checked, so a bad value in any job stops the sweep
   before the first one starts. Only Hydra's basic sweeper lists its jobs up front; under another
-  sweeper (optuna, ...) each job is checked when it starts, by `run()`. Under a launcher that runs
+  sweeper (optuna, ...) each job is checked when it starts, by `run()`, but a sweeper that optimises
+  the jobs' return value without `optimized_metric` (or with one no run summary holds) is refused here. Under a launcher that runs
   the jobs elsewhere (hydra/launcher=slurm) the world size and files are the remote machine's, so
   only what depends on neither is checked here (every numeric range, the run's path-like names);
   the rest when each job starts.
@@ -29,6 +30,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from dsrecipes.config.override_values import check_override_values, job_overrides
 from dsrecipes.utils.errors import USER_ERRORS, exit_on_user_error
 from dsrecipes.utils.paths import check_writable_dir
 
@@ -131,6 +133,10 @@ def check_sweep(config: DictConfig) -> list[tuple[str, int | None]]:
     (the batch is None for inference jobs and where the jobs run elsewhere)."""
     from hydra.core.global_hydra import GlobalHydra
 
+    from dsrecipes.config.optimized_metric import check_sweeper_metric
+
+    check_sweeper_metric(OmegaConf.select(config, "hydra.sweeper._target_"), config.get("optimized_metric"),
+                         str(config.get("mode", "train")))
     jobs = sweep_jobs(config)
     if jobs is None:
         check_writable_dir("hydra.sweep.dir", resolved(config, "sweep"))
@@ -145,6 +151,7 @@ def check_sweep(config: DictConfig) -> list[tuple[str, int | None]]:
             job.hydra.job.num = index
         shown = " ".join(overrides) or "(no overrides)"
         try:
+            check_override_values(overrides, job)
             checked.append((shown, (check_job if local else check_portable)(task_config(job))))
         except USER_ERRORS as err:
             raise type(err)(f"multirun job #{index} ({shown}), before any job started: {err}") from err
@@ -170,7 +177,8 @@ class Preflight(Callback):
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         # the job first: resolving hydra.run.dir claims (creates) the directory (dsrecipes.config.run_directory)
-        self._checked(lambda: (check_job(task_config(config)), check_writable_dir("hydra.run.dir", resolved(config, "run"))))
+        self._checked(lambda: (check_override_values(job_overrides(config), config), check_job(task_config(config)),
+                               check_writable_dir("hydra.run.dir", resolved(config, "run"))))
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         from dsrecipes.config.auto_workers import unequal_batches_warning

@@ -94,6 +94,11 @@ def generate(
     cfg = decoder.cfg
     vocab = decoder.model.lm_head.out_features if hasattr(decoder.model.lm_head, "out_features") else cfg.vocab_size
     check_prompts(prompts, vocab, cfg.max_seq_len)
+    outside = [t for t in stop_ids if not 0 <= int(t) < vocab]
+    if outside:
+        raise ValueError(f"generate.stop_tokens={list(stop_ids)}: {outside} lie outside the model's vocabulary "
+                         f"[0, {vocab}), so generation could never stop on them; give ids below {vocab} "
+                         f"(or [] for none, null for the tokenizer's end-of-sequence id)")
     if max_new_tokens < 0:
         raise ValueError(f"generate.max_new_tokens={max_new_tokens} must be >= 0")
     longest = max(len(p) for p in prompts)

@@ -134,6 +134,7 @@ def validate_sparse_attention_config(cfg: SparseAttentionConfig, n_head: int, se
         raise ValueError(f"data.block_size={seq_len} must be a multiple of {prefix}.block={cfg.block} "
                          f"(e.g. {max(cfg.block, seq_len - seq_len % cfg.block)})")
     build_sparsity_config(cfg, n_head, prefix).make_layout(seq_len)  # raises on layout-specific problems
+    _check_global_blocks_fit(cfg, seq_len, prefix)
     if dropout > 0:
         warnings.warn(f"{prefix}.mode={cfg.mode} with model.dropout={dropout}: block-sparse attention applies no "
                       "attention-probability dropout (residual dropout still applies)", stacklevel=2)
@@ -141,6 +142,19 @@ def validate_sparse_attention_config(cfg: SparseAttentionConfig, n_head: int, se
     if ignored:
         warnings.warn(f"{prefix}.mode={cfg.mode} does not use {', '.join(prefix + '.' + k for k in ignored)}; "
                       "they are ignored", stacklevel=2)
+
+
+def _check_global_blocks_fit(cfg: SparseAttentionConfig, seq_len: int, prefix: str) -> None:
+    """A global block that starts past the last block of a training sequence never attends (make_layout skips it,
+    as DeepSpeed's does for a master layout longer than the sequence): a recipe that names one is refused."""
+    if cfg.mode not in LAYOUT_CLASSES or "global_block_indices" not in {f.name for f in fields(LAYOUT_CLASSES[cfg.mode])}:
+        return
+    blocks = seq_len // cfg.block
+    beyond = [i for i in cfg.global_block_indices if i >= blocks]
+    if beyond:
+        raise ValueError(f"{prefix}.global_block_indices={list(cfg.global_block_indices)}: {beyond} start past the "
+                         f"{blocks} blocks of a sequence (data.block_size={seq_len} / {prefix}.block={cfg.block}), so "
+                         f"they would never attend; use block indices 0..{blocks - 1}")
 
 
 class BlockSparseAttention:

@@ -253,6 +253,37 @@ def test_run_directory_under_a_file_is_refused_naming_hydra_run_dir(files, capsy
     assert not (files / "not_a_dir" / "run").exists()
 
 
+def test_run_directory_where_no_directory_can_be_made_is_refused_in_one_line(capsys):
+    """/proc passes the permission check for root, yet mkdir there fails: the probe finds it before Hydra's mkdir
+    would end in a FileNotFoundError traceback."""
+    cfg = compose(["hydra.run.dir=/proc/dsrecipes_run"], return_hydra_config=True)
+    with pytest.raises(SystemExit) as exit_:
+        Preflight().on_run_start(config=cfg)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err == ("dsrecipes: error: hydra.run.dir='/proc/dsrecipes_run' is not valid: no directory can be created "
+                   "in '/proc' (No such file or directory)\n")
+
+
+@pytest.mark.parametrize("value", ["2", "yes", "0", "'true'"])
+def test_a_boolean_key_takes_only_true_or_false(value, capsys):
+    """OmegaConf would compose logger.jsonl=2 (or yes, 0) as a boolean; the override as typed is refused."""
+    cfg = compose([f"logger.jsonl={value}"], return_hydra_config=True)
+    with pytest.raises(SystemExit) as exit_:
+        Preflight().on_run_start(config=cfg)
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == (f"dsrecipes: error: logger.jsonl={value} is not valid: logger.jsonl is a "
+                                       "boolean; choose one of: true, false\n")
+
+
+def test_boolean_overrides_spelled_as_booleans_pass():
+    from dsrecipes.config.override_values import check_override_values
+
+    overrides = ["logger.jsonl=false", "trainer.progress_bar=True", "+experiment=gpt_zero3", "~logger.wandb_tags",
+                 "trainer.max_steps=3"]
+    check_override_values(overrides, compose(["logger.jsonl=false", "trainer.progress_bar=True"]))
+
+
 def test_preflight_checks_the_recipe_and_exits_with_one_line(capsys):
     cfg = compose(["model.init_std=-1"], return_hydra_config=True)
     with pytest.raises(SystemExit) as exit_:
@@ -290,6 +321,33 @@ def test_a_sweep_is_checked_job_by_job_before_any_starts():
             cfg.hydra.overrides.task = ["model.init_std=0.02,-1"]
         with pytest.raises(ValueError, match=r"job #1 \(model.init_std=-1\).*model.init_std=-1.0 must be > 0"):
             check_sweep(cfg)
+
+
+def test_an_optimising_sweeper_without_optimized_metric_is_refused_before_the_first_job(tmp_path, capsys):
+    """Issue 39 (8): hydra/sweeper=optuna casts each job's return value to a float; without optimized_metric a job
+    returns its summary dict, so the sweep trained one job and then died in the sweeper with a traceback."""
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
+    sweep = tmp_path / "sweep"
+    cfg = compose(["hydra/sweeper=optuna", f"hydra.sweep.dir={sweep}"], return_hydra_config=True)
+    with pytest.raises(ValueError) as err:
+        check_sweep(cfg)  # what on_multirun_start runs, before the sweeper launches anything
+    message = str(err.value)
+    assert message.startswith("optimized_metric=null, but hydra/sweeper=optuna optimises the number each job returns: "
+                              "set optimized_metric to the run-summary metric to optimise; choose one of: val/loss, "
+                              "val/ppl, train/loss,") and "\n" not in message
+    with pytest.raises(SystemExit) as exit_:
+        Preflight().on_multirun_start(config=cfg)
+    assert exit_.value.code == 2
+    shown = capsys.readouterr().err
+    assert shown.startswith("dsrecipes: error: optimized_metric=null, but hydra/sweeper=optuna") and shown.count("\n") == 1
+    assert not sweep.exists()  # refused before the sweep directory was made
+    with pytest.raises(ValueError, match=r"optimized_metric='val/los' is not a metric of the run summary; choose one of"):
+        check_sweep(compose(["hydra/sweeper=optuna", "optimized_metric=val/los", f"hydra.sweep.dir={sweep}"],
+                            return_hydra_config=True))
+    with pytest.raises(ValueError, match=r"optimized_metric=null, .* set optimized_metric with mode=train \(mode=generate"):
+        check_sweep(compose(["hydra/sweeper=optuna", "mode=generate", f"hydra.sweep.dir={sweep}"], return_hydra_config=True))
+    assert check_sweep(compose(["hydra/sweeper=optuna", "optimized_metric=val/loss", f"hydra.sweep.dir={sweep}"],
+                               return_hydra_config=True)) == []
 
 
 # (overrides, the warning's fragments): the run is valid, the key does nothing

@@ -125,6 +125,8 @@ def test_generate_mode_streams_one_prompt_with_int8(runs, tmp_path, capsys):
     (["prompt=" + "x" * 70], ValueError, "longer than the model's context model.max_seq_len=64"),
     (["prompt=hi", "model.d_model=64"], ValueError, "model.d_model=64 (checkpoint: 32)"),
     (["prompt=hi", "generate.tp_size=3"], ValueError, "generate.tp_size=3 needs exactly that many processes"),
+    (["prompt=hi", "generate.stop_tokens=[99999]"], ValueError,
+     "generate.stop_tokens=[99999]: [99999] lie outside the model's vocabulary"),
     ([], ValueError, "needs exactly one of generate.prompt and generate.prompts_file"),
     (["generate.prompts_file=/nonexistent.txt"], FileNotFoundError, "generate.prompts_file='/nonexistent.txt' does not exist"),
 ])

@@ -293,6 +293,8 @@ def test_without_a_context_short_sequences_use_the_layouts_minimum_length():
     (["sparse_attention=bigbird", "model.max_seq_len=72"], "data.block_size=72 must be a multiple of sparse_attention.block=16"),
     (["sparse_attention=fixed", "sparse_attention.num_global_blocks=3"], "sparse_attention.num_local_blocks=4 must be divisible"),
     (["sparse_attention=bigbird", "sparse_attention.num_sliding_window_blocks=9"], "num_sliding_window_blocks=9 exceeds"),
+    (["sparse_attention=variable", "sparse_attention.global_block_indices=[0,99]"],
+     r"sparse_attention.global_block_indices=\[0, 99\]: \[99\] start past the \d+ blocks of a sequence"),
 ])
 def test_recipe_validation_names_the_keys(overrides, message):
     with pytest.raises(ValueError, match=message):
