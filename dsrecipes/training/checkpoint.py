@@ -17,9 +17,9 @@ A checkpoint is written into a hidden temporary directory and renamed into place
 rank has finished, so a crash mid-save never leaves a half checkpoint under a real tag. A write
 that fails on any rank (disk full, a read-only or vanished directory) fails the save on every rank
 at once with one message, removes the temporary directory and leaves the earlier checkpoints as
-they were; stale temporary directories of a killed run are removed by the next save. Loading
-verifies the manifest and names the file that does not match; `trainer.resume=auto` passes over a
-checkpoint that fails verification (with a warning) and takes the one before it.
+they were; stale temporary directories of a killed run are removed by the next save or `trainer.resume=auto`.
+Loading verifies the manifest and names the file that does not match; `trainer.resume=auto` passes over a
+checkpoint that fails verification or lost its engine.pt (with a warning naming it) and takes the one before it.
 """
 
 from __future__ import annotations
@@ -315,9 +315,19 @@ def _shape(entry) -> tuple:
 def _newest_in(save_dir: Path, verify: bool = True) -> Path | None:
     """The newest complete checkpoint in save_dir: `latest` if it points at one, else the highest step.
 
-    With verify, a checkpoint that fails verification is passed over with a warning for the one before it.
+    With verify, a checkpoint that fails verification, or whose completion marker (engine.pt) is gone, is passed
+    over with a warning for the one before it, and the temporary directories a killed save left are removed.
     """
-    candidates = [p for p in complete_checkpoints(save_dir) if (p / COMPLETE_MARKER).exists()][::-1]
+    tagged = complete_checkpoints(save_dir)
+    candidates = [p for p in tagged if (p / COMPLETE_MARKER).exists()][::-1]
+    if verify:
+        newest = candidates[0] if candidates else None
+        for unmarked in (p for p in tagged if p not in candidates):
+            if newest is None or _step_of(unmarked) > _step_of(newest):
+                log.warning("resume: skipping %s: its %s is missing, so it is not a complete checkpoint",
+                            unmarked.name, COMPLETE_MARKER)
+        for stale in remove_stale_temporaries(save_dir):
+            log.warning("resume: removed %s, the temporary directory of a save that was killed", stale.name)
     latest = save_dir / LATEST
     if latest.exists():
         pointed = save_dir / latest.read_text().strip()
@@ -333,6 +343,10 @@ def _newest_in(save_dir: Path, verify: bool = True) -> Path | None:
         except ValueError as error:
             log.warning("resume: skipping %s: %s", candidate.name, error)
     return None
+
+
+def _step_of(checkpoint: Path) -> int:
+    return int(_TAG_PATTERN.match(checkpoint.name).group(1))
 
 
 def newest_checkpoint(save_dir: str | os.PathLike) -> Path | None:

@@ -109,6 +109,28 @@ def test_resume_auto_passes_over_a_damaged_checkpoint_for_the_one_before(tmp_pat
         find_resume_checkpoint(str(run / "checkpoints" / "step_2"), run, "checkpoints", "gpt")
 
 
+def test_resume_auto_says_why_it_passes_over_an_unmarked_checkpoint_and_clears_a_killed_save(tmp_path, caplog):
+    """A newest checkpoint whose engine.pt (the completion marker) was deleted is passed over with a warning naming
+    it, and the hidden directory of a save killed mid-write is removed, not left behind for good."""
+    run = tmp_path / "outputs" / "2026-12-01" / "10-00-00_gpt"
+    engine = small_engine()
+    saved_steps(engine, run / "checkpoints", 2)
+    (run / "checkpoints" / "step_2" / "engine.pt").unlink()
+    killed = run / "checkpoints" / ".tmp_step_3"
+    killed.mkdir()
+    (killed / "model.pt").write_bytes(b"half")
+    logger = logging.getLogger("dsrecipes")
+    logger.addHandler(caplog.handler)
+    try:
+        with caplog.at_level("WARNING", logger="dsrecipes"):
+            found = find_resume_checkpoint("auto", run, "checkpoints", "gpt")
+    finally:
+        logger.removeHandler(caplog.handler)
+    assert found == run / "checkpoints" / "step_1"
+    assert "skipping step_2: its engine.pt is missing" in caplog.text
+    assert "removed .tmp_step_3" in caplog.text and not killed.exists()
+
+
 def test_a_checkpoint_from_before_manifests_still_loads(tmp_path):
     engine = small_engine()
     saved_steps(engine, tmp_path, 1)
