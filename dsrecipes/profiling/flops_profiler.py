@@ -51,6 +51,13 @@ class ModuleRow:
         return asdict(self)
 
 
+def held_numel(parameter: torch.Tensor) -> int:
+    """Elements of a parameter this rank holds: a DTensor's local shard (ZeRO-3 / FSDP2, tensor parallelism), else
+    the whole tensor. (A DTensor's numel() is the global size, which every rank would otherwise report.)"""
+    to_local = getattr(parameter, "to_local", None)
+    return to_local().numel() if callable(to_local) else parameter.numel()
+
+
 class FlopsProfiler:
     def __init__(self, model: nn.Module, device: torch.device | None = None):
         """model: the module whose forward is profiled (the one `counting()` wraps a call of)."""
@@ -146,8 +153,13 @@ class FlopsProfiler:
         return number_to_string(macs, "MACs") if as_string else macs
 
     def get_total_params(self, as_string: bool = False) -> int | str:
-        params = sum(p.numel() for p in self.model.parameters())
+        """The parameters this rank holds: its shards under ZeRO-3 / FSDP2 and tensor parallelism (DTensors)."""
+        params = sum(held_numel(p) for p in self.model.parameters())
         return number_to_string(params, "") if as_string else params
+
+    def get_model_params(self) -> int:
+        """The whole model's parameters, every rank's shards together (a DTensor's global size)."""
+        return sum(p.numel() for p in self.model.parameters())
 
     def get_total_duration(self, as_string: bool = False) -> float | str:
         seconds = self.module_latency.get("", 0.0)
@@ -167,7 +179,7 @@ class FlopsProfiler:
             latency = self.module_latency.get(name, 0.0)
             rows.append(ModuleRow(
                 name=name, type=type(module).__name__, depth=depth,
-                params=sum(p.numel() for p in module.parameters()), flops=flops, macs=flops // 2,
+                params=sum(held_numel(p) for p in module.parameters()), flops=flops, macs=flops // 2,
                 latency_s=latency, calls=self.module_calls.get(name, 0),
                 flops_share=flops / total_flops, latency_share=latency / total_latency,
             ))

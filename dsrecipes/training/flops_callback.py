@@ -9,7 +9,8 @@ through the Engine's step phases. Rank 0 then prints the profile (rich) and writ
 <run dir>/flops_profile.md and .json (or flops_profiler.output_file): parameters, forward FLOPs and
 MACs, FLOPs per token (forward, and forward+backward beside the model's analytic flops_per_token),
 the step's latency, achieved FLOP/s and MFU against trainer.peak_tflops (or a known GPU's peak).
-All figures are this rank's (under tensor / pipeline parallelism, its shard of the model). A
+All figures are this rank's (under ZeRO-3 and tensor / pipeline parallelism, its shard of the model; the
+whole model's parameter count is printed beside this rank's). A
 pipeline-parallel run is not profiled (its schedule runs forward and backward as one phase); a run
 resumed past profile_step neither: each says so in one warning.
 """
@@ -119,7 +120,8 @@ class FlopsProfilerCallback(Callback):
         peak = peak_tflops(context.device, context.cfg.trainer.peak_tflops)
         achieved = (forward + backward) / max(step_s, 1e-12)
         raw = {
-            "step": step, "parameters": profiler.get_total_params(), "forward_flops": forward,
+            "step": step, "parameters": profiler.get_total_params(), "model_parameters": profiler.get_model_params(),
+            "forward_flops": forward,
             "forward_macs": forward // 2, "backward_flops": backward, "tokens": tokens,
             "forward_flops_per_token": forward / tokens if tokens else None,
             "step_flops_per_token": (forward + backward) / tokens if tokens else None,
@@ -132,6 +134,7 @@ class FlopsProfilerCallback(Callback):
         shown = {
             "optimizer step (global_steps after it)": str(step),
             "parameters (this rank)": number_to_string(raw["parameters"], ""),
+            "parameters (whole model)": number_to_string(raw["model_parameters"], ""),
             "forward FLOPs": number_to_string(forward, "FLOPs"),
             "forward MACs": number_to_string(forward // 2, "MACs"),
             "backward FLOPs (recomputation included)": number_to_string(backward, "FLOPs"),

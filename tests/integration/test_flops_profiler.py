@@ -8,6 +8,7 @@ import pytest
 from dsrecipes.config import validate_recipe
 from dsrecipes.config.store import compose
 from dsrecipes.training.trainer import Trainer
+from tests.helpers.distributed import run_distributed
 
 
 @pytest.mark.slow
@@ -36,3 +37,31 @@ def test_recipe_profiles_its_profile_step(tmp_path, fast_overrides):
     assert not trainer.engine.phases.observed
     logged = [json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
     assert not any("perf/forward_s" in m for m in logged)
+
+
+def _zero3_counts(rank, world_size):
+    import torch
+    from torch.distributed.fsdp import fully_shard
+
+    from dsrecipes.models import GPT, ModelConfig
+    from dsrecipes.profiling.flops_profiler import FlopsProfiler
+
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(vocab_size=96, n_layer=2, n_head=2, d_model=32, max_seq_len=16))
+    whole = sum(p.numel() for p in model.parameters())
+    fully_shard(model)  # ZeRO-3's layout: every parameter a Shard(0) DTensor
+    profiler = FlopsProfiler(model)
+    held = sum(p.to_local().numel() for p in model.parameters())
+    assert profiler.get_total_params() == held < whole
+    assert profiler.get_model_params() == whole
+    assert profiler.module_rows(module_depth=0)[0].params == held
+    totals = [None] * world_size
+    torch.distributed.all_gather_object(totals, held)
+    assert sum(totals) == whole  # the ranks' counts add up to the model
+
+
+@pytest.mark.slow
+def test_parameters_this_rank_are_its_shard_under_zero3():
+    """Under ZeRO-3 each rank holds 1/N of the parameters: "parameters (this rank)" says so, and the whole model's
+    count is reported beside it (a DTensor's numel() is its global size, which every rank used to print)."""
+    run_distributed(_zero3_counts, 2)
