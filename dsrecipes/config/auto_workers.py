@@ -10,7 +10,10 @@ rank and splits it over the workers: the micro-batch shrinks (or, when it does n
 accumulation steps), and the run warns saying which key changed. Where neither divides, the
 batch changes and the warning says so. An explicit launcher.nproc_per_node, GPUs (auto = one
 worker per GPU: the batch is the recipe's per-GPU batch, as in DeepSpeed) or a launcher (torchrun)
-leave the batch to DeepSpeed's rule.
+leave the batch to DeepSpeed's rule. The one launcher that stands in for auto is submitit's local executor
+(hydra/launcher=slurm_local, whose preset starts 2 tasks on this CPU machine so a SLURM recipe can be tried
+before it is queued): its tasks keep the recipe's batch as auto's workers do, so the two launchers train the same
+global batch for the same recipe.
 
 `unequal_batches_warning` is what the Preflight callback shows when the jobs of a sweep end up
 with different global batches.
@@ -27,9 +30,10 @@ _MICRO = "trainer.train_micro_batch_size_per_gpu"
 _ACCUMULATION = "trainer.gradient_accumulation_steps"
 
 
-def keep_recipe_batch(cfg: DictConfig, nproc: int, gpus: int) -> str | None:
+def keep_recipe_batch(cfg: DictConfig, nproc: int, gpus: int, started_by: str | None = None) -> str | None:
     """Set cfg.trainer's batch triple so that `nproc` auto-chosen CPU workers train the global batch the
-    recipe has on one data-parallel rank. Returns the warning to show (None when nothing changed)."""
+    recipe has on one data-parallel rank. Returns the warning to show (None when nothing changed).
+    started_by: what started the workers where it is not launcher.nproc_per_node=auto (a submitit local job)."""
     if str(cfg.launcher.nproc_per_node) != "auto" or gpus > 0 or nproc <= 1:
         return None
     try:
@@ -50,7 +54,8 @@ def keep_recipe_batch(cfg: DictConfig, nproc: int, gpus: int) -> str | None:
             return None  # DeepSpeed's rule already keeps it (train_batch_size given)
     except ValueError:
         pass
-    why = (f"launcher.nproc_per_node=auto starts {nproc} CPU workers for zero.stage={cfg.zero.stage} (sharding needs "
+    why = (f"{started_by} runs {nproc} CPU workers" if started_by else
+           f"launcher.nproc_per_node=auto starts {nproc} CPU workers for zero.stage={cfg.zero.stage} (sharding needs "
            "more than one rank)")
     if one.micro_batch_size % dp == 0:
         micro, accumulation = one.micro_batch_size // dp, one.gradient_accumulation_steps

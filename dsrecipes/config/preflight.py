@@ -57,7 +57,10 @@ def check_train_job(cfg: DictConfig) -> tuple[Any, Any, int, bool]:
     nproc = int(os.environ["WORLD_SIZE"]) if joined else resolve_nproc(cfg.launcher, cfg.zero, gpus)
     world = nproc * nnodes  # every node starts the same number of workers (as torchrun's --nproc-per-node)
     check_launcher_backend(cfg.launcher, world)
-    kept = None if joined else keep_recipe_batch(cfg, world, gpus)  # may set cfg.trainer's batch triple
+    # may set cfg.trainer's batch triple; a submitit local job (hydra/launcher=slurm_local) stands in for auto
+    submitit_local = joined and os.environ.get("SUBMITIT_EXECUTOR") == "local"
+    kept = keep_recipe_batch(cfg, world, gpus, "hydra/launcher=slurm_local's job" if submitit_local else None) \
+        if not joined or submitit_local else None
     if kept:
         warnings.warn(kept, stacklevel=2)
     if cfg.launcher.max_restarts > 0 and (joined or world == 1):

@@ -48,6 +48,29 @@ def _clear_launcher_variables(monkeypatch) -> None:
         monkeypatch.delenv(key)
 
 
+def test_a_submitit_local_job_trains_the_batch_the_local_launcher_trains(monkeypatch):
+    """hydra/launcher=slurm_local's 2 tasks stand in for launcher.nproc_per_node=auto's 2 CPU workers: the same
+    recipe trains the same global batch under both (it used to be twice as large under slurm_local)."""
+    from dsrecipes.config.preflight import check_train_job
+    from dsrecipes.config.store import compose
+
+    pytest.importorskip("submitit")
+    _clear_launcher_variables(monkeypatch)
+    with pytest.warns(UserWarning, match="stays the recipe's 16"):
+        _, local, nproc, joined = check_train_job(compose(["zero.stage=2"]))
+    assert (nproc, joined) == (2, False)
+    for key, value in {"SUBMITIT_EXECUTOR": "local", "SUBMITIT_LOCAL_JOB_ID": "778", "SUBMITIT_LOCAL_NTASKS": "2",
+                       "SUBMITIT_LOCAL_JOB_NUM_NODES": "1", "SUBMITIT_LOCAL_NODEID": "0",
+                       "SUBMITIT_LOCAL_GLOBALID": "0", "SUBMITIT_LOCAL_LOCALID": "0"}.items():
+        monkeypatch.setenv(key, value)
+    with pytest.warns(UserWarning, match=r"hydra/launcher=slurm_local's job runs 2 CPU workers: the global batch "
+                                         r"stays the recipe's 16"):
+        _, submitit, nproc, joined = check_train_job(compose(["zero.stage=2"]))
+    assert (nproc, joined) == (2, True)
+    assert (submitit.train_batch_size, submitit.micro_batch_size, submitit.dp_world_size) == \
+        (local.train_batch_size, local.micro_batch_size, local.dp_world_size) == (16, 8, 2)
+
+
 def test_a_submitit_local_task_is_a_rank_of_its_job(monkeypatch):
     """Submitit's local executor sets SUBMITIT_LOCAL_* only (no SLURM_*): task 1 of 2 becomes rank 1 of world 2,
     meeting rank 0 on this host at a port derived from the job id (the same in every task of the job)."""
