@@ -1,4 +1,4 @@
-"""Per-rank model-state memory of a recipe for every ZeRO stage, next to DeepSpeed's formula.
+"""Per-rank model-state memory of a recipe for every ZeRO stage, next to DeepSpeed's own estimator.
 
     python -m dsrecipes.estimate model=llama_7b zero.stage=3 world_size=64
     python -m dsrecipes.estimate model=gpt_1_3b precision=bf16_master world_size=8 vocab_size=50304
@@ -17,9 +17,16 @@ With zero.offload_optimizer / offload_param set (cpu or nvme, stage 3) a second 
 ZeRO-3 model states per rank on the device, in host memory and on NVMe (swap files and buffer pools,
 as ZeRO-Infinity's estimator does; dsrecipes.distributed.offload.plan).
 
+The plain data-parallel table sets DeepSpeed's estimate beside dsrecipes' figures
+(estimate_zero2/3_model_states_mem_needs, re-stated in dsrecipes.profiling.memory_estimator): per GPU and
+per node's host memory, world_size / ranks_per_node nodes, zero.offload_optimizer / offload_param = cpu as
+its cpu_offload / cpu_offload_params; "n/a" where DeepSpeed has no estimate (stages 0 and 1, NVMe offload),
+with the reason under the table. Sizes are in the binary unit that suits each value (KiB ... TiB).
+
 Takes the recipe's overrides (the model is built on the meta device: instant, no memory) plus
-world_size=N (default 1), ranks_per_node=G (what `node` means in zero.zero_hpz_partition_size; default
-min(world_size, 8)) and vocab_size=V (when the model's is null; default 50304).
+world_size=N (default 1), ranks_per_node=G (what `node` means in zero.zero_hpz_partition_size and the
+node size of DeepSpeed's estimate; default min(world_size, 8)) and vocab_size=V (when the model's is
+null; default 50304).
 """
 
 from __future__ import annotations
@@ -34,10 +41,32 @@ from dsrecipes.config.store import compose
 from dsrecipes.distributed.config import resolve_node_sized_keys
 from dsrecipes.models import GPT
 from dsrecipes.profiling.layout_memory import LayoutEstimate, estimate_layout, is_plain_data_parallel
-from dsrecipes.profiling.memory_estimator import estimate_model_states
+from dsrecipes.profiling.memory_estimator import (
+    MemoryEstimate,
+    deepspeed_gap,
+    deepspeed_model_states,
+    estimate_model_states,
+    largest_layer_params,
+)
 from dsrecipes.utils.console import make_console, print_table
 
 GIB = 2**30
+_BINARY_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+
+
+def format_bytes(size: float) -> str:
+    """`size` bytes in the binary unit that suits it ("1.28 GiB", "3.17 MiB", "512 B"), so small models do
+    not print 0.00 GiB; each unit is a power of 1024 and says so (MiB, never MB)."""
+    index = 0
+    while abs(size) >= 1024 and index < len(_BINARY_UNITS) - 1:
+        size, index = size / 1024, index + 1
+    return f"{size:.0f} B" if index == 0 else f"{size:.2f} {_BINARY_UNITS[index]}"
+
+
+def format_params(num_params: int) -> str:
+    """The exact parameter count and a rounded one: "124,439,808 parameters (124.4M)"."""
+    rounded = f"{num_params / 1e9:.2f}B" if num_params >= 1e9 else f"{num_params / 1e6:.1f}M"
+    return f"{num_params:,} parameters ({rounded})"
 
 
 def main(argv: list[str] | None = None) -> list:
@@ -74,21 +103,53 @@ def main(argv: list[str] | None = None) -> list:
         )
         for stage in range(4)
     ]
-    table = Table(title=f"model states per rank: {model_cfg.name}, {num_params / 1e9:.3f}B parameters, "
-                        f"{world_size} rank(s), {cfg.precision.dtype}, {cfg.optimizer.name}")
-    for column in ("zero.stage", "parameters GiB", "gradients GiB", "optimizer GiB", "dsrecipes total GiB",
-                   "DeepSpeed formula GiB"):
-        table.add_column(column, justify="right")
-    for row in rows:
-        mark = " <" if row.stage == cfg.zero.stage else ""
-        table.add_row(
-            f"{row.stage}{mark}", f"{row.parameters / GIB:.2f}", f"{row.gradients / GIB:.2f}",
-            f"{row.optimizer_states / GIB:.2f}", f"{row.total / GIB:.2f}", f"{row.deepspeed_total / GIB:.2f}",
-        )
+    table = stages_table(rows, cfg, num_params, largest_layer_params(gpt), per_node or min(world_size, 8))
     print_table(make_console(), table)
     if {str(cfg.zero.offload_optimizer), str(cfg.zero.offload_param)} != {"none"}:
         print_table(make_console(), offload_table(gpt, cfg, world_size))
     return rows
+
+
+def stages_table(rows: list[MemoryEstimate], cfg, num_params: int, largest_layer: int, per_node: int) -> Table:
+    """One row per ZeRO stage: what dsrecipes' engine holds per rank, and DeepSpeed's estimate (per GPU, and
+    host memory per node) or "n/a" where DeepSpeed has none; the caption says what DeepSpeed's figures assume."""
+    world_size = rows[0].world_size
+    zero = cfg.zero
+    nodes_gap = None if world_size % per_node == 0 else \
+        f"world_size={world_size} is not a whole number of nodes of ranks_per_node={per_node}"
+    table = Table(title=f"model states per rank: {cfg.model.name}, {format_params(num_params)}, "
+                        f"{world_size} rank(s), {cfg.precision.dtype}, {cfg.optimizer.name}")
+    for column in ("zero.stage", "parameters", "gradients", "optimizer states", "dsrecipes total",
+                   "DeepSpeed per GPU", "DeepSpeed CPU per node"):
+        table.add_column(column, justify="right")
+    gaps, figures = [nodes_gap] if nodes_gap else [], 0
+    for row in rows:
+        deepspeed = None if nodes_gap else deepspeed_model_states(
+            row.stage, num_params, largest_layer, per_node, world_size // per_node,
+            zero.offload_optimizer, zero.offload_param)
+        gap = nodes_gap or deepspeed_gap(row.stage, zero.offload_optimizer, zero.offload_param)
+        if gap and gap not in gaps:
+            gaps.append(gap)
+        figures += deepspeed is not None
+        mark = " <" if row.stage == zero.stage else ""
+        table.add_row(f"{row.stage}{mark}", format_bytes(row.parameters), format_bytes(row.gradients),
+                      format_bytes(row.optimizer_states), format_bytes(row.total),
+                      *((format_bytes(deepspeed.gpu), format_bytes(deepspeed.cpu)) if deepspeed else ("n/a", "n/a")))
+    table.caption = _deepspeed_caption(cfg.zero, world_size, per_node, largest_layer, gaps, figures > 0)
+    table.caption_justify = "left"
+    return table
+
+
+def _deepspeed_caption(zero, world_size: int, per_node: int, largest_layer: int, gaps: list[str],
+                       any_figure: bool) -> str:
+    """What DeepSpeed's figures assume (the arguments its estimator was given), then why a cell is n/a."""
+    assumed = (
+        f"DeepSpeed: estimate_zero2/3_model_states_mem_needs for 16-bit mixed-precision Adam (whatever the "
+        f"recipe's precision and optimizer), {world_size // per_node} node(s) x {per_node} GPU(s), "
+        f"offload_optimizer={zero.offload_optimizer}, offload_param={zero.offload_param}, zero_init=0 (the "
+        f"model is built whole in every process), additional_buffer_factor=1.5, largest layer "
+        f"{largest_layer:,} parameters. ") if any_figure else ""
+    return (assumed + "".join(f"n/a: {gap}. " for gap in gaps)).strip()
 
 
 def _refusing(fn, *args):
@@ -123,23 +184,23 @@ def layout_table(layout: LayoutEstimate, cfg, num_params: int) -> Table:
     """One row per pipeline rank (its largest tensor-parallel shard); the heaviest rank marked."""
     heaviest = layout.heaviest
     sharding = f" over {layout.shard_ranks} ranks" if layout.shard_ranks > 1 else ": replicated over dp"
-    table = Table(title=f"model states per rank: {cfg.model.name}, {num_params / 1e9:.3f}B parameters, "
+    table = Table(title=f"model states per rank: {cfg.model.name}, {format_params(num_params)}, "
                         f"{layout.title()}, zero.stage={layout.stage} ({layout.strategy}{sharding}), "
                         f"{cfg.precision.dtype}, {cfg.optimizer.name}")
     zero = cfg.zero
     if {str(zero.offload_optimizer), str(zero.offload_param)} != {"none"}:
         table.caption = (f"offload_optimizer={zero.offload_optimizer}, offload_param={zero.offload_param}: what is "
                          "offloaded is counted here, in host memory rather than on the device")
-    for column in ("pp rank", "parameters held (M)", "of them experts (M)", "parameters GiB", "gradients GiB",
-                   "optimizer GiB", "total GiB"):
+    for column in ("pp rank", "parameters held (M)", "of them experts (M)", "parameters", "gradients",
+                   "optimizer states", "total"):
         table.add_column(column, justify="right")
     for row in layout.ranks:
         if row.tp_rank != 0:  # tp rank 0 holds the largest shard of every tensor
             continue
         mark = " <" if row is heaviest else ""
         table.add_row(f"{row.pp_rank}{mark}", f"{row.num_params / 1e6:.2f}", f"{row.expert_params / 1e6:.2f}",
-                      f"{row.parameters / GIB:.3f}", f"{row.gradients / GIB:.3f}",
-                      f"{row.optimizer_states / GIB:.3f}", f"{row.total / GIB:.3f}")
+                      format_bytes(row.parameters), format_bytes(row.gradients),
+                      format_bytes(row.optimizer_states), format_bytes(row.total))
     return table
 
 

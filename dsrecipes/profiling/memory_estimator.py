@@ -1,4 +1,4 @@
-"""Model-state memory per rank for each ZeRO stage: what dsrecipes' engine holds, and DeepSpeed's formula.
+"""Model-state memory per rank for each ZeRO stage: what dsrecipes' engine holds, and DeepSpeed's estimator.
 
 Counted at rest after an optimizer step with gradients present: parameters, gradients and optimizer
 states (activations, communication buffers and FSDP2's transient unsharded parameters are not
@@ -21,8 +21,15 @@ or CPU offload runs on FSDP2 and holds the stage-3 figures at rest. ZeRO++ hpZ (
 zero.zero_hpz_partition_size = G > 1) adds its secondary parameter partition, bΨ/G (b of the
 all-gather dtype), held between forward and backward.
 s = optimizer state bytes per parameter (8 for Adam-family and LAMB, 4 for Lion, Adagrad and SGD
-with momentum, 0 for plain SGD). DeepSpeed's mixed-precision formula (ZeRO paper, K=12):
-16Ψ, 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N.
+with momentum, 0 for plain SGD).
+
+Beside it, DeepSpeed's own estimator, re-stated (`deepspeed_zero2_bytes`, `deepspeed_zero3_bytes`):
+deepspeed.runtime.zero.stage_1_and_2.estimate_zero2_model_states_mem_needs and
+deepspeed.runtime.zero.stage3.estimate_zero3_model_states_mem_needs, bytes per GPU and host bytes per
+node for 16-bit mixed-precision Adam (whatever the recipe's precision and optimizer), with its offload
+variants, additional_buffer_factor (1.5) on the host figure and, at stage 3, the largest layer (the
+module with the most parameters of its own) gathered whole. Without offload, per GPU:
+ZeRO-2 2Ψ + 18Ψ/N, ZeRO-3 4L + 18Ψ/N. DeepSpeed has no estimator for stages 0 and 1, nor for NVMe offload.
 
 Layouts with tensor, pipeline, sequence or expert parallelism are estimated per rank from the
 parameter shapes by dsrecipes.profiling.layout_memory, which asks the same strategies.
@@ -50,7 +57,6 @@ class MemoryEstimate:
     parameters: float
     gradients: float
     optimizer_states: float
-    deepspeed_total: float
 
     @property
     def total(self) -> float:
@@ -61,12 +67,6 @@ def optimizer_state_bytes(name: str, momentum: float = 0.0) -> int:
     if name == "sgd":
         return 4 if momentum else 0
     return _STATE_BYTES.get(name, 8)
-
-
-def deepspeed_model_state_bytes(num_params: int, world_size: int, stage: int) -> float:
-    """DeepSpeed's published per-rank model-state bytes (mixed precision, Adam: 2 + 2 + 12 bytes)."""
-    n, w = num_params, world_size
-    return {0: 16 * n, 1: 4 * n + 12 * n / w, 2: 2 * n + 14 * n / w, 3: 16 * n / w}[stage]
 
 
 def estimate_model_states(
@@ -89,8 +89,115 @@ def estimate_model_states(
         if stage == 3 and hpz_partition_size > 1 else {}
     held = strategy.model_state_bytes(num_params, world_size, model_bytes,
                                       optimizer_state_bytes(optimizer, momentum), master_weights, **hpz)
-    return MemoryEstimate(stage, world_size, held.parameters, held.gradients, held.optimizer_states,
-                          deepspeed_model_state_bytes(num_params, world_size, stage))
+    return MemoryEstimate(stage, world_size, held.parameters, held.gradients, held.optimizer_states)
+
+
+# --------------------------------------------------------------------------------------------
+# DeepSpeed's estimator (estimate_zero2/3_model_states_mem_needs), re-stated for the comparison column
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DeepSpeedEstimate:
+    """What DeepSpeed's estimator gives for one ZeRO stage: bytes per GPU, and host (CPU) bytes per node."""
+
+    gpu: int
+    cpu: int
+
+
+def largest_layer_params(module: nn.Module) -> int:
+    """Parameters of the module that holds the most of its own (its children's not counted).
+
+    DeepSpeed's ZeRO-3 estimator (stage3.model_to_params) takes this maximum as the layer gathered whole;
+    for a transformer it is the token embedding / LM head (vocab x d_model). Works on the meta device.
+    """
+    return max((sum(p.numel() for p in m.parameters(recurse=False)) for m in module.modules()), default=0)
+
+
+def deepspeed_zero2_bytes(total_params: int, gpus_per_node: int, num_nodes: int, *, cpu_offload: bool,
+                          additional_buffer_factor: float = 1.5) -> DeepSpeedEstimate:
+    """DeepSpeed's ZeRO-2 model-state estimate, following
+    deepspeed.runtime.zero.stage_1_and_2.estimate_zero2_model_states_mem_needs (0.19.8).
+
+    The GPU holds the replicated 16-bit parameters (2 bytes each) and, unless the optimizer is offloaded,
+    its 1/N shard of 16-bit and fp32 gradients, fp32 masters and Adam's two states (2 + 4 + 4 + 8 = 18 bytes).
+    The host figure is per node, times additional_buffer_factor: with offload the masters, gradients and
+    states of the whole model (4 bytes per GPU of the job, at least 16), without it each process's fp32
+    copy of the model while it loads.
+    """
+    gpus = num_nodes * gpus_per_node
+    if cpu_offload:
+        gpu = 2 * total_params
+        cpu = total_params * max(4 * gpus, 16) * additional_buffer_factor
+    else:
+        gpu = 2 * total_params + int(18 * total_params / gpus)
+        cpu = total_params * 4 * gpus_per_node * additional_buffer_factor
+    return DeepSpeedEstimate(int(gpu), int(cpu))
+
+
+def deepspeed_zero3_bytes(total_params: int, largest_layer: int, gpus_per_node: int, num_nodes: int, *,
+                          cpu_offload: bool, cpu_offload_params: bool, zero_init: bool,
+                          additional_buffer_factor: float = 1.5) -> DeepSpeedEstimate:
+    """DeepSpeed's ZeRO-3 model-state estimate, following
+    deepspeed.runtime.zero.stage3.estimate_zero3_model_states_mem_needs (0.19.8).
+
+    The GPU always holds the largest layer gathered (4 bytes per parameter), plus its 1/N shard of
+    the 18 bytes per parameter of ZeRO-2 without offload, of the 16-bit parameters only (2 bytes) with
+    the optimizer offloaded, nothing more with the parameters offloaded too. The host figure is per node,
+    times additional_buffer_factor: the node's 1/num_nodes share of what is offloaded (18 or 16 bytes per
+    parameter), or without offload the fp32 copy each process loads (of the largest layer only under
+    zero_init, whole otherwise; zero_init=False also makes the offloaded figures at least that copy).
+    As in DeepSpeed, cpu_offload_params counts only together with cpu_offload.
+    """
+    gpus = num_nodes * gpus_per_node
+    node_share = 1 / num_nodes
+    gathered = 4 * largest_layer
+    fp32_copies = total_params * 4 * gpus_per_node  # every process of the node loads the fp32 model
+    if not cpu_offload:
+        gpu = gathered + int(18 * total_params / gpus)
+        cpu = (largest_layer * 4 * gpus_per_node if zero_init else fp32_copies) * additional_buffer_factor
+        return DeepSpeedEstimate(int(gpu), int(cpu))
+    offloaded = 18 if cpu_offload_params else 16  # bytes per parameter the host takes over
+    gpu = gathered if cpu_offload_params else gathered + int(2 * total_params / gpus)
+    per_param = offloaded * node_share if zero_init else max(4 * gpus_per_node, offloaded * node_share)
+    return DeepSpeedEstimate(int(gpu), int(total_params * per_param * additional_buffer_factor))
+
+
+def deepspeed_gap(stage: int, offload_optimizer: str = "none", offload_param: str = "none") -> str | None:
+    """Why DeepSpeed's estimator has no figure for this stage and offload setting; None when it has one.
+
+    Its ZeRO-2 estimate knows only optimizer offload to the CPU (DeepSpeed's stage 2 has no parameter
+    offload, so offload_param does not enter it); its ZeRO-3 estimate CPU offload of the optimizer, with or
+    without the parameters (its printed table has no parameter offload without optimizer offload).
+    """
+    if stage < 2:
+        return "DeepSpeed has no estimator for ZeRO stages 0 and 1"
+    devices = (str(offload_optimizer),) if stage == 2 else (str(offload_optimizer), str(offload_param))
+    if "nvme" in devices:
+        return "DeepSpeed's estimator has no NVMe offload"
+    if stage == 3 and str(offload_param) != "none" and str(offload_optimizer) == "none":
+        return "DeepSpeed's estimator has offload_param=cpu only with offload_optimizer=cpu"
+    return None
+
+
+def deepspeed_model_states(stage: int, total_params: int, largest_layer: int, gpus_per_node: int,
+                           num_nodes: int, offload_optimizer: str = "none", offload_param: str = "none",
+                           zero_init: bool = False, additional_buffer_factor: float = 1.5) -> DeepSpeedEstimate | None:
+    """DeepSpeed's estimate for a recipe's stage and zero.offload_optimizer / offload_param (cpu_offload /
+    cpu_offload_params), or None where DeepSpeed has none (`deepspeed_gap` says why).
+
+    zero_init defaults to False: dsrecipes builds the whole model in every process, as DeepSpeed
+    without deepspeed.zero.Init does.
+    """
+    if deepspeed_gap(stage, offload_optimizer, offload_param):
+        return None
+    cpu_offload = str(offload_optimizer) == "cpu"
+    if stage == 2:
+        return deepspeed_zero2_bytes(total_params, gpus_per_node, num_nodes, cpu_offload=cpu_offload,
+                                     additional_buffer_factor=additional_buffer_factor)
+    return deepspeed_zero3_bytes(total_params, largest_layer, gpus_per_node, num_nodes, cpu_offload=cpu_offload,
+                                 cpu_offload_params=str(offload_param) == "cpu", zero_init=zero_init,
+                                 additional_buffer_factor=additional_buffer_factor)
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
