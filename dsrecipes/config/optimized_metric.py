@@ -8,6 +8,8 @@ With optimized_metric unset the job returns its summary dict as before. The valu
 job's training returns or, where that does not come back (a non-zero rank under torchrun), from
 <run dir>/summary.json. A name the Trainer's summary never holds is refused before training starts; one from an
 extension's namespace (e.g. data/...) is checked when the run ends, against the names the summary holds.
+A sweeper that optimises the job's return value (OPTIMIZING_SWEEPERS) without optimized_metric is refused before
+its first job: each job would return the summary dict, which the sweeper cannot cast to a number.
 """
 
 from __future__ import annotations
@@ -27,6 +29,13 @@ SUMMARY_METRICS = (
 )
 # Namespaces the Trainer owns: a name in one of them must be one of SUMMARY_METRICS (a typo is caught up front).
 TRAINER_NAMESPACES = ("val", "train", "perf", "time")
+# Sweepers that optimise the value each job returns and so need a number (hydra.sweeper._target_ -> its
+# hydra/sweeper option). The basic sweeper and hydra/sweeper=autotune (which reads metrics.jsonl) take anything.
+OPTIMIZING_SWEEPERS = {
+    "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper": "optuna",
+    "hydra_plugins.hydra_nevergrad_sweeper.nevergrad_sweeper.NevergradSweeper": "nevergrad",
+    "hydra_plugins.hydra_ax_sweeper.ax_sweeper.AxSweeper": "ax",
+}
 
 
 def check_optimized_metric(name: str | None, mode: str = "train") -> None:
@@ -40,6 +49,20 @@ def check_optimized_metric(name: str | None, mode: str = "train") -> None:
     if not name or name.split("/", 1)[0] in TRAINER_NAMESPACES and name not in SUMMARY_METRICS:
         raise ValueError(f"optimized_metric={name!r} is not a metric of the run summary; choose one of: "
                          f"{', '.join(SUMMARY_METRICS)} (or an extension's summary metric, e.g. data/tokens_saved)")
+
+
+def check_sweeper_metric(sweeper_target: str | None, name: str | None, mode: str = "train") -> None:
+    """ValueError before a sweep's first job when its sweeper optimises the number each job returns and
+    optimized_metric does not name one (the job would train, return its summary dict, and the sweeper fail on it)."""
+    sweeper = OPTIMIZING_SWEEPERS.get(str(sweeper_target))
+    if sweeper is None:
+        return
+    if name is None:
+        where = "" if mode == "train" else f" with mode=train (mode={mode} has no run summary metrics)"
+        raise ValueError(f"optimized_metric=null, but hydra/sweeper={sweeper} optimises the number each job returns: "
+                         f"set optimized_metric{where} to the run-summary metric to optimise; choose one of: "
+                         f"{', '.join(SUMMARY_METRICS)} (or an extension's summary metric, e.g. data/tokens_saved)")
+    check_optimized_metric(name, mode)
 
 
 def read_summary(run_dir: str | Path) -> dict | None:

@@ -8,15 +8,17 @@
 The keys are dsrecipes.profiling.autotuning.config.AutotuneConfig (DeepSpeed's autotuning keys), registered here
 in Hydra's ConfigStore as hydra/sweeper/autotune. The search itself lives in dsrecipes.profiling.autotuning.session;
 this file turns candidates into Hydra jobs: the user's overrides + the trial settings + the candidate's
-overrides, composed and checked in-process first (a recipe the checks refuse is rejected, not launched), then
-launched one at a time through self.launcher (the basic launcher locally, submitit on SLURM), job directories
-<sweep dir>/<job num>. A job that fails (out of memory, a crash, a worker exiting) is recorded as failed.
+overrides, composed and checked in-process first (a recipe the checks refuse is rejected, not launched; what
+the checks leave is what the trial trains: trial_layout), then launched one at a time through self.launcher
+(the basic launcher locally, submitit on SLURM), job directories <sweep dir>/<job num>. A job that fails (out of
+memory, a crash, a worker exiting) is recorded as failed.
 """
 
 # No `from __future__ import annotations` here: Hydra's plugin scan executes this module before it is in
 # sys.modules, and dataclasses then cannot resolve string annotations (AttributeError in dataclasses._is_type).
 import warnings
-from dataclasses import dataclass, fields
+from collections.abc import Callable
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +41,30 @@ ConfigStore.instance().store(group="hydra/sweeper", name="autotune", node=Autotu
 
 # Keys a candidate sets (the user's values for them are replaced) and the trial-only settings.
 TUNED_KEYS = ("zero.stage", "trainer.train_micro_batch_size_per_gpu", "trainer.train_batch_size")
+BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+
+
+def trial_layout(compose: Callable[[Any], DictConfig], candidate) -> Any:
+    """The TrialLayout a candidate's job trains: its task config, `compose(candidate)`, as the job's own checks
+    (check_train_job, which `run()` repeats when the job starts) leave it.
+
+    Those checks re-derive the batch where launcher.nproc_per_node=auto starts several CPU workers: the recipe's
+    one-rank global batch is kept, the micro-batch (or the accumulation) divided by the workers
+    (dsrecipes.config.auto_workers). The candidate's micro-batch is per rank (the memory estimate's), so the
+    trial pins the worker count instead (launcher.nproc_per_node=N, that warning's own advice): each rank then
+    trains the candidate's micro-batch with the recipe's accumulation. ValueError: a check refuses the recipe."""
+    from dsrecipes.config.preflight import check_train_job
+    from dsrecipes.profiling.autotuning.space import TrialLayout
+
+    job = compose(candidate)
+    given = [job.trainer[key] for key in BATCH_KEYS]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # each job shows its own warnings when it runs
+        _, batch, nproc, _ = check_train_job(job)
+    rederived = [job.trainer[key] for key in BATCH_KEYS] != given
+    if rederived and candidate.workers is None and str(job.launcher.nproc_per_node) == "auto":
+        return trial_layout(compose, replace(candidate, workers=nproc))
+    return TrialLayout(candidate, nproc, batch.micro_batch_size, batch.gradient_accumulation_steps, batch.train_batch_size)
 
 
 def trial_overrides(cfg: AutotuneConfig) -> list[str]:
@@ -77,7 +103,7 @@ class AutotuneSweeper(Sweeper):
 
     # ------------------------------------------------------------------ the Hydra side of a search
     def _sweep(self, arguments: list[str]):
-        from dsrecipes.config.preflight import check_train_job, task_config
+        from dsrecipes.config.preflight import task_config
         from dsrecipes.config.validate import to_root
         from dsrecipes.profiling.autotuning.config import validate_autotune_config
         from dsrecipes.profiling.autotuning.recipe import recipe_facts
@@ -104,10 +130,12 @@ class AutotuneSweeper(Sweeper):
                 job.hydra.job.num = self.job_idx
             return task_config(job)
 
-        def validate(candidate) -> int:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # each job shows its own warnings when it runs
-                return check_train_job(compose(candidate))[2]
+        layouts: dict = {}
+
+        def validate(candidate):  # the group probes and the planned candidates share their smallest micro-batch
+            if candidate not in layouts:
+                layouts[candidate] = trial_layout(compose, candidate)
+            return layouts[candidate]
 
         base = to_root(task_config(loader.load_sweep_config(self.config, fixed)))
         report = autotune(self.autotune, recipe_facts(base), validate, lambda c: self._run_trial(fixed, c, sweep_dir),

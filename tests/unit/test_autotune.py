@@ -1,7 +1,9 @@
 """The autotuner: search space, pruning by the memory estimator, tuners, results, and one run end to end.
 
-Unit tests run in-process in well under a second each; the end-to-end test (slow) runs the sweeper on a
-2-worker CPU recipe with 4 candidates, 2 of them rejected by the estimate, and then trains the best experiment.
+Unit tests run in-process in well under a second each, but the sweeper's own (a few seconds: it composes each trial's
+job and runs its checks, training nothing); the end-to-end test (slow) runs the sweeper on CPU workers
+(launcher.nproc_per_node=auto: 1 for stage 0, 2 for stage 3) with 4 candidates, 2 of them rejected by the estimate,
+checks each trial trained the batch its row says, and then trains the best experiment.
 """
 
 import json
@@ -15,7 +17,7 @@ from dsrecipes.profiling.autotuning.pruning import GIB, NoCandidateFits, RecipeM
 from dsrecipes.profiling.autotuning.recipe import RecipeFacts
 from dsrecipes.profiling.autotuning.results import measured_window
 from dsrecipes.profiling.autotuning.session import BestInputs, TrialRun, autotune
-from dsrecipes.profiling.autotuning.space import Candidate, Group, micro_batch_sizes, search_groups
+from dsrecipes.profiling.autotuning.space import Candidate, Group, TrialLayout, micro_batch_sizes, search_groups
 from dsrecipes.profiling.autotuning.tuners import GridSearchTuner, RandomTuner, make_tuner, run_tuning
 from dsrecipes.profiling.memory_estimator import estimate_activations
 
@@ -42,6 +44,9 @@ def test_search_groups_fast_and_full():
                              "activation_checkpointing=full", "zero.offload_optimizer=cpu"]
     assert c.label == "z3 mb8 ac=full offload"
     assert Candidate(0, micro_batch=2).overrides()[-1] == "trainer.train_batch_size=null"  # recipe's checkpointing kept
+    pinned = Candidate(3, micro_batch=16, workers=2)  # where auto's CPU workers would split the micro-batch
+    assert pinned.label == "z3 mb16" and pinned.overrides()[-1] == "launcher.nproc_per_node=2"
+    assert pinned.settings()["launcher"] == {"nproc_per_node": "2"}
 
 
 def test_candidate_overrides_compose():
@@ -207,7 +212,8 @@ def test_session_runs_the_fitting_candidates_records_failures_and_writes_the_bes
 
     best_inputs = BestInputs(experiments=["gpt_tiny"], group_choices=[("model", "gpt_debug", False)],
                              values={"trainer.max_steps": 7}, run_name="gpt_tiny_autotuned")
-    report = autotune(cfg, facts, lambda c: 1, run_trial, tmp_path, best_inputs, say=lambda m: None)
+    layout = lambda c: TrialLayout(c, 1, c.micro_batch, 1, c.micro_batch)  # noqa: E731  (one rank, no accumulation)
+    report = autotune(cfg, facts, layout, run_trial, tmp_path, best_inputs, say=lambda m: None)
     statuses = {r.candidate.label: r.status for r in report.rows}
     assert statuses["z0 mb1"] == "ok" and statuses["z0 mb4"] == "ok" and statuses["z0 mb64"] == "rejected"
     assert statuses["z1 mb1"] == "failed" and len(jobs) == 6
@@ -224,6 +230,92 @@ def test_session_runs_the_fitting_candidates_records_failures_and_writes_the_bes
     composed = compose([f"hydra.searchpath=[file://{tmp_path / 'conf'}]", "+experiment=autotune_best"])
     assert (composed.zero.stage, composed.trainer.train_micro_batch_size_per_gpu, composed.trainer.max_steps,
             composed.model.name, composed.name) == (0, 4, 7, "gpt_debug", "gpt_tiny_autotuned")
+
+
+def test_each_trial_trains_the_micro_batch_accumulation_and_ranks_its_row_says(tmp_path, monkeypatch):
+    """Issue 39 (3): on CPU, launcher.nproc_per_node=auto starts 2 workers for zero.stage=3 and keeps the recipe's
+    one-rank global batch by halving the micro-batch (dsrecipes.config.auto_workers), so the trial shown as "z3 mb16"
+    (estimated for 16 per rank) trained 8 per rank. The sweeper runs here with a launcher that trains nothing: it
+    composes each job from the overrides it is given and runs the job's own checks (what `run()` does first), and
+    every row of the results must say the ranks, micro-batch and accumulation that job trains."""
+    import csv
+    import types
+    import warnings
+
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.utils import JobStatus
+    from omegaconf import OmegaConf
+
+    from dsrecipes.config.preflight import check_train_job, task_config
+    from dsrecipes.config.store import compose, register_configs
+    from dsrecipes.config.validate import to_root
+    from dsrecipes.profiling.autotuning.recipe import recipe_facts
+    from hydra_plugins.dsrecipes_autotune.autotune_sweeper import AutotuneSweeper
+
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # auto: CPU workers, 2 for a stage that shards
+    sweep = tmp_path / "sweep"
+    recipe = ["+experiment=gpt_tiny", "model=gpt_debug", "model.max_seq_len=64", "trainer.gradient_accumulation_steps=2"]
+    keys = ["hydra/sweeper=autotune", "hydra.sweeper.zero_stages=[3]", "hydra.sweeper.max_train_micro_batch_size_per_gpu=16",
+            "hydra.sweeper.min_train_micro_batch_size_per_gpu=3", "hydra.sweeper.num_tuning_micro_batch_sizes=2",
+            "hydra.sweeper.max_memory_gib=64", "hydra.sweeper.start_profile_step=1", "hydra.sweeper.end_profile_step=3",
+            "hydra.sweeper.tuner_early_stopping=0", f"hydra.sweep.dir={sweep}"]
+    trained = {}  # job number -> (ranks, micro-batch per rank, accumulation, global batch) its checks leave
+
+    class Launcher:  # hydra.plugins.launcher.Launcher's launch(), without starting the job
+        def launch(self, job_overrides, initial_job_idx):
+            (overrides,) = job_overrides
+            job = task_config(loader.load_sweep_config(config, list(overrides)))
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                _, batch, nproc, _ = check_train_job(job)
+            trained[str(initial_job_idx)] = (nproc, batch.micro_batch_size, batch.gradient_accumulation_steps,
+                                             batch.train_batch_size)
+            job_dir = sweep / str(initial_job_idx)
+            job_dir.mkdir(parents=True)
+            lines = [{"step": s, "perf/tokens_per_s": 100.0 * batch.train_batch_size, "perf/step_time_s": 0.1}
+                     for s in (1, 2, 3)]
+            (job_dir / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in lines))
+            return [types.SimpleNamespace(status=JobStatus.COMPLETED, hydra_cfg=None)]  # a JobReturn's fields the sweeper reads
+
+    register_configs()
+    with initialize_config_module(config_module="dsrecipes.conf", version_base="1.3"):
+        config = hydra_compose(config_name="config", overrides=[*keys, *recipe], return_hydra_config=True)
+        loader = GlobalHydra.instance().config_loader()
+        sweeper = AutotuneSweeper(**OmegaConf.to_container(config.hydra.sweeper))
+        sweeper.config, sweeper.hydra_context, sweeper.launcher = config, types.SimpleNamespace(config_loader=loader), Launcher()
+        report = sweeper._sweep(list(recipe))
+        facts = recipe_facts(to_root(task_config(config)))
+
+    ran = [row for row in report.rows if row.status == "ok"]
+    # before the fix: z3 mb16 trained 8 per rank (16 / 2 workers), z3 mb3 (3 does not divide by 2) accumulation 1
+    assert [(row.candidate.label, *trained[row.job][:3]) for row in ran] == [("z3 mb3", 2, 3, 2), ("z3 mb16", 2, 16, 2)]
+    for row in ran:
+        ranks, micro, accumulation, global_batch = trained[row.job]
+        assert (row.world_size, row.accumulation, row.train_batch_size) == (ranks, accumulation, global_batch)
+        assert global_batch == micro * accumulation * ranks  # the global batch follows the micro-batch
+        expected = memory_need(facts.memory, row.candidate, ranks, 64 * GIB, facts.checkpointing)
+        assert row.estimate_bytes == pytest.approx(expected.total)  # estimated for what the job trains
+    with open(sweep / "autotune_results.csv") as f:
+        lines = [line for line in csv.DictReader(f) if line["status"] == "ok"]
+    assert len(lines) == 2
+    for line in lines:
+        ranks, micro, accumulation, global_batch = trained[line["job"]]
+        assert line["candidate"].split()[1] == f"mb{micro}" and int(line["micro_batch"]) == micro
+        assert [int(line[k]) for k in ("ranks", "gradient_accumulation_steps", "train_batch_size")] == [
+            ranks, accumulation, global_batch]
+    table = (sweep / "autotune_results.md").read_text()
+    assert "accum" in table and "global batch" in table
+
+    # the best experiment trains what the best trial trained
+    best = compose([f"hydra.searchpath=[file://{sweep / 'conf'}]", "+experiment=autotune_best"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _, batch, nproc, _ = check_train_job(best)
+    assert (nproc, batch.micro_batch_size, batch.gradient_accumulation_steps) == trained[report.best.job][:3]
 
 
 def test_short_entry_moves_the_keys_under_hydra_sweeper():

@@ -14,6 +14,9 @@ Differences from DeepSpeed, on purpose:
   DeepSpeed's bucket-size grid;
 * `max_train_batch_size` / `min_train_batch_size` / `mp_size` are not taken: the global batch follows the
   micro-batch (gradient accumulation stays what the recipe sets), model parallelism is the recipe's `parallel` group;
+  where launcher.nproc_per_node=auto would keep the recipe's global batch over several CPU workers by shrinking
+  the micro-batch or the accumulation, a trial pins the worker count instead (launcher.nproc_per_node=N), so it
+  trains the per-rank micro-batch the candidate names and the estimate counts;
 * the micro-batch sizes tried are `num_tuning_micro_batch_sizes` values spread geometrically from
   min_train_micro_batch_size_per_gpu up to the largest that the memory estimator says fits (DeepSpeed finds
   that largest size with a profiling run instead).

@@ -6,7 +6,9 @@ tokens/s = their tokens / their training seconds, latency = their seconds / thei
 the model's training FLOPs per token (6N + 12·L·d·T, dsrecipes.models.GPT.flops_per_token).
 
 Written to the sweep directory:
-    autotune_results.csv / .md / .png     every candidate: measured, failed, rejected (and why), not run
+    autotune_results.csv / .md / .png     every candidate: measured, failed, rejected (and why), not run; a row
+                                           whose job was composed shows what it trains: ranks, micro-batch per
+                                           rank (the candidate's), accumulation steps, global batch
     conf/experiment/<best_experiment>.yaml  the best candidate on top of the user's experiment and overrides,
                                            run with: python -m dsrecipes --config-dir <sweep dir>/conf +experiment=<name>
 """
@@ -35,7 +37,7 @@ class TrialRecord:
 
     candidate: Candidate
     status: str  # ok | failed | rejected | invalid | not run
-    world_size: int | None = None
+    world_size: int | None = None  # ranks the trial starts (for a rejected row: those the estimate assumed)
     estimate_bytes: float | None = None
     cap_bytes: float | None = None
     job: str = ""  # job number in the sweep directory
@@ -45,6 +47,8 @@ class TrialRecord:
     flops_per_s: float | None = None
     peak_gib: float | None = None  # measured (CUDA's max allocated), when the trial ran on CUDA
     note: str = ""
+    accumulation: int | None = None  # the trial's gradient accumulation steps (None: its job was not composed)
+    train_batch_size: int | None = None  # its global batch: micro-batch x accumulation x data-parallel ranks
 
 
 def measured_window(records: list[dict], start_step: int, end_step: int) -> dict:
@@ -86,6 +90,10 @@ def _num(value: float | None, fmt: str = ".4g") -> str:
     return "-" if value is None or not math.isfinite(value) else format(value, fmt)
 
 
+def _int(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
 def _gib(nbytes: float | None) -> str:
     return "-" if nbytes is None else f"{nbytes / GIB:.4g}"
 
@@ -95,15 +103,17 @@ def results_table(rows: list[TrialRecord], metric: str, best: Candidate | None, 
 
     direction = "higher" if HIGHER_IS_BETTER[str(metric)] else "lower"
     table = Table(title=f"{title}: {metric} ({METRIC_UNITS[str(metric)]}, {direction} is better)")
-    for name, justify in (("job", "right"), ("candidate", "left"), ("ranks", "right"), ("est. GiB", "right"),
-                          ("cap GiB", "right"), (str(metric), "right"), ("tokens/s", "right"), ("s/step", "right"),
-                          ("TFLOP/s", "right"), ("peak GiB", "right"), ("status", "left")):
+    for name, justify in (("job", "right"), ("candidate", "left"), ("ranks", "right"), ("accum", "right"),
+                          ("global batch", "right"), ("est. GiB", "right"), ("cap GiB", "right"), (str(metric), "right"),
+                          ("tokens/s", "right"), ("s/step", "right"), ("TFLOP/s", "right"), ("peak GiB", "right"),
+                          ("status", "left")):
         table.add_column(name, justify=justify, overflow="fold")
     for row in rows:
         mark = "[bold green]" if best is not None and row.candidate == best else ""
         status = f"{row.status}: {row.note}" if row.note else row.status
         table.add_row(row.job or "-", f"{mark}{row.candidate.label}{' (best)' if mark else ''}",
-                      _num(row.world_size, "d") if row.world_size else "-", _gib(row.estimate_bytes), _gib(row.cap_bytes),
+                      _num(row.world_size, "d") if row.world_size else "-", _int(row.accumulation),
+                      _int(row.train_batch_size), _gib(row.estimate_bytes), _gib(row.cap_bytes),
                       _num(row.value), _num(row.tokens_per_s, ".5g"), _num(row.step_time_s),
                       _num(row.flops_per_s / 1e12 if row.flops_per_s is not None else None, ".3g"),
                       _num(row.peak_gib), status)
@@ -114,7 +124,8 @@ def csv_rows(rows: list[TrialRecord], metric: str) -> list[dict]:
     return [{
         "job": row.job, "candidate": row.candidate.label, "zero_stage": row.candidate.zero_stage,
         "micro_batch": row.candidate.micro_batch, "activation_checkpointing": row.candidate.activation_checkpointing or "recipe",
-        "offload": row.candidate.offload, "ranks": row.world_size,
+        "offload": row.candidate.offload, "ranks": row.world_size, "gradient_accumulation_steps": row.accumulation,
+        "train_batch_size": row.train_batch_size,
         "estimate_gib": None if row.estimate_bytes is None else round(row.estimate_bytes / GIB, 6),
         "cap_gib": None if row.cap_bytes is None else round(row.cap_bytes / GIB, 6),
         "metric": str(metric), "value": row.value, "tokens_per_s": row.tokens_per_s, "step_time_s": row.step_time_s,

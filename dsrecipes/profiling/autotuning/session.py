@@ -6,9 +6,13 @@
 2. ask `validate(candidate)` for each group's world size (a recipe the checks refuse is rejected as invalid);
 3. prune with the memory estimator against the cap (dsrecipes.profiling.autotuning.pruning); nothing fits:
    NoCandidateFits, before any trial;
-4. validate every planned candidate (its batch sizes); then the tuner proposes, `run_trial(candidate)`
-   trains it (the Hydra sweeper launches a job) and its metrics.jsonl is read; a failed trial is recorded;
-5. results table / CSV / chart and the best experiment in the sweep directory.
+4. validate every planned candidate: `validate` returns the TrialLayout its job trains (the candidate as
+   launched, ranks, micro-batch, accumulation, global batch); one whose job would train another micro-batch
+   per rank than the candidate's is invalid, and the estimate is the layout's (its ranks, its micro-batch);
+   then the tuner proposes, `run_trial(candidate)` trains it (the Hydra sweeper launches a job) and its
+   metrics.jsonl is read; a failed trial is recorded;
+5. results table / CSV / chart and the best experiment in the sweep directory: every row that was validated
+   shows the layout its job trains.
 
 The Hydra sweeper (hydra_plugins/dsrecipes_autotune) supplies validate and run_trial; tests supply fakes.
 """
@@ -20,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dsrecipes.profiling.autotuning.config import HIGHER_IS_BETTER, METRIC_UNITS, AutotuneConfig, validate_autotune_config
-from dsrecipes.profiling.autotuning.pruning import GIB, Rejection, plan_candidates
+from dsrecipes.profiling.autotuning.pruning import GIB, MemoryNeed, Rejection, gib, memory_need, plan_candidates
 from dsrecipes.profiling.autotuning.recipe import RecipeFacts, default_cap_bytes
 from dsrecipes.profiling.autotuning.results import (
     TrialRecord,
@@ -31,7 +35,7 @@ from dsrecipes.profiling.autotuning.results import (
     write_best_experiment,
     write_results,
 )
-from dsrecipes.profiling.autotuning.space import Candidate, Group, search_groups
+from dsrecipes.profiling.autotuning.space import Candidate, Group, TrialLayout, search_groups
 from dsrecipes.profiling.autotuning.tuners import make_tuner, run_tuning
 
 
@@ -71,10 +75,16 @@ def _say(message: str) -> None:
     make_console(highlight=False).print(f"[bold]autotune:[/bold] {message}")
 
 
+def _record(candidate: Candidate, status: str, need: MemoryNeed, layout: TrialLayout, note: str = "") -> TrialRecord:
+    """A row for a validated candidate: its estimate and the layout its job trains."""
+    return TrialRecord(candidate, status, layout.world_size, need.total, need.cap, note=note,
+                       accumulation=layout.accumulation, train_batch_size=layout.train_batch_size)
+
+
 def autotune(
     cfg: AutotuneConfig,
     facts: RecipeFacts,
-    validate: Callable[[Candidate], int],
+    validate: Callable[[Candidate], TrialLayout],
     run_trial: Callable[[Candidate], TrialRun],
     sweep_dir: Path,
     best_inputs: BestInputs,
@@ -92,7 +102,7 @@ def autotune(
     for group in groups:
         probe = Candidate(group.zero_stage, group.activation_checkpointing, group.offload, low)
         try:
-            worlds[group] = validate(probe)
+            worlds[group] = validate(probe).world_size
         except ValueError as error:
             invalid.append(Rejection(probe, None, f"invalid: {error}"))
     if not worlds:
@@ -104,13 +114,26 @@ def autotune(
     valid_groups = [g for g in groups if g in worlds]
     plan = plan_candidates(facts.memory, valid_groups, low, cfg.max_train_micro_batch_size_per_gpu,
                            cfg.num_tuning_micro_batch_sizes, worlds.__getitem__, cap_of, facts.checkpointing)
-    needs = {}
-    for candidate, need in plan.candidates:
+    needs: dict[Candidate, MemoryNeed] = {}
+    layouts: dict[Candidate, TrialLayout] = {}
+    for planned, need in plan.candidates:
         try:
-            validate(candidate)
-            needs[candidate] = need
+            layout = validate(planned)
+            if layout.micro_batch != planned.micro_batch:
+                raise ValueError(f"its job would train micro-batch {layout.micro_batch} per rank, not "
+                                 f"{planned.micro_batch} ({layout.describe()})")
         except ValueError as error:
-            invalid.append(Rejection(candidate, need, f"invalid: {error}"))
+            invalid.append(Rejection(planned, need, f"invalid: {error}"))
+            continue
+        candidate = layout.candidate  # as launched: the sweeper may have pinned its worker count
+        if layout.world_size != need.world_size:  # the estimate is for the ranks the trial starts
+            world = layout.world_size
+            need = memory_need(facts.memory, candidate, world, cap_of(world), facts.checkpointing)
+            if not need.fits:
+                plan.rejected.append(Rejection(candidate, need, f"rejected: needs {gib(need.total)} GiB > cap "
+                                                                f"{gib(need.cap)} GiB"))
+                continue
+        needs[candidate], layouts[candidate] = need, layout
     if not needs:
         first = invalid[-1]
         raise ValueError(f"no candidate that fits is a valid recipe: {first.candidate.label}: {first.reason}")
@@ -125,9 +148,10 @@ def autotune(
 
     def measure(candidate: Candidate) -> float | None:
         need = needs[candidate]
-        record = TrialRecord(candidate, "failed", need.world_size, need.total, need.cap)
+        record = _record(candidate, "failed", need, layouts[candidate])
         records[candidate] = record
-        say(f"trial {len(records)}: {candidate.label} ({' '.join(candidate.overrides())})")
+        say(f"trial {len(records)}: {candidate.label}: {layouts[candidate].describe()} "
+            f"({' '.join(candidate.overrides())})")
         ran = run_trial(candidate)
         record.job = ran.job
         if ran.error is not None or ran.job_dir is None:
@@ -150,8 +174,7 @@ def autotune(
     rows = []
     for candidate in candidates:
         need = needs[candidate]
-        rows.append(records.get(candidate) or TrialRecord(candidate, "not run", need.world_size, need.total, need.cap,
-                                                          note=outcome.stopped))
+        rows.append(records.get(candidate) or _record(candidate, "not run", need, layouts[candidate], outcome.stopped))
     for rejection in [*plan.rejected, *invalid]:
         need = rejection.need
         status, _, note = rejection.reason.partition(": ")

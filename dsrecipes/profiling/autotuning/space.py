@@ -3,6 +3,11 @@
 A Candidate is one point; its overrides are what a trial adds to the user's command line. Groups are the
 (stage, checkpointing, offload) combinations; each group gets its own micro-batch sizes, because how large
 a micro-batch fits depends on the group (dsrecipes.profiling.autotuning.pruning).
+
+A candidate's micro-batch is per rank, as the memory estimate counts it, and the global batch follows it
+(micro x the recipe's accumulation x the data-parallel ranks). A TrialLayout is what a candidate's job trains,
+read from its composed and checked config: the results show it, and the session refuses a candidate whose
+job would train another micro-batch than its label says.
 """
 
 from __future__ import annotations
@@ -30,7 +35,11 @@ class Candidate:
     zero_stage: int
     activation_checkpointing: str = ""  # "" = the recipe's own (not tuned) | none | full
     offload: str = "none"
-    micro_batch: int = 1
+    micro_batch: int = 1  # per rank (trainer.train_micro_batch_size_per_gpu)
+    # launcher.nproc_per_node the trial pins (None: the recipe's). Set where launcher.nproc_per_node=auto would
+    # split the recipe's global batch over the CPU workers it starts (dsrecipes.config.auto_workers), shrinking
+    # the micro-batch or the accumulation: pinned, each rank trains `micro_batch` with the recipe's accumulation.
+    workers: int | None = None
 
     @property
     def group(self) -> Group:
@@ -54,6 +63,8 @@ class Candidate:
             out.append(f"activation_checkpointing={self.activation_checkpointing}")
         if self.offload != "none":
             out.append(f"zero.offload_optimizer={self.offload}")
+        if self.workers is not None:
+            out.append(f"launcher.nproc_per_node={self.workers}")
         return out
 
     def settings(self) -> dict:
@@ -61,7 +72,25 @@ class Candidate:
         zero: dict = {"stage": self.zero_stage}
         if self.offload != "none":
             zero["offload_optimizer"] = self.offload
-        return {"zero": zero, "trainer": {"train_micro_batch_size_per_gpu": self.micro_batch, "train_batch_size": None}}
+        out = {"zero": zero, "trainer": {"train_micro_batch_size_per_gpu": self.micro_batch, "train_batch_size": None}}
+        if self.workers is not None:
+            out["launcher"] = {"nproc_per_node": str(self.workers)}
+        return out
+
+
+@dataclass(frozen=True)
+class TrialLayout:
+    """What a candidate's job trains, from its composed config as the job's own checks leave it."""
+
+    candidate: Candidate  # as launched (the sweeper may pin its worker count: Candidate.workers)
+    world_size: int  # ranks the trial starts
+    micro_batch: int  # per rank
+    accumulation: int  # gradient accumulation steps
+    train_batch_size: int  # the global batch: micro x accumulation x data-parallel ranks
+
+    def describe(self) -> str:
+        return (f"{self.world_size} rank(s), micro-batch {self.micro_batch} per rank x accumulation {self.accumulation}"
+                f" = global batch {self.train_batch_size}")
 
 
 def search_groups(stages: list[int], fast: bool, offload: bool) -> list[Group]:
