@@ -36,12 +36,17 @@ tensors count their real byte size. Latency: every logged op is made blocking as
 (an async op's Work is waited on, a CUDA device synchronised before and after), so it is the op's
 own time from call to completion; the returned Work is the original one, already complete.
 algbw / busbw: dsrecipes.distributed.comms_stats.
+
+Per process group: every op also counts into its group's traffic (`groups()`: the group's global ranks, and
+whether they share one node, ranks_per_node = LOCAL_WORLD_SIZE to a node, or cross nodes), so ZeRO++ hpZ's
+secondary all-gathers inside a node and the full-world collectives that cross nodes are told apart.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import os
 import sys
 import threading
 import time
@@ -56,7 +61,7 @@ import torch.distributed as dist
 from torch import nn
 
 from dsrecipes.distributed.comms_config import CommsLoggerConfig, profiled_ops
-from dsrecipes.distributed.comms_stats import OpSummary, bandwidth_gbps, convert_size, summarize
+from dsrecipes.distributed.comms_stats import GroupTraffic, OpSummary, bandwidth_gbps, convert_size, link_of, summarize
 from dsrecipes.utils.logging import get_logger
 
 
@@ -112,6 +117,14 @@ def _synchronize(device: torch.device | None) -> None:
         torch.cuda.synchronize(device)
 
 
+def _group_ranks(group: Any) -> tuple[int, ...]:
+    """The global ranks of a collective's group (None: the default group); (0,) without a process group."""
+    try:
+        return tuple(dist.get_process_group_ranks(group if group is not None else dist.group.WORLD))
+    except (RuntimeError, ValueError, AttributeError):  # not a member, or no process group (the op itself says so)
+        return (dist.get_rank() if dist.is_available() and dist.is_initialized() else 0,)
+
+
 def _group_size(group: Any) -> int:
     try:
         return dist.get_world_size(group)
@@ -136,6 +149,8 @@ class CommsLogger:
         self.steps: list[dict[str, float]] = []  # step_boundary()'s figures, one per step
         self.phase: str | None = None
         self.rank = 0
+        self.ranks_per_node = 1
+        self._groups: dict[tuple[int, ...], GroupTraffic] = {}
         self._step = {"bytes": 0, "seconds": 0.0, "ops": 0}
         self._originals: dict[str, Callable] = {}
         self._wrappers: dict[str, Callable] = {}
@@ -162,7 +177,10 @@ class CommsLogger:
             self._originals[name] = current
             self._wrappers[name] = self._wrap(name, current, spec)
             setattr(dist, name, self._wrappers[name])
-        self.rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        joined = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank() if joined else 0
+        world = dist.get_world_size() if joined else 1
+        self.ranks_per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
         return self
 
     def stop(self) -> None:
@@ -218,6 +236,12 @@ class CommsLogger:
             records = {key: list(values) for key, values in self.records.items()}
         return summarize(records)
 
+    def groups(self) -> list[GroupTraffic]:
+        """This rank's traffic per process group, the most bytes first."""
+        with self._lock:
+            groups = [GroupTraffic(g.ranks, g.link, g.ops, g.bytes) for g in self._groups.values()]
+        return sorted(groups, key=lambda g: (-g.bytes, g.ranks))
+
     def totals(self) -> dict[str, float]:
         """This rank's totals over the whole recording and the mean per step (over step_boundary() calls)."""
         rows = self.summary()
@@ -265,17 +289,24 @@ class CommsLogger:
             finally:
                 local.inside = False
             caller = sys._getframe(1).f_code.co_name if debug else None
-            self._record(spec.op, _nbytes(payload), latency, _group_size(bound.get("group")), caller)
+            group = bound.get("group")
+            self._record(spec.op, _nbytes(payload), latency, _group_size(group), caller, _group_ranks(group))
             return result
 
         logged._dsrecipes_comms_logger = self  # type: ignore[attr-defined]
         return logged
 
-    def _record(self, op: str, size: int, latency: float, group_size: int, caller: str | None) -> None:
+    def _record(self, op: str, size: int, latency: float, group_size: int, caller: str | None,
+                ranks: tuple[int, ...] = (0,)) -> None:
         name = f"{op} | [Caller Func: {caller}]" if caller else op
         phase = self.phase
         with self._lock:
             self.records[(name, op, size, group_size)].append(latency)
+            traffic = self._groups.get(ranks)
+            if traffic is None:
+                traffic = self._groups[ranks] = GroupTraffic(ranks, link_of(ranks, self.ranks_per_node))
+            traffic.ops += 1
+            traffic.bytes += size
             self.bytes_by_phase[phase or "other"] += size
             if self.step_phases is None or phase in self.step_phases:
                 self._step["bytes"] += size

@@ -114,6 +114,60 @@ def totals_by_op(rows: Iterable[OpSummary]) -> dict[str, dict[str, float]]:
     return totals
 
 
+INTRA_NODE, INTER_NODE = "intra-node", "inter-node"
+
+
+def link_of(ranks: Sequence[int], ranks_per_node: int) -> str:
+    """Whether a process group's collectives stay inside one node or cross nodes (ranks are numbered node by
+    node, ranks_per_node to a node, as torchrun and the elastic agent number them)."""
+    return INTRA_NODE if len({rank // max(ranks_per_node, 1) for rank in ranks}) <= 1 else INTER_NODE
+
+
+@dataclass
+class GroupTraffic:
+    """This rank's collectives in one process group: the group's global ranks, where its traffic runs, the ops
+    and the bytes this rank put in (a message as in OpSummary)."""
+
+    ranks: tuple[int, ...]
+    link: str
+    ops: int = 0
+    bytes: int = 0
+
+    def as_dict(self) -> dict:
+        return {"ranks": list(self.ranks), "link": self.link, "ops": self.ops, "bytes": self.bytes}
+
+
+def bytes_by_link(groups: Iterable[GroupTraffic]) -> dict[str, int]:
+    """{"intra-node": bytes, "inter-node": bytes} over every group: what hpZ and hierarchical collectives move off
+    the slower links shows up as inter-node bytes going down."""
+    totals = {INTRA_NODE: 0, INTER_NODE: 0}
+    for group in groups:
+        totals[group.link] += group.bytes
+    return totals
+
+
+def group_table(groups: Sequence[GroupTraffic], title: str):
+    """A rich Table, one row per process group: its ranks, intra- or inter-node, ops, bytes and share of the bytes."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    for column in ("process group (ranks)", "link", "ops", "bytes", "share"):
+        table.add_column(column, justify="left" if column in ("process group (ranks)", "link") else "right")
+    total = max(sum(g.bytes for g in groups), 1)
+    for group in groups:
+        table.add_row(_ranks_text(group.ranks), group.link, str(group.ops), convert_size(group.bytes),
+                      f"{100 * group.bytes / total:.1f}%")
+    return table
+
+
+def _ranks_text(ranks: Sequence[int]) -> str:
+    """0-3 for a contiguous run, else the list."""
+    ranks = list(ranks)
+    if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"{ranks[0]}-{ranks[-1]}"
+    return ",".join(str(r) for r in ranks)
+
+
 CSV_COLUMNS = ("name", "op", "msg_size_bytes", "group_size", "count", "total_bytes", "total_latency_s",
                "mean_latency_s", "algbw_gbps", "busbw_gbps")
 

@@ -10,7 +10,8 @@ forward, backward, grad_reduce and optimizer phases) and comm/time_per_step (the
 every metrics sink; the loss all-reduce of a logged step, evaluation and checkpoints are outside those
 phases (they are in the summary). At the end rank 0 prints a table per op and message size (count, total
 bytes, mean latency, algbw, busbw) and writes <run dir>/comms.json and comms.csv: rank 0's figures, with
-its mean bytes_per_step on top and world_total_bytes, every rank's bytes summed.
+its mean bytes_per_step on top and world_total_bytes, every rank's bytes summed; and a table per process group
+(its ranks, intra- or inter-node, ops, bytes), also in comms.json (groups, bytes_by_link).
 """
 
 from __future__ import annotations
@@ -19,7 +20,14 @@ from contextlib import AbstractContextManager
 
 from dsrecipes.distributed.comms_config import CommsLoggerConfig
 from dsrecipes.distributed.comms_logger import CommsLogger
-from dsrecipes.distributed.comms_stats import convert_size, summary_table, totals_by_op, write_comms_files
+from dsrecipes.distributed.comms_stats import (
+    bytes_by_link,
+    convert_size,
+    group_table,
+    summary_table,
+    totals_by_op,
+    write_comms_files,
+)
 from dsrecipes.profiling.phases import TRAINING_PHASES
 from dsrecipes.training.extensions import Callback, RunContext
 from dsrecipes.utils.console import make_console, print_table
@@ -58,13 +66,15 @@ class CommsLoggerCallback(Callback):
             return
         self.close()
         world_bytes = recorder.world_bytes(context.device)  # every rank gets here: one small all-reduce
-        rows, totals = recorder.summary(), recorder.totals()
+        rows, totals, groups = recorder.summary(), recorder.totals(), recorder.groups()
         self.result = {
             "rank": recorder.rank, "bytes_per_step": totals["bytes_per_step"],
             "time_per_step_s": totals["time_per_step_s"], "ops_per_step": totals["ops_per_step"],
             "steps": totals["steps"], "total_ops": totals["ops"], "total_bytes": totals["bytes"],
             "total_latency_s": totals["latency_s"], "world_total_bytes": world_bytes,
             "bytes_by_phase": dict(recorder.bytes_by_phase), "by_op": totals_by_op(rows),
+            "ranks_per_node": recorder.ranks_per_node, "bytes_by_link": bytes_by_link(groups),
+            "groups": [group.as_dict() for group in groups],
             "prof_all": self.cfg.prof_all, "prof_ops": list(self.cfg.prof_ops),
         }
         summary["comms"] = {"bytes_per_step": totals["bytes_per_step"], "time_per_step_s": totals["time_per_step_s"]}
@@ -72,7 +82,10 @@ class CommsLoggerCallback(Callback):
             return
         title = (f"collectives of rank 0 over {totals['steps']} steps: {convert_size(totals['bytes_per_step'])} "
                  f"and {totals['time_per_step_s'] * 1e3:.2f} ms per step")
-        print_table(make_console(), summary_table(rows, title))
+        console = make_console()
+        print_table(console, summary_table(rows, title))
+        print_table(console, group_table(groups, f"collectives of rank 0 per process group ({recorder.ranks_per_node} "
+                                                 "ranks per node)"))
         json_path, csv_path = write_comms_files(context.run_dir, self.result, rows)
         get_logger().info("comms_logger: %s, %s", json_path, csv_path)
 

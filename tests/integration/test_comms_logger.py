@@ -60,7 +60,21 @@ def _ddp_and_fsdp2_steps(rank: int, world: int) -> None:
     assert by_op["reduce_scatter_tensor"].total_bytes == param_bytes  # the whole gradient in
     assert step["bytes"] == param_bytes + param_bytes // world
     assert all(r.group_size == world and r.count == 1 and r.total_latency_s > 0 for r in by_op.values())
+    assert [(g.ranks, g.link, g.ops) for g in comms.groups()] == [(tuple(range(world)), "intra-node", 2)]
     assert _unwrapped()
+
+    # one rank per node (LOCAL_WORLD_SIZE=1, as two single-rank nodes): the world's all-reduce crosses nodes, each
+    # rank's own group stays inside its node
+    import os
+
+    own = [dist.new_group([r]) for r in range(world)][rank]
+    os.environ["LOCAL_WORLD_SIZE"] = "1"
+    with CommsLogger() as comms:
+        dist.all_reduce(torch.ones(4))
+        dist.all_reduce(torch.ones(2), group=own)
+    assert [(g.ranks, g.link, g.bytes) for g in comms.groups()] == [(tuple(range(world)), "inter-node", 16),
+                                                                   ((rank,), "intra-node", 8)]
+    os.environ["LOCAL_WORLD_SIZE"] = str(world)
 
 
 @pytest.mark.slow
@@ -89,6 +103,9 @@ def _recipe_at_world_2(rank: int, world: int, run_dir: str, overrides: list[str]
         assert logged == [params] * 3 and comms["bytes_per_step"] == params == summary["comms"]["bytes_per_step"]
         assert comms["world_total_bytes"] >= 2 * comms["total_bytes"] - 64  # ranks differ only by logging
         assert comms["by_op"]["all_reduce"]["bytes"] == comms["total_bytes"]
+        assert comms["groups"] == [{"ranks": [0, 1], "link": "intra-node", "ops": comms["total_ops"],
+                                    "bytes": comms["total_bytes"]}]
+        assert comms["bytes_by_link"] == {"intra-node": comms["total_bytes"], "inter-node": 0}
         rows = list(csv.DictReader(open(trainer.run_dir / "comms.csv")))
         assert sum(int(r["total_bytes"]) for r in rows) == comms["total_bytes"] and rows[0]["op"] == "all_reduce"
 

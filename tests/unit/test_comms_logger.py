@@ -12,7 +12,15 @@ from dsrecipes.config.ds_import import translate
 from dsrecipes.config.store import compose
 from dsrecipes.distributed.comms_config import CommsLoggerConfig
 from dsrecipes.distributed.comms_logger import OP_TABLE, CommsLogger
-from dsrecipes.distributed.comms_stats import bandwidth_gbps, convert_size, summarize, trim_mean
+from dsrecipes.distributed.comms_stats import (
+    bandwidth_gbps,
+    bytes_by_link,
+    convert_size,
+    group_table,
+    link_of,
+    summarize,
+    trim_mean,
+)
 from dsrecipes.training.recipe_extensions import build_extensions
 
 ORIGINALS = {name: getattr(dist, name) for name in OP_TABLE if hasattr(dist, name)}
@@ -44,6 +52,28 @@ def test_sizes_are_printed_in_binary_units_labelled_as_such(size, text):
     """The logger divides by powers of 1024, so its labels are KiB / MiB / GiB (DeepSpeed's say KB / MB / GB for the
     same numbers): 5,104,612 bytes print as 4.87 MiB, not "4.87 MB" (which would be 4,870,000 bytes)."""
     assert convert_size(size) == text
+
+
+def test_traffic_is_counted_per_process_group_and_told_intra_from_inter_node():
+    """Two nodes of two ranks (ranks_per_node 2): an hpZ-style all-gather inside ranks 0,1 is intra-node, the
+    world's all-gather and reduce-scatter cross nodes; comms.json's bytes_by_link adds them up per link."""
+    assert (link_of((0, 1), 2), link_of((2, 3), 2), link_of((0, 1, 2, 3), 2), link_of((0, 2), 2)) == (
+        "intra-node", "intra-node", "inter-node", "inter-node")
+    assert link_of((0, 1, 2, 3), 4) == "intra-node"  # one node of four: nothing crosses nodes
+    recorder = CommsLogger(CommsLoggerConfig(enabled=True))
+    recorder.ranks_per_node = 2
+    recorder._record("all_gather_into_tensor", 1000, 1e-3, 4, None, (0, 1, 2, 3))
+    recorder._record("reduce_scatter_tensor", 4000, 1e-3, 4, None, (0, 1, 2, 3))
+    for _ in range(3):
+        recorder._record("all_gather_into_tensor", 500, 1e-3, 2, None, (0, 1))
+    groups = recorder.groups()
+    assert [(g.ranks, g.link, g.ops, g.bytes) for g in groups] == [((0, 1, 2, 3), "inter-node", 2, 5000),
+                                                                   ((0, 1), "intra-node", 3, 1500)]
+    assert bytes_by_link(groups) == {"intra-node": 1500, "inter-node": 5000}
+    assert groups[0].as_dict() == {"ranks": [0, 1, 2, 3], "link": "inter-node", "ops": 2, "bytes": 5000}
+    table = group_table(groups, "per group")
+    assert [cell for cell in table.columns[0].cells] == ["0-3", "0,1"]
+    assert list(table.columns[3].cells) == ["4.88 KiB", "1.46 KiB"]
 
 
 def test_summary_rows_per_op_and_size():
