@@ -240,8 +240,8 @@ class LionConfig(OptimizerConfig):
 
 @dataclass
 class OneBitAdamConfig(OptimizerConfig):
-    """optimizer=onebitadam: DeepSpeed's OnebitAdam (dsrecipes.training.onebit_adam): Adam for freeze_step
-    updates, then the variance frozen and the momentum averaged by a 1-bit compressed all-reduce
+    """optimizer=onebitadam: DeepSpeed's OnebitAdam (DeepSpeed <= 0.19.6; dsrecipes.training.onebit_adam): Adam
+    for freeze_step updates, then the variance frozen and the momentum averaged by a 1-bit compressed all-reduce
     (the `onebit` data-parallel strategy). bias_correction false is DeepSpeed's update (its flag is unused)."""
 
     name: str = "onebitadam"
@@ -255,9 +255,9 @@ class OneBitAdamConfig(OptimizerConfig):
 
 @dataclass
 class ZeroOneAdamConfig(OptimizerConfig):
-    """optimizer=zerooneadam: DeepSpeed's ZeroOneAdam (dsrecipes.training.zero_one_adam): variance updated at
-    exponentially spaced steps until var_freeze_step, 1-bit compressed gradients in between, then local
-    steps with 1-bit momentum syncs at intervals growing up to local_step_clipper."""
+    """optimizer=zerooneadam: DeepSpeed's ZeroOneAdam (DeepSpeed <= 0.19.6; dsrecipes.training.zero_one_adam):
+    variance updated at exponentially spaced steps until var_freeze_step, 1-bit compressed gradients in between,
+    then local steps with 1-bit momentum syncs at intervals growing up to local_step_clipper."""
 
     name: str = "zerooneadam"
     _target_: str = "dsrecipes.training.zero_one_adam.ZeroOneAdam"
@@ -273,9 +273,9 @@ class ZeroOneAdamConfig(OptimizerConfig):
 
 @dataclass
 class OneBitLambConfig(OptimizerConfig):
-    """optimizer=onebitlamb: DeepSpeed's OnebitLamb (dsrecipes.training.onebit_lamb): LAMB for freeze_step
-    updates, then frozen (averaged) trust coefficients scaled by a bounded factor and the momentum averaged
-    by a 1-bit compressed all-reduce."""
+    """optimizer=onebitlamb: DeepSpeed's OnebitLamb (DeepSpeed <= 0.19.6; dsrecipes.training.onebit_lamb): LAMB
+    for freeze_step updates, then frozen (averaged) trust coefficients scaled by a bounded factor and the
+    momentum averaged by a 1-bit compressed all-reduce."""
 
     name: str = "onebitlamb"
     _target_: str = "dsrecipes.training.onebit_lamb.OneBitLamb"
@@ -290,6 +290,7 @@ class OneBitLambConfig(OptimizerConfig):
     factor_min: float = 0.5
     factor_threshold: float = 0.1
     bias_correction: bool = False
+    refresh_scaling: bool = True  # recompute the momentum scaling coefficients every compressed step (False: DeepSpeed's)
 
 
 @dataclass

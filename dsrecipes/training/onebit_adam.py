@@ -1,6 +1,11 @@
 """1-bit Adam (DeepSpeed's OnebitAdam, arXiv 2102.02888): Adam whose momentum is averaged with 1-bit
 error-compensated communication once the variance has stabilised.
 
+The algorithm of DeepSpeed <= 0.19.6 (deepspeed/runtime/fp16/onebit/adam.py with the compressed
+all-reduce of deepspeed/runtime/comm/nccl.py); DeepSpeed 0.19.7 removed its 1-bit optimizers (PR #8490),
+and 0.19.7+ refuses a config with "type": "OneBitAdam". Tested against a numpy re-statement of 0.19.6's
+step(), step by step at two simulated ranks past the freeze (tests/unit/test_onebit_algorithms.py).
+
     optimizer=onebitadam optimizer.freeze_step=100 launcher.nproc_per_node=2    # the recipe option
 
 Per parameter p, at step t (1-based), lr, betas (b1, b2), eps, weight decay wd:

@@ -1,6 +1,12 @@
 """0/1 Adam (DeepSpeed's ZeroOneAdam, arXiv 2202.06009): adaptive variance freezing and 1-bit
 synchronisation with local steps.
 
+The algorithm of DeepSpeed <= 0.19.6 (deepspeed/runtime/fp16/onebit/zoadam.py with the compressed
+all-reduce of deepspeed/runtime/comm/nccl.py); DeepSpeed 0.19.7 removed its 1-bit optimizers (PR #8490),
+and 0.19.7+ refuses a config with "type": "ZeroOneAdam". Tested against a numpy re-statement of 0.19.6's
+step(), step by step at two simulated ranks through the variance stage, local steps and syncs
+(tests/unit/test_onebit_algorithms.py).
+
     optimizer=zerooneadam optimizer.var_freeze_step=100 launcher.nproc_per_node=2    # the recipe option
 
 Per parameter p at step t (1-based); lr, betas (b1, b2), eps, wd as in Adam (weight decay decoupled):
@@ -27,7 +33,10 @@ c1 = 1 - b1^t and c2 = sqrt(1 - b2^k) (k: variance updates so far) with bias_cor
 (DeepSpeed's update, the default). Step t's kind is `schedule_kind(t)`: "full" / "onebit" / "local" / "sync".
 
 Differences from DeepSpeed, deliberate: its first step() only allocates buffers (its counters run
-one ahead, see dsrecipes.training.onebit_base); on checkpoint reload DeepSpeed resets the whole
+one ahead, see dsrecipes.training.onebit_base: its var_freeze_step V freezes where V - 1 does here, and its
+interval tests see update t as t + 1, so within the doubling intervals its variance updates and syncs fall
+one update earlier, e.g. variance updates at updates 1, 2, 3, 5, 7 against 1, 2, 4, 6, 8 here with
+var_update_scaler=2); on checkpoint reload DeepSpeed resets the whole
 schedule (intervals, counters, the momentum accumulator) with the errors, while here the schedule
 and accumulator are saved and restored and only the compression errors
 reset; the accumulator is kept as the parameters at the last sync.

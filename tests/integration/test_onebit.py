@@ -205,36 +205,72 @@ def test_world_2_strategy_warmup_compression_and_reload(tmp_path):
 # ---------------------------------------------------------------------------------------------------
 
 
+# each compressed run and its uncompressed twin: the same optimizer, every step uncompressed (the freeze past the
+# end). onebitadam and zerooneadam share theirs: their recipe hyperparameters are the same (checked below) and,
+# uncompressed, both are DeepSpeed's Adam update on the averaged gradient, bit for bit.
+FREEZE, STEPS = 10, 40
+RUNS = {
+    "adam_twin": ["optimizer=onebitadam", "optimizer.freeze_step=100000"],
+    "onebitadam": ["optimizer=onebitadam", f"optimizer.freeze_step={FREEZE}"],
+    "zerooneadam": ["optimizer=zerooneadam", f"optimizer.var_freeze_step={FREEZE}"],
+    "lamb_twin": ["optimizer=onebitlamb", "optimizer.freeze_step=100000"],
+    "onebitlamb": ["optimizer=onebitlamb", f"optimizer.freeze_step={FREEZE}"],
+}
+TWIN = {"onebitadam": "adam_twin", "zerooneadam": "adam_twin", "onebitlamb": "lamb_twin"}
+
+
 def _recipe_runs(rank: int, world: int, overrides: list[str], folder: str, results: str) -> None:
+    import warnings
+
     from dsrecipes.config import validate_recipe
     from dsrecipes.config.store import compose
     from dsrecipes.training.trainer import Trainer
 
     summaries = {}
-    for name, extra in (("adamw", ["optimizer=adamw"]),
-                        ("onebitadam", ["optimizer=onebitadam", "optimizer.freeze_step=5"])):
-        root, batch = validate_recipe(compose(overrides + extra), dp_world_size=world)
+    for name, extra in RUNS.items():
+        with warnings.catch_warnings():  # the twins' "freeze_step is not before max_steps: never compresses"
+            warnings.simplefilter("ignore", UserWarning)
+            root, batch = validate_recipe(compose(overrides + extra), dp_world_size=world)
         trainer = Trainer(root, f"{folder}/{name}", batch, overrides=overrides + extra)
         summaries[name] = trainer.fit()
         summaries[name]["strategy"] = trainer.engine.strategy.name
         summaries[name]["sync_off"] = trainer.engine.module.require_backward_grad_sync is False
+        summaries[name]["compressed"] = bool(trainer.engine.optimizer.compression_errors)
     if rank == 0:
         torch.save(summaries, results)
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(200)
-def test_gpt_debug_onebitadam_tracks_adamw_at_world_2(tmp_path, fast_overrides):
-    """model=gpt_debug, 20 steps at world 2, freeze after 5: the validation loss falls and ends no more
-    than 5% above adamw's."""
-    overrides = [o for o in fast_overrides if not o.startswith("trainer.train_micro_batch_size_per_gpu")]
-    overrides += ["trainer.train_micro_batch_size_per_gpu=4", "trainer.sample_tokens=0", "trainer.device=cpu"]
+@pytest.mark.timeout(600)
+def test_gpt_debug_onebit_optimizers_track_their_uncompressed_twins_at_world_2(tmp_path, fast_overrides):
+    """model=gpt_debug at world 2, 40 steps, compression from step 11 (issue 39): 1-bit Adam, 0/1 Adam and 1-bit
+    LAMB each end with a validation loss within 5% of their uncompressed twin's, and learn after the freeze.
+    Measured (val loss, twin): onebitadam 3.024 and zerooneadam 3.057 (adam twin 2.951), onebitlamb 3.146 (twin
+    3.094); onebitlamb with DeepSpeed's scaling coefficients, fixed at the first compressed step, 3.730 (+21%;
+    +15 to +21% over four seeds, the refreshed ones +1 to +3%): see dsrecipes.training.onebit_lamb, "Scaling
+    coefficients". Five runs of ~10-35 s each on two CPU cores."""
+    from dsrecipes.config.store import compose
+
+    adam_keys = ("lr", "betas", "eps", "weight_decay", "bias_correction")
+    onebitadam, zerooneadam = (compose(["model=gpt_debug", f"optimizer={n}"]).optimizer
+                               for n in ("onebitadam", "zerooneadam"))
+    assert {k: onebitadam[k] for k in adam_keys} == {k: zerooneadam[k] for k in adam_keys}  # one twin for both
+
+    # gpt_debug's own 128-token blocks, 16 per rank (the issue's run, on fast_overrides' 300 kB of the corpus): with
+    # 64-token blocks of 4, DeepSpeed's stale coefficients did no visible harm (measured: 3.730, its twin 3.741)
+    overrides = [o for o in fast_overrides if not o.startswith(("trainer.train_micro_batch_size_per_gpu",
+                                                                "model.max_seq_len", "trainer.max_steps",
+                                                                "trainer.eval_interval", "lr_scheduler"))]
+    overrides += ["model.max_seq_len=128", "trainer.train_micro_batch_size_per_gpu=16", "trainer.sample_tokens=0",
+                  "trainer.device=cpu", f"trainer.max_steps={STEPS}", f"trainer.eval_interval={STEPS}",
+                  "lr_scheduler=constant"]
     results = tmp_path / "summaries.pt"
-    run_distributed(_recipe_runs, 2, overrides, str(tmp_path), str(results), timeout_s=190)
+    run_distributed(_recipe_runs, 2, overrides, str(tmp_path), str(results), timeout_s=580)
     summaries = torch.load(results)
-    adamw, onebit = summaries["adamw"], summaries["onebitadam"]
-    assert onebit["strategy"] == "onebit" and adamw["strategy"] == "ddp" and onebit["sync_off"]
-    a, b = adamw["metrics"], onebit["metrics"]
-    assert b["val/loss"] < 0.85 * b["train/first_loss"]  # it learns after the freeze too
-    # measured: adamw 4.217, onebitadam 3.858 (DeepSpeed's update has no bias correction: larger early steps)
-    assert b["val/loss"] < 1.05 * a["val/loss"]
+    val = {name: s["metrics"]["val/loss"] for name, s in summaries.items()}
+    for name, twin in TWIN.items():
+        run, reference = summaries[name], summaries[twin]
+        assert run["strategy"] == reference["strategy"] == "onebit", name
+        assert run["sync_off"] and run["compressed"] and not reference["compressed"], name  # only one compresses
+        assert run["metrics"]["val/loss"] < 0.85 * run["metrics"]["train/first_loss"], name  # it learns
+        assert val[name] < 1.05 * val[twin], f"{name} {val[name]:.3f} against its uncompressed twin {val[twin]:.3f}"

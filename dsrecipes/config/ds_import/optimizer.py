@@ -3,7 +3,8 @@
 optimizer.type is read as DeepSpeed reads it: its own names case-insensitively (Adam, AdamW, Lamb,
 Lion, Adagrad -> optimizer=adam / adamw / lamb / lion / adagrad), any other name as a torch.optim
 class, case-sensitively (SGD, RMSprop -> sgd / rmsprop, anything else -> optimizer=custom with
-_target_=torch.optim.<type>). The communication-compressed OneBitAdam, ZeroOneAdam and OneBitLamb map to
+_target_=torch.optim.<type>). The communication-compressed OneBitAdam, ZeroOneAdam and OneBitLamb (DeepSpeed
+<= 0.19.6; 0.19.7 removed them, and the report says DeepSpeed 0.19.7+ refuses such a config) map to
 optimizer=onebitadam / zerooneadam / onebitlamb with their params (comm_backend_name and cuda_aware
 have no effect: dsrecipes compresses over torch.distributed; bias_correction neither: DeepSpeed's
 1-bit optimizers never apply it, so optimizer.bias_correction stays false, their update). muP
@@ -101,9 +102,10 @@ ONEBIT_LAMB_TABLE: dict[str, Rule] = {
         ("freeze_step", 100000), ("max_coeff", 10.0), ("min_coeff", 0.01), ("coeff_beta", 0.9), ("factor_max", 4.0),
         ("factor_min", 0.5), ("factor_threshold", 0.1))},
 }
-ONEBIT_TABLES = {"onebitadam": (ONEBIT_ADAM_TABLE, "DeepSpeed's OnebitAdam"),
-                 "zerooneadam": (ZERO_ONE_ADAM_TABLE, "DeepSpeed's ZeroOneAdam"),
-                 "onebitlamb": (ONEBIT_LAMB_TABLE, "DeepSpeed's OnebitLamb")}
+_ONEBIT_REMOVED = "DeepSpeed <= 0.19.6; removed in 0.19.7, so DeepSpeed 0.19.7+ refuses this config"
+ONEBIT_TABLES = {"onebitadam": (ONEBIT_ADAM_TABLE, f"DeepSpeed's OnebitAdam of {_ONEBIT_REMOVED}"),
+                 "zerooneadam": (ZERO_ONE_ADAM_TABLE, f"DeepSpeed's ZeroOneAdam of {_ONEBIT_REMOVED}"),
+                 "onebitlamb": (ONEBIT_LAMB_TABLE, f"DeepSpeed's OnebitLamb of {_ONEBIT_REMOVED}")}
 _TORCH_EXTRAS: dict[str, Rule] = {
     "maximize": RefuseUnless("maximizing is not supported by dsrecipes' optimizer options"),
     "foreach": _KERNELS, "fused": _KERNELS, "capturable": _KERNELS,
