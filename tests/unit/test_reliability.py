@@ -90,19 +90,25 @@ def test_a_damaged_file_is_named_and_nothing_loads(tmp_path, change):
     assert all(torch.equal(before[k], v) for k, v in engine.module.state_dict().items())
 
 
+def _resume_auto_logging_warnings(run, caplog):
+    """find_resume_checkpoint("auto") of run, its "dsrecipes" warnings captured by caplog (a Trainer run earlier in
+    this process stops that logger's propagation, so caplog's handler is attached to it directly)."""
+    logger = logging.getLogger("dsrecipes")
+    logger.addHandler(caplog.handler)
+    try:
+        with caplog.at_level("WARNING", logger="dsrecipes"):
+            return find_resume_checkpoint("auto", run, "checkpoints", "gpt")
+    finally:
+        logger.removeHandler(caplog.handler)
+
+
 def test_resume_auto_passes_over_a_damaged_checkpoint_for_the_one_before(tmp_path, caplog):
     run = tmp_path / "outputs" / "2026-12-01" / "10-00-00_gpt"
     engine = small_engine()
     saved_steps(engine, run / "checkpoints", 2)
     model_file = next((run / "checkpoints" / "step_2" / "dcp").glob("*.distcp"))
     model_file.write_bytes(bytes(model_file.stat().st_size))  # same size, zeros
-    logger = logging.getLogger("dsrecipes")  # a Trainer run earlier in this process stops its propagation
-    logger.addHandler(caplog.handler)
-    try:
-        with caplog.at_level("WARNING", logger="dsrecipes"):
-            found = find_resume_checkpoint("auto", run, "checkpoints", "gpt")
-    finally:
-        logger.removeHandler(caplog.handler)
+    found = _resume_auto_logging_warnings(run, caplog)
     assert found == run / "checkpoints" / "step_1"
     assert "skipping step_2" in caplog.text and "does not match its checksum" in caplog.text
     with pytest.raises(ValueError, match="step_2 failed verification"):
@@ -119,13 +125,7 @@ def test_resume_auto_says_why_it_passes_over_an_unmarked_checkpoint_and_clears_a
     killed = run / "checkpoints" / ".tmp_step_3"
     killed.mkdir()
     (killed / "model.pt").write_bytes(b"half")
-    logger = logging.getLogger("dsrecipes")
-    logger.addHandler(caplog.handler)
-    try:
-        with caplog.at_level("WARNING", logger="dsrecipes"):
-            found = find_resume_checkpoint("auto", run, "checkpoints", "gpt")
-    finally:
-        logger.removeHandler(caplog.handler)
+    found = _resume_auto_logging_warnings(run, caplog)
     assert found == run / "checkpoints" / "step_1"
     assert "skipping step_2: its engine.pt is missing" in caplog.text
     assert "removed .tmp_step_3" in caplog.text and not killed.exists()
