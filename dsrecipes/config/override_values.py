@@ -5,10 +5,18 @@ as true, so `logger.jsonl=2` composes as if the user had written `logger.jsonl=t
 only the converted value, so the Preflight callback (dsrecipes.config.preflight) asks the overrides themselves:
 a boolean key set to anything but true / false (or null where the key may be null) is refused, naming the key,
 the value and the valid choices.
+
+Hydra's `+` (and `++`) adds a key even where a group's schema has none, so `+trainer.max_stepz=30` trains with
+trainer.max_steps untouched and no word, and `+zero.overlap_comm=true` sets a key nothing reads. A `+` that adds
+a key the schema of its node lacks is refused, naming the node's keys (the closest first). Nodes that take any
+key (optimizer=custom, lr_scheduler=custom: not in struct mode) and root-level adds (`+experiment=...`, a group)
+are left to Hydra.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 from collections.abc import Iterable
 
 from omegaconf import DictConfig, OmegaConf
@@ -26,6 +34,8 @@ def check_override_values(overrides: Iterable[str], cfg: DictConfig) -> None:
         if override.type == OverrideType.DEL or override.is_sweep_override() or override.package is not None:
             continue
         key = override.key_or_group
+        if override.type in (OverrideType.ADD, OverrideType.FORCE_ADD):
+            _check_added_key(key, override, cfg)
         if not isinstance(OmegaConf.select(cfg, key, throw_on_missing=False, default=None), bool):
             continue
         value = override.value()
@@ -33,6 +43,26 @@ def check_override_values(overrides: Iterable[str], cfg: DictConfig) -> None:
             continue
         raise ValueError(f"{key}={override.get_value_element_as_str()} is not valid: {key} is a boolean; "
                          f"choose one of: true, false")
+
+
+def _check_added_key(key: str, override, cfg: DictConfig) -> None:
+    """ValueError when `+key=value` adds a key that the schema (a dataclass) of its struct-mode node does not have."""
+    parent_key, _, leaf = key.rpartition(".")
+    if not parent_key or parent_key.split(".")[0] == "hydra":
+        return
+    parent = OmegaConf.select(cfg, parent_key, throw_on_missing=False, default=None)
+    if not isinstance(parent, DictConfig) or not parent._get_flag("struct"):
+        return
+    schema = parent._metadata.object_type
+    if not dataclasses.is_dataclass(schema):
+        return
+    names = [field.name for field in dataclasses.fields(schema) if not field.name.startswith("_")]
+    if leaf in names:
+        return
+    closest = difflib.get_close_matches(leaf, names, n=3, cutoff=0.6)
+    hint = f"did you mean {', '.join(f'{parent_key}.{name}' for name in closest)}? " if closest else ""
+    raise ValueError(f"{override.input_line} is not valid: {parent_key} has no key {leaf!r} (`+` adds a key that "
+                     f"nothing reads); {hint}{parent_key}'s keys: {', '.join(sorted(names))}")
 
 
 def job_overrides(config: DictConfig) -> list[str]:

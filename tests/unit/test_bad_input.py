@@ -276,6 +276,31 @@ def test_a_boolean_key_takes_only_true_or_false(value, capsys):
                                        "boolean; choose one of: true, false\n")
 
 
+@pytest.mark.parametrize("override, message", [
+    ("+trainer.max_stepz=30", "+trainer.max_stepz=30 is not valid: trainer has no key 'max_stepz' (`+` adds a key "
+                              "that nothing reads); did you mean trainer.max_steps? trainer's keys: "),
+    ("+zero.overlap_comm=true", "+zero.overlap_comm=true is not valid: zero has no key 'overlap_comm'"),
+    ("++model.n_layr=3", "++model.n_layr=3 is not valid: model has no key 'n_layr'"),
+])
+def test_a_plus_that_adds_a_key_the_schema_lacks_is_refused_in_one_line(override, message, capsys):
+    """Hydra's + adds a key even where the group's schema has none (the typo would train with the real key
+    untouched); the Preflight refuses it, naming the node's keys."""
+    cfg = compose([override], return_hydra_config=True)
+    with pytest.raises(SystemExit) as exit_:
+        Preflight().on_run_start(config=cfg)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"dsrecipes: error: {message}") and err.count("\n") == 1
+
+
+def test_a_plus_where_the_node_takes_any_key_or_on_a_group_passes():
+    from dsrecipes.config.override_values import check_override_values
+
+    for overrides in (["optimizer=custom", "optimizer._target_=torch.optim.RMSprop", "+optimizer.centered=true"],
+                      ["+experiment=gpt_zero3"], ["++trainer.max_steps=3"]):
+        check_override_values(overrides, compose(overrides))
+
+
 def test_boolean_overrides_spelled_as_booleans_pass():
     from dsrecipes.config.override_values import check_override_values
 
