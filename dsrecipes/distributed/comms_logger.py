@@ -118,18 +118,12 @@ def _synchronize(device: torch.device | None) -> None:
 
 
 def _group_ranks(group: Any) -> tuple[int, ...]:
-    """The global ranks of a collective's group (None: the default group); (0,) without a process group."""
+    """The global ranks of a collective's group (None: the default group), its size their count; this rank alone
+    where it is not a member or there is no process group (the op itself says so)."""
     try:
         return tuple(dist.get_process_group_ranks(group if group is not None else dist.group.WORLD))
-    except (RuntimeError, ValueError, AttributeError):  # not a member, or no process group (the op itself says so)
+    except (RuntimeError, ValueError, AttributeError):
         return (dist.get_rank() if dist.is_available() and dist.is_initialized() else 0,)
-
-
-def _group_size(group: Any) -> int:
-    try:
-        return dist.get_world_size(group)
-    except (RuntimeError, ValueError):  # not a member, or no process group (the op itself will say so)
-        return 1
 
 
 class CommsLogger:
@@ -289,8 +283,8 @@ class CommsLogger:
             finally:
                 local.inside = False
             caller = sys._getframe(1).f_code.co_name if debug else None
-            group = bound.get("group")
-            self._record(spec.op, _nbytes(payload), latency, _group_size(group), caller, _group_ranks(group))
+            ranks = _group_ranks(bound.get("group"))
+            self._record(spec.op, _nbytes(payload), latency, len(ranks), caller, ranks)
             return result
 
         logged._dsrecipes_comms_logger = self  # type: ignore[attr-defined]

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from dsrecipes.profiling.flop_formulas import flop_counter, warm_up_flop_counter
+from dsrecipes.utils.dtensors import local
 
 
 @dataclass
@@ -49,13 +50,6 @@ class ModuleRow:
 
     def as_dict(self) -> dict:
         return asdict(self)
-
-
-def held_numel(parameter: torch.Tensor) -> int:
-    """Elements of a parameter this rank holds: a DTensor's local shard (ZeRO-3 / FSDP2, tensor parallelism), else
-    the whole tensor. (A DTensor's numel() is the global size, which every rank would otherwise report.)"""
-    to_local = getattr(parameter, "to_local", None)
-    return to_local().numel() if callable(to_local) else parameter.numel()
 
 
 class FlopsProfiler:
@@ -153,8 +147,9 @@ class FlopsProfiler:
         return number_to_string(macs, "MACs") if as_string else macs
 
     def get_total_params(self, as_string: bool = False) -> int | str:
-        """The parameters this rank holds: its shards under ZeRO-3 / FSDP2 and tensor parallelism (DTensors)."""
-        params = sum(held_numel(p) for p in self.model.parameters())
+        """The parameters this rank holds: its shards under ZeRO-3 / FSDP2 and tensor parallelism (a DTensor's
+        numel() is its global size, which every rank would otherwise report)."""
+        params = sum(local(p).numel() for p in self.model.parameters())
         return number_to_string(params, "") if as_string else params
 
     def get_model_params(self) -> int:
@@ -179,7 +174,7 @@ class FlopsProfiler:
             latency = self.module_latency.get(name, 0.0)
             rows.append(ModuleRow(
                 name=name, type=type(module).__name__, depth=depth,
-                params=sum(held_numel(p) for p in module.parameters()), flops=flops, macs=flops // 2,
+                params=sum(local(p).numel() for p in module.parameters()), flops=flops, macs=flops // 2,
                 latency_s=latency, calls=self.module_calls.get(name, 0),
                 flops_share=flops / total_flops, latency_share=latency / total_latency,
             ))

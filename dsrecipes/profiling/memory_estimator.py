@@ -45,6 +45,7 @@ from torch import nn
 from dsrecipes.distributed.config import ZeroConfig
 from dsrecipes.distributed.data_parallel import STRATEGIES, choose_strategy
 from dsrecipes.distributed.parallel_dims import ParallelDims
+from dsrecipes.utils.dtensors import local
 
 _STATE_BYTES = {"adamw": 8, "adam": 8, "lamb": 8, "lion": 4, "adagrad": 4}
 _DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -200,13 +201,9 @@ def deepspeed_model_states(stage: int, total_params: int, largest_layer: int, gp
                                  additional_buffer_factor=additional_buffer_factor)
 
 
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
-
-
 def _local_bytes(tensor: torch.Tensor) -> int:
-    local = _local(tensor)
-    return local.numel() * local.element_size()
+    piece = local(tensor)
+    return piece.numel() * piece.element_size()
 
 
 def measure_model_states(module: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
@@ -216,12 +213,12 @@ def measure_model_states(module: nn.Module, optimizer: torch.optim.Optimizer) ->
     optimizer tensors that are views of the module's parameters (ZeRO-2's fp32 shards) do not count twice.
     """
     module_params = {id(p): p for p in module.parameters()}
-    module_storages = {_local(p).untyped_storage().data_ptr() for p in module_params.values()}
+    module_storages = {local(p).untyped_storage().data_ptr() for p in module_params.values()}
     inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer keeps its shard's optimizer here
     optimizer_params = {id(p): p for g in optimizer.param_groups for p in g["params"]}
     params = sum(_local_bytes(p) for p in module_params.values())
     params += sum(_local_bytes(p) for k, p in optimizer_params.items()
-                  if k not in module_params and _local(p).untyped_storage().data_ptr() not in module_storages)
+                  if k not in module_params and local(p).untyped_storage().data_ptr() not in module_storages)
     grads = sum(_local_bytes(p.grad) for p in {**module_params, **optimizer_params}.values() if p.grad is not None)
     states = sum(
         _local_bytes(value)
