@@ -318,14 +318,14 @@ def _newest_in(save_dir: Path, verify: bool = True) -> Path | None:
     With verify, a checkpoint that fails verification, or whose completion marker (engine.pt) is gone, is passed
     over with a warning for the one before it, and the temporary directories a killed save left are removed.
     """
-    tagged = complete_checkpoints(save_dir)
-    candidates = [p for p in tagged if (p / COMPLETE_MARKER).exists()][::-1]
+    tagged = complete_checkpoints(save_dir)  # oldest first
+    marked = [(p / COMPLETE_MARKER).exists() for p in tagged]
+    candidates = [p for p, complete in zip(tagged, marked) if complete][::-1]
     if verify:
-        newest = candidates[0] if candidates else None
-        for unmarked in (p for p in tagged if p not in candidates):
-            if newest is None or _step_of(unmarked) > _step_of(newest):
-                log.warning("resume: skipping %s: its %s is missing, so it is not a complete checkpoint",
-                            unmarked.name, COMPLETE_MARKER)
+        newest_marked = max((i for i, complete in enumerate(marked) if complete), default=-1)
+        for unmarked in tagged[newest_marked + 1:]:  # newer than every complete one: what resume would have taken
+            log.warning("resume: skipping %s: its %s is missing, so it is not a complete checkpoint",
+                        unmarked.name, COMPLETE_MARKER)
         for stale in remove_stale_temporaries(save_dir):
             log.warning("resume: removed %s, the temporary directory of a save that was killed", stale.name)
     latest = save_dir / LATEST
@@ -343,10 +343,6 @@ def _newest_in(save_dir: Path, verify: bool = True) -> Path | None:
         except ValueError as error:
             log.warning("resume: skipping %s: %s", candidate.name, error)
     return None
-
-
-def _step_of(checkpoint: Path) -> int:
-    return int(_TAG_PATTERN.match(checkpoint.name).group(1))
 
 
 def newest_checkpoint(save_dir: str | os.PathLike) -> Path | None:
