@@ -6,7 +6,8 @@
     python -m dsrecipes -m optimizer.lr=1e-3,3e-3 trainer.max_steps=20   # Hydra multirun sweep
     python -m dsrecipes -m hydra/sweeper=optuna optimized_metric=val/loss 'optimizer.lr=interval(1e-4,1e-2)' \
         hydra.sweeper.n_trials=8                            # Optuna search; each job returns val/loss
-    python -m dsrecipes --help                              # config groups and their options
+    python -m dsrecipes --help                              # config groups and their options, the tools
+    python -m dsrecipes --cfg job --package zero            # one group's keys and values (--cfg job: the whole recipe)
     python -m dsrecipes report                              # versions, devices, features that run here (ds_report)
     python -m dsrecipes deepspeed_config=ds_config.json trainer.max_steps=200   # a DeepSpeed config, overrides on top
     python -m dsrecipes mode=generate checkpoint=outputs/<date>/<time>_gpt prompt="Once upon"   # inference
@@ -94,8 +95,13 @@ def run(cfg: DictConfig) -> dict | float:
 def main() -> None:
     """Console entry. Under a launcher (torchrun, srun), ranks agree on one run directory first.
 
-    `report` as the first argument prints the environment report (dsrecipes.report) instead of running Hydra.
+    `report` as the first argument prints the environment report (dsrecipes.report) instead of running Hydra;
+    `--help` / `-h` prints dsrecipes' own help (dsrecipes.cli_help: no composition, no torch; `--hydra-help` is Hydra's).
     """
+    from dsrecipes.cli_help import print_help_and_exit, recipe_help, wants_help
+
+    if wants_help(sys.argv[1:]):
+        print_help_and_exit(recipe_help())
     if len(sys.argv) > 1 and sys.argv[1] == "report":
         from dsrecipes.report import main as report_main
 

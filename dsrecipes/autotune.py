@@ -34,7 +34,21 @@ def sweeper_arguments(argv: list[str]) -> list[str]:
     return out
 
 
+def usage() -> str:
+    """`python -m dsrecipes.autotune --help`: this module's docstring and every autotuning key with its default."""
+    from dsrecipes.cli_help import dataclass_keys
+
+    return "\n".join([__doc__.strip(), "", "autotuning keys (KEY=VALUE; the default shown):",
+                      *dataclass_keys(AutotuneConfig), "",
+                      "The recipe's groups and keys: python -m dsrecipes --help", ""])
+
+
 def main(argv: list[str] | None = None) -> None:
+    from dsrecipes.cli_help import print_help_and_exit, wants_help
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if wants_help(args):
+        print_help_and_exit(usage())
     from dsrecipes.__main__ import main as dsrecipes_main
 
     try:  # installed with dsrecipes (pyproject's packages), beside the dsrecipes package
@@ -44,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
                          "reinstall dsrecipes (pip install -e .)") from missing
 
     register()  # an editable install hides hydra_plugins/ from Hydra's scan
-    sys.argv[1:] = sweeper_arguments(list(sys.argv[1:] if argv is None else argv))
+    sys.argv[1:] = sweeper_arguments(args)
     dsrecipes_main()
 
 

@@ -37,6 +37,7 @@ import torch
 from omegaconf import OmegaConf
 from rich.table import Table
 
+from dsrecipes.cli_help import print_help_and_exit, wants_help
 from dsrecipes.config.store import compose
 from dsrecipes.distributed.config import resolve_node_sized_keys
 from dsrecipes.models import GPT
@@ -71,6 +72,9 @@ def format_params(num_params: int) -> str:
 
 def main(argv: list[str] | None = None) -> list:
     args = list(sys.argv[1:] if argv is None else argv)
+    if wants_help(args):
+        print_help_and_exit(f"usage: python -m dsrecipes.estimate [OVERRIDES ...] [world_size=N] [ranks_per_node=G] "
+                            f"[vocab_size=V]\n\n{__doc__.strip()}\n")
     world_size, vocab_size, per_node, overrides = 1, 50304, 0, []
     for arg in args:
         if arg.startswith("world_size="):
