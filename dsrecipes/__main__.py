@@ -122,8 +122,13 @@ def main() -> None:
             os.environ[RUN_STAMP_ENV] = stamp[0]
             if torch.distributed.get_rank() != 0:
                 sys.argv.append("hydra.output_subdir=null")  # .hydra/ is written once, by rank 0
+    from dsrecipes.config.override_values import check_override_syntax
     from dsrecipes.inference_cli import rewrite_aliases
 
+    try:  # a value Hydra cannot parse: its reason and the override quoted, before anything starts
+        check_override_syntax(sys.argv[1:])
+    except USER_ERRORS as error:
+        exit_on_user_error(error)
     sys.argv[1:] = rewrite_aliases(sys.argv[1:])  # mode=generate checkpoint=PATH prompt=TEXT
     try:  # deepspeed_config=PATH: translated and registered as an experiment the overrides apply on top of
         sys.argv[1:] = apply_deepspeed_argument(sys.argv[1:])

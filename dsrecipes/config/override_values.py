@@ -11,12 +11,17 @@ trainer.max_steps untouched and no word, and `+zero.overlap_comm=true` sets a ke
 a key the schema of its node lacks is refused, naming the node's keys (the closest first). Nodes that take any
 key (optimizer=custom, lr_scheduler=custom: not in struct mode) and root-level adds (`+experiment=...`, a group)
 are left to Hydra.
+
+A value Hydra's override grammar cannot parse (`prompt=def main(`: parentheses, brackets, commas and quotes mean
+something to it) is refused before Hydra starts, with Hydra's parse error and one line that shows the override
+quoted for Hydra inside the shell's quotes (`"prompt='def main('"`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import shlex
 from collections.abc import Iterable
 
 from omegaconf import DictConfig, OmegaConf
@@ -63,6 +68,45 @@ def _check_added_key(key: str, override, cfg: DictConfig) -> None:
     hint = f"did you mean {', '.join(f'{parent_key}.{name}' for name in closest)}? " if closest else ""
     raise ValueError(f"{override.input_line} is not valid: {parent_key} has no key {leaf!r} (`+` adds a key that "
                      f"nothing reads); {hint}{parent_key}'s keys: {', '.join(sorted(names))}")
+
+
+# Hydra's command-line options that take the next argument as their value (not an override)
+_OPTIONS_WITH_VALUE = frozenset({"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
+                                 "--config-dir", "-cd", "--info", "-i", "--experimental-rerun"})
+
+
+def check_override_syntax(args: Iterable[str]) -> None:
+    """ValueError for the first command-line override Hydra's grammar cannot parse: Hydra's reason, and the
+    override quoted so that it parses (the value in Hydra's quotes, the whole in the shell's)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    parser, takes_value = OverridesParser.create(), False
+    for arg in args:
+        if takes_value or arg.startswith("-") or "=" not in arg:
+            takes_value = arg in _OPTIONS_WITH_VALUE
+            continue
+        try:
+            parser.parse_overrides([arg])  # wraps the grammar's errors as OverrideParseException
+        except OverrideParseException as error:
+            lines = [line for line in str(error).splitlines()
+                     if line.strip() and not line.startswith(("Error parsing override", "See https://"))]
+            reason = lines[0] if lines else "not Hydra's override grammar"
+            raise ValueError(f"cannot parse the override {arg!r}: {reason}\n  quote the value: {quoted_override(arg)}"
+                             f"  (Hydra's override grammar: https://hydra.cc/docs/advanced/override_grammar/basic)"
+                             ) from None
+
+
+def quoted_override(arg: str) -> str:
+    """`key=value` as a shell word whose value Hydra reads as one quoted string: "prompt='def main('"
+    (a value with a ' in it: "prompt=\\"it's\\"")."""
+    key, _, value = arg.partition("=")
+    quote = "'" if "'" not in value or '"' in value else '"'
+    for_hydra = f"{key}={quote}" + value.replace("\\", "\\\\").replace(quote, "\\" + quote) + quote
+    if any(c in for_hydra for c in "!$`"):  # the shell would expand these inside double quotes
+        return shlex.quote(for_hydra)
+    for_shell = for_hydra.replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{for_shell}"'
 
 
 def job_overrides(config: DictConfig) -> list[str]:

@@ -281,6 +281,8 @@ def test_a_boolean_key_takes_only_true_or_false(value, capsys):
                               "that nothing reads); did you mean trainer.max_steps? trainer's keys: "),
     ("+zero.overlap_comm=true", "+zero.overlap_comm=true is not valid: zero has no key 'overlap_comm'"),
     ("++model.n_layr=3", "++model.n_layr=3 is not valid: model has no key 'n_layr'"),
+    ("+model.n_layerz=3", "+model.n_layerz=3 is not valid: model has no key 'n_layerz' (`+` adds a key that nothing "
+                          "reads); did you mean model.n_layer? model's keys: "),
 ])
 def test_a_plus_that_adds_a_key_the_schema_lacks_is_refused_in_one_line(override, message, capsys):
     """Hydra's + adds a key even where the group's schema has none (the typo would train with the real key
@@ -307,6 +309,42 @@ def test_boolean_overrides_spelled_as_booleans_pass():
     overrides = ["logger.jsonl=false", "trainer.progress_bar=True", "+experiment=gpt_zero3", "~logger.wandb_tags",
                  "trainer.max_steps=3"]
     check_override_values(overrides, compose(["logger.jsonl=false", "trainer.progress_bar=True"]))
+
+
+@pytest.mark.parametrize("override, reason", [
+    ("prompt=def main(", "extraneous input '('"),
+    ("trainer.max_steps=[1", "no viable alternative at input '[1'"),
+    ("prompt=it's (x)", "LexerNoViableAltException"),
+    ('generate.prompt=say "x" ($y)', "mismatched input"),
+])
+def test_an_override_hydra_cannot_parse_is_refused_with_how_to_quote_it(override, reason, capsys, monkeypatch):
+    """Hydra's own message names the grammar error only; the CLI adds the override quoted so that it parses,
+    and the suggestion, split by a POSIX shell, is an override whose value is the text the user typed."""
+    import shlex
+    import sys
+
+    from dsrecipes import __main__ as cli
+    from dsrecipes.config.override_values import quoted_override
+
+    monkeypatch.setattr(sys, "argv", ["dsrecipes", "-m", "trainer.max_steps=3", override])
+    monkeypatch.setattr(cli, "run", lambda: pytest.fail("a bad override must stop before Hydra runs"))
+    with pytest.raises(SystemExit) as exit_:
+        cli.main()
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"dsrecipes: error: cannot parse the override {override!r}: ") and reason in err
+    assert f"quote the value: {quoted_override(override)}" in err
+    (word,) = shlex.split(quoted_override(override))
+    parsed = _PARSER.parse_override(word)
+    assert (parsed.key_or_group, parsed.value()) == tuple(override.split("=", 1))
+
+
+def test_overrides_hydra_parses_and_option_values_pass_the_syntax_check():
+    from dsrecipes.config.override_values import check_override_syntax
+
+    check_override_syntax(["--cfg", "job", "-p", "zero", "-m", "optimizer.lr=1e-3,3e-3", "x=interval(1,2)",
+                           "prompt='def main('", "+experiment=gpt_zero3", "~logger.wandb_tags", "--config-name",
+                           "a=(b"])
 
 
 def test_preflight_checks_the_recipe_and_exits_with_one_line(capsys):
