@@ -1,10 +1,10 @@
 """`python -m dsrecipes` paths that do not train import no torch (nor the other heavy training libraries).
 
-`--help` lists the config groups and `--cfg job` composes the recipe and prints it: the schemas, the ConfigStore registration and the
-CLI's own modules must stay free of torch, which alone costs seconds at every start. Each case runs the real
-entry (`python -m dsrecipes ARGS`, through runpy as `-m` does) in a fresh interpreter, the test process having
-imported torch already, and reports which of the heavy modules it had imported by the end. Timing is left to
-benchmarks; this holds the import graph.
+`--help` lists the config groups and `--cfg job` composes the recipe and prints it: the schemas, the ConfigStore
+registration and the CLI's own modules must stay free of torch, which alone costs seconds at every start. Each case
+runs the real entry (`python -m dsrecipes ARGS`, through runpy as `-m` does) in a fresh interpreter, the test
+process having imported torch already, and reports which of the heavy modules it had imported by the end. Timing is
+left to benchmarks; this holds the import graph.
 """
 
 from __future__ import annotations

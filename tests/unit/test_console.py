@@ -10,7 +10,7 @@ import pytest
 from rich.console import Console
 from rich.table import Table
 
-from dsrecipes.utils.console import OFF_TERMINAL_WIDTH, make_console, print_table
+from dsrecipes.utils.console import OFF_TERMINAL_CELL_WIDTH, OFF_TERMINAL_WIDTH, make_console, print_table
 from dsrecipes.utils.tables import table_markdown
 
 
@@ -46,17 +46,39 @@ def _wide_table() -> tuple[Table, list[str]]:
     return table, overrides
 
 
-def test_a_table_wider_than_the_console_is_printed_whole_off_a_terminal(no_columns):
+def test_off_a_terminal_long_cells_wrap_and_nothing_is_cut(no_columns):
+    """Issue 40: a 300-character cell wraps in its column (OFF_TERMINAL_CELL_WIDTH) instead of widening the whole
+    table to its length; read column-wise, every cell is still whole."""
     out = io.StringIO()
     console = make_console(file=out)
     table, overrides = _wide_table()
     print_table(console, table)
     lines = out.getvalue().splitlines()
-    for i, override in enumerate(overrides):  # each row on one line, nothing cut or folded
-        assert any(override in line and line.strip().startswith(f"│ {i}") for line in lines), override
+    assert max(len(line) for line in lines) <= OFF_TERMINAL_CELL_WIDTH + 30 and "…" not in out.getvalue()
+    column = "".join(line.split("│")[2].strip() for line in lines if line.count("│") == 4)
+    for override in overrides:
+        assert override in column, override
     assert console.width == OFF_TERMINAL_WIDTH  # the console itself stays as it was
     console.print("x" * 250)
     assert max(len(line) for line in out.getvalue().splitlines()[-2:]) <= OFF_TERMINAL_WIDTH
+
+
+def test_off_a_terminal_one_long_row_does_not_pad_the_others(no_columns):
+    """The run summary's shape: short numbers and one long layout line in the value column."""
+    out = io.StringIO()
+    console = make_console(file=out)
+    table = Table(show_header=False)
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    table.add_row("parameters", "1,865,856")
+    layout = " | ".join(f"part {i}: some words of the layout line" for i in range(8))
+    table.add_row("layout", layout)
+    print_table(console, table)
+    lines = out.getvalue().splitlines()
+    number_line = next(line for line in lines if "1,865,856" in line)
+    assert len(number_line) <= OFF_TERMINAL_CELL_WIDTH + 20 < len(layout)
+    assert " ".join(" ".join(line.split("│")[2].split()) for line in lines if line.count("│") == 3 and
+                    ("part" in line or "words" in line or "layout" in line.split("│")[2])).find("part 7") >= 0
 
 
 def test_on_a_terminal_a_wide_table_is_folded_to_its_width_not_cut(no_columns):
