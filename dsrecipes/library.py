@@ -22,6 +22,12 @@ module's parameters, or of param-group dicts with per-group options, at every ze
     dsrecipes.initialize(model=net, config={"zero": {"stage": 3}, "optimizer": {"lr": 1e-3}},
                          model_parameters=[{"params": net.body.parameters()},
                                            {"params": net.head.parameters(), "lr": 1e-4, "weight_decay": 0.0}])
+
+`optimizer`, as in DeepSpeed, is an optimizer object or a callable building one from the parameters
+(`optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3)`), at every zero.stage. Where sharding
+replaces the parameters (zero.stage=3, FSDP2), the object is rebuilt over the sharded ones: the same
+class, defaults and per-group options (with zero.offload_optimizer=cpu its state then lives and steps on
+the CPU); initialize returns the rebuilt optimizer, as DeepSpeed returns its wrapper.
 The module goes through the same assembly as the recipe Trainer's GPT (dsrecipes.training.assembly:
 ParallelDims, Precision, parallelize, the data-parallel strategy), so kernel injection, activation
 checkpointing, sparse attention, ZeRO and the model-parallel groups apply to it where they can; a
@@ -36,6 +42,7 @@ needed first, as with deepspeed.initialize): `torchrun --nproc-per-node 2 train.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 
 import torch
 from omegaconf import OmegaConf
@@ -67,7 +74,7 @@ def _warn_recipe_only_groups(cfg) -> None:
 def initialize(
     model: nn.Module,
     config=None,
-    optimizer: torch.optim.Optimizer | None = None,
+    optimizer: torch.optim.Optimizer | Callable[..., torch.optim.Optimizer] | None = None,
     training_data: Dataset | None = None,
     lr_scheduler=None,
     collate_fn=None,
@@ -78,9 +85,14 @@ def initialize(
     model_parameters: parameters of `model`, or param-group dicts ({"params": ..., "lr": ...,
     "weight_decay": ...}), to build the configured optimizer over instead of all of the model's
     (dsrecipes.training.optimizers documents how the config's weight_decay and
-    no_decay_bias_and_norm apply to a group that sets no weight_decay). Works at every zero.stage,
-    ZeRO-3 included, which does not take an optimizer object. Ignored, with a warning, next to an
-    optimizer object, as DeepSpeed ignores it.
+    no_decay_bias_and_norm apply to a group that sets no weight_decay). Works at every zero.stage.
+    Ignored, with a warning, next to an optimizer object, as DeepSpeed ignores it; passed (found again
+    by name, each group's options as given) to an optimizer callable.
+
+    optimizer: an optimizer object over `model`'s parameters (rebuilt over the sharded parameters where
+    sharding replaces them; it must not have stepped), or a callable(parameters) -> optimizer, called with
+    the parameters the optimizer steps (all of them, or model_parameters' groups), as DeepSpeed calls it.
+    The optimizer returned is the one the engine steps.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")

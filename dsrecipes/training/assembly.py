@@ -4,7 +4,10 @@
            -> Precision(cfg.precision)                  before anything wraps parameters
            -> parallelize(model, dims, cfg, precision)  the techniques in one order, then the strategy
            -> optimizer over strategy.optimizer_module() (or over the caller's parameter groups, found
-              there by the names they had before wrapping), adopted (partitioned) by the strategy
+              there by the names they had before wrapping), adopted (partitioned) by the strategy;
+              a caller's optimizer object is taken as it is, or, where wrapping replaces the
+              parameters (FSDP2), rebuilt over them (dsrecipes.training.client_optimizer); a
+              caller's optimizer callable is called with them
            -> LR schedule, step runner (micro-batches, or the pipeline schedule)
            -> Engine(plan, optimizer, schedule, batch, precision, runner)
 
@@ -21,12 +24,20 @@ import warnings
 import torch
 from torch import nn
 
+from dsrecipes.distributed.data_parallel import STRATEGIES, choose_strategy
 from dsrecipes.distributed.expert_parallel import split_expert_param_groups
 from dsrecipes.distributed.float8 import float8_post_step
 from dsrecipes.distributed.parallel_dims import ParallelDims
 from dsrecipes.distributed.parallelize import ParallelPlan, parallelize
 from dsrecipes.distributed.utils import is_distributed
 from dsrecipes.training.batch import BatchSizes
+from dsrecipes.training.client_optimizer import (
+    build_from_factory,
+    check_rebuildable,
+    rebind_lr_scheduler,
+    rebuild_client_optimizer,
+    record_client_optimizer,
+)
 from dsrecipes.training.engine import Engine
 from dsrecipes.training.layout import describe_layout
 from dsrecipes.training.lr_schedules import build_lr_scheduler
@@ -58,14 +69,22 @@ def build_engine(
     """Place and parallelize the model, build what the caller did not pass, wrap it all in an Engine.
 
     cfg: the RootConfig; transforms: model transforms of the caller applied inside parallelize
-    (step 4: the recipe's compression and random-LTD); optimizer / lr_scheduler: objects (or, for
-    the schedule, a callable taking the optimizer) that replace the configured ones;
+    (step 4: the recipe's compression and random-LTD); optimizer / lr_scheduler: objects (or
+    callables: optimizer(parameters), lr_scheduler(optimizer)) that replace the configured ones. An
+    optimizer object whose parameters the strategy replaces (FSDP2) is rebuilt over the sharded ones
+    (same class, defaults and per-group options), and a scheduler built on it is pointed at the rebuilt one;
     model_parameters: the parameters (or param-group dicts with per-group options) the configured
     optimizer is built over, as DeepSpeed's argument of that name (see dsrecipes.training.optimizers).
     They are recorded by name before parallelize, which may replace the parameter objects (FSDP2,
     tensor parallelism, kernel injection), and looked up by name in the tree the optimizer steps
     (with fp32 master weights: the masters, which are the caller's original parameters).
     """
+    factory = None
+    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        if not callable(optimizer):
+            raise TypeError(f"optimizer must be a torch.optim.Optimizer or a callable building one from the "
+                            f"parameters, got {type(optimizer).__name__}")
+        factory, optimizer = optimizer, None
     named_groups = None
     if model_parameters is not None:
         if optimizer is not None:
@@ -73,22 +92,27 @@ def build_engine(
                           "its parameter groups", stacklevel=3)
         else:
             named_groups = named_param_groups(model_parameters, model)
+    client = None
+    if optimizer is not None and STRATEGIES[choose_strategy(cfg.zero, dims)].needs_own_optimizer:
+        client = record_client_optimizer(optimizer, model)  # by name, before wrapping replaces the parameters
+        check_rebuildable(client, f"zero.stage={cfg.zero.stage} shards the parameters (FSDP2)")
     device = resolve_device(cfg.trainer.device)
     precision = Precision(cfg.precision, device)
     _to_device(model, device)
     plan = parallelize(model, dims, cfg, precision, device, micro_batches=batch.gradient_accumulation_steps,
                        transforms=transforms)
     strategy = plan.strategy
-    if optimizer is not None and strategy.needs_own_optimizer:
-        raise ValueError(
-            f"zero.stage={cfg.zero.stage} shards the parameters, so dsrecipes must build the optimizer after "
-            "sharding: pass the optimizer through config (optimizer.name or optimizer._target_), not as an object"
-        )
+    assert (client is not None) == (optimizer is not None and strategy.needs_own_optimizer), strategy.name
+    elsewhere = plan.pipeline is not None or plan.expert_parallel is not None  # parameters on other ranks
+    if client is not None:
+        optimizer = rebuild_client_optimizer(client, strategy.optimizer_module(), allow_missing=elsewhere)
+        rebind_lr_scheduler(lr_scheduler, client.original, optimizer)
+    elif factory is not None:
+        optimizer = build_from_factory(factory, strategy.optimizer_module(), named_groups, allow_missing=elsewhere)
     if optimizer is None:
         optimizer_cfg, module = _optimizer_config(cfg, dims), strategy.optimizer_module()
         groups = None
         if named_groups is not None:
-            elsewhere = plan.pipeline is not None or plan.expert_parallel is not None  # parameters on other ranks
             groups = resolve_param_groups(named_groups, module, optimizer_cfg, allow_missing=elsewhere)
             if not groups:
                 raise ValueError("model_parameters holds no trainable parameter that this rank optimizes")
