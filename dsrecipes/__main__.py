@@ -37,12 +37,17 @@ else:
     register_autotune_sweeper()
 
 
+_job_started = False  # set by the first job: a Hydra exit before it is a composition failure
+
+
 @hydra.main(config_path="pkg://dsrecipes.conf", config_name="config", version_base="1.3")
 def run(cfg: DictConfig) -> dict | float:
     """One Hydra job: validate the whole recipe first, then train in this process or in spawned workers.
 
     Returns the run summary, or with `optimized_metric` set that metric's value (the objective of hydra/sweeper=optuna).
     """
+    global _job_started
+    _job_started = True
     from omegaconf import OmegaConf
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -134,7 +139,14 @@ def main() -> None:
         sys.argv[1:] = apply_deepspeed_argument(sys.argv[1:])
     except USER_ERRORS as error:
         exit_on_user_error(error)
-    run()
+    try:
+        run()
+    except SystemExit as exit_:
+        if exit_.code == 1 and not _job_started:  # Hydra could not compose: an unknown key gets its closest keys
+            from dsrecipes.config.unknown_key_hint import explain_composition_failure
+
+            explain_composition_failure(sys.argv[1:])
+        raise
 
 
 if __name__ == "__main__":

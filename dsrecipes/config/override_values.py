@@ -20,11 +20,12 @@ quoted for Hydra inside the shell's quotes (`"prompt='def main('"`).
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import shlex
 from collections.abc import Iterable
 
 from omegaconf import DictConfig, OmegaConf
+
+from dsrecipes.config.unknown_key_hint import OPTIONS_WITH_VALUE, closest_keys_hint, schema_keys
 
 
 def check_override_values(overrides: Iterable[str], cfg: DictConfig) -> None:
@@ -61,18 +62,12 @@ def _check_added_key(key: str, override, cfg: DictConfig) -> None:
     schema = parent._metadata.object_type
     if not dataclasses.is_dataclass(schema):
         return
-    names = [field.name for field in dataclasses.fields(schema) if not field.name.startswith("_")]
+    names = schema_keys(schema)
     if leaf in names:
         return
-    closest = difflib.get_close_matches(leaf, names, n=3, cutoff=0.6)
-    hint = f"did you mean {', '.join(f'{parent_key}.{name}' for name in closest)}? " if closest else ""
     raise ValueError(f"{override.input_line} is not valid: {parent_key} has no key {leaf!r} (`+` adds a key that "
-                     f"nothing reads); {hint}{parent_key}'s keys: {', '.join(sorted(names))}")
-
-
-# Hydra's command-line options that take the next argument as their value (not an override)
-_OPTIONS_WITH_VALUE = frozenset({"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
-                                 "--config-dir", "-cd", "--info", "-i", "--experimental-rerun"})
+                     f"nothing reads); {closest_keys_hint(parent_key, leaf, names)}{parent_key}'s keys: "
+                     f"{', '.join(sorted(names))}")
 
 
 def check_override_syntax(args: Iterable[str]) -> None:
@@ -84,7 +79,7 @@ def check_override_syntax(args: Iterable[str]) -> None:
     parser, takes_value = OverridesParser.create(), False
     for arg in args:
         if takes_value or arg.startswith("-") or "=" not in arg:
-            takes_value = arg in _OPTIONS_WITH_VALUE
+            takes_value = arg in OPTIONS_WITH_VALUE
             continue
         try:
             parser.parse_overrides([arg])  # wraps the grammar's errors as OverrideParseException

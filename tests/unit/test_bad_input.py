@@ -295,6 +295,39 @@ def test_a_plus_that_adds_a_key_the_schema_lacks_is_refused_in_one_line(override
     assert err.startswith(f"dsrecipes: error: {message}") and err.count("\n") == 1
 
 
+@pytest.mark.parametrize("yaml_text, override, message", [
+    ("# @package _global_\ntrainer:\n  max_stepz: 3\n", "+experiment=mine",
+     "trainer.max_stepz is not a key of trainer: did you mean trainer.max_steps? trainer's keys: "),
+    ("# @package _global_\nmodel:\n  n_layerz: 3\n", "+experiment=mine",
+     "model.n_layerz is not a key of model: did you mean model.n_layer? model's keys: "),
+    (None, "zero.overlap_com=true", "zero.overlap_com is not a key of zero: "),
+])
+def test_an_unknown_key_in_a_yaml_file_or_without_plus_gets_the_closest_key(yaml_text, override, message, tmp_path,
+                                                                             capsys, monkeypatch):
+    """Hydra refuses a key a YAML file (or an override without +) sets where the schema has none, naming the
+    full key only; when Hydra exits before the first job, the CLI composes again and prints the closest keys."""
+    import sys
+
+    from dsrecipes import __main__ as cli
+
+    args = [override, "trainer.max_steps=2"]
+    if yaml_text:
+        (tmp_path / "experiment").mkdir()
+        (tmp_path / "experiment" / "mine.yaml").write_text(yaml_text)
+        args = ["--config-dir", str(tmp_path), *args]
+
+    def hydra_fails_to_compose():
+        raise SystemExit(1)
+
+    monkeypatch.setattr(sys, "argv", ["dsrecipes", *args])
+    monkeypatch.setattr(cli, "run", hydra_fails_to_compose)
+    with pytest.raises(SystemExit) as exit_:
+        cli.main()
+    assert exit_.value.code == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"dsrecipes: error: {message}") and err.count("\n") == 1
+
+
 def test_a_plus_where_the_node_takes_any_key_or_on_a_group_passes():
     from dsrecipes.config.override_values import check_override_values
 
