@@ -15,7 +15,9 @@ Every rank also writes its RNG state; rank 0 writes engine.pt (counters, LR sche
 client state) and the manifest last, and the directory is renamed into place only when every rank
 is done (see dsrecipes.training.checkpoint); a failed write on any rank fails the save on all.
 Loads check every tensor against the model first and load nothing
-on a mismatch. `engine` below is a dsrecipes.training.engine.Engine (not imported: it imports this).
+on a mismatch. A checkpoint written by DeepSpeed (its `latest` / global_stepN folders), or one converted
+from DeepSpeed (imported_state.pt), is read whole and loaded by dsrecipes.training.deepspeed_checkpoint_load.
+`engine` below is a dsrecipes.training.engine.Engine (not imported: it imports this).
 """
 
 from __future__ import annotations
@@ -43,6 +45,9 @@ from dsrecipes.training.checkpoint import (
     resolve_checkpoint_dir,
     save_file,
 )
+from dsrecipes.training.deepspeed_checkpoint import looks_like_deepspeed_checkpoint, read_deepspeed_checkpoint
+from dsrecipes.training.deepspeed_checkpoint_load import load_deepspeed_state
+from dsrecipes.training.deepspeed_conversion import IMPORTED_STATE, read_converted_checkpoint
 from dsrecipes.utils.seed import rng_state, set_rng_state
 
 DCP_DIR = "dcp"
@@ -154,7 +159,12 @@ def expected_checkpoint_bytes(engine, save_dir: Path) -> int:
 
 
 def load(engine, load_dir: str | os.PathLike, tag: str | None, load_optimizer_states: bool) -> tuple[Path, dict]:
+    deepspeed_dir = Path(load_dir) / tag if tag is not None else Path(load_dir)
+    if looks_like_deepspeed_checkpoint(deepspeed_dir):  # written by DeepSpeed itself: read and reassembled whole
+        return load_deepspeed_state(engine, read_deepspeed_checkpoint(deepspeed_dir), load_optimizer_states)
     path = resolve_checkpoint_dir(load_dir, tag)
+    if (path / IMPORTED_STATE).exists():  # converted from DeepSpeed by python -m dsrecipes.convert_ds_checkpoint
+        return load_deepspeed_state(engine, read_converted_checkpoint(path), load_optimizer_states)
     state = read_checkpoint(path, COMPLETE_MARKER)
     with engine.strategy.states_in_memory(writes=True):
         if (path / DCP_DIR).exists():
