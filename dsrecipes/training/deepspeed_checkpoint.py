@@ -248,7 +248,7 @@ def _zero0_state(folder: Path, model_states: dict):
     for position, name in order.items():
         entry = base["state"].get(position, {})
         for key, value in entry.items():
-            if _is_elementwise(value, shapes[name].numel()) and value.shape != shapes[name]:
+            if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape != shapes[name]:
                 raise ValueError(f"{folder / MODEL_STATES}: optimizer state {position}.{key} has shape {tuple(value.shape)}, "
                                  f"parameter {name!r} {tuple(shapes[name])}: the parameter groups are not in module order")
         state[name] = dict(entry)
