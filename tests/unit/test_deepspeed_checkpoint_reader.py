@@ -90,3 +90,12 @@ def test_tensor_parallel_checkpoint_is_refused(tmp_path):
     folder = _tag(tmp_path, {"mp_rank_00_model_states.pt": _model_states(), "mp_rank_01_model_states.pt": _model_states()})
     with pytest.raises(ValueError, match="tensor \\(model\\) parallelism"):
         read_deepspeed_checkpoint(folder)
+
+
+def test_trainer_resume_finds_the_tag_folder(tmp_path):
+    """trainer.resume=<DeepSpeed folder> resumes from the tag `latest` names (the Trainer loads parent/tag)."""
+    from dsrecipes.training.checkpoint import find_resume_checkpoint
+
+    folder = _tag(tmp_path, {"mp_rank_00_model_states.pt": _model_states()})
+    assert find_resume_checkpoint(str(folder), tmp_path / "run", "checkpoints", "x") == folder / "global_step5"
+    assert find_resume_checkpoint(str(folder / "global_step5"), tmp_path / "run", "checkpoints", "x") == folder / "global_step5"
