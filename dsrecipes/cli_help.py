@@ -28,6 +28,7 @@ TOOLS = {
     "estimate": "per-rank memory of a recipe for every ZeRO stage, beside DeepSpeed's estimator",
     "autotune": "search ZeRO stage x micro-batch (x checkpointing) for the fastest recipe that fits",
     "convert_ds_config": "a DeepSpeed ds_config.json as a dsrecipes experiment, with a report",
+    "convert_ds_checkpoint": "a DeepSpeed checkpoint (global_stepN/) as a dsrecipes checkpoint or safetensors",
     "export": "a (sharded) checkpoint as one safetensors file",
     "hostfile": "launch on the hosts of a DeepSpeed hostfile",
     "cluster.slurm": "print an sbatch template",
