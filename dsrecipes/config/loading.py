@@ -75,7 +75,7 @@ def with_deepspeed_config(user: Mapping[str, Any], report: bool = False) -> Mapp
     else:
         return user
     name = source if isinstance(source, str) else "(dict)"
-    translation = load_translation(source, name=name)
+    translation = load_translation(source, name=name, recipe=rest)
     picks = {group: rest[group]["name"] for group in OPTION_SCHEMAS
              if isinstance(rest.get(group), Mapping) and rest[group].get("name") is not None}
     translation.give_way(picks, "the config's own keys")

@@ -551,3 +551,28 @@ data_efficiency:
     difficulty: [16, 32, 64]
     max_step: [5, 10]
 """)
+
+
+# A block the DeepSpeed config leaves out means what it means in DeepSpeed: no scheduler block, a constant lr
+# (DeepSpeed builds no scheduler); no optimizer block, the caller's optimizer, for which dsrecipes' default
+# option (adamw with its schema's numbers) stands in.
+_ABSENT_OPTIMIZER = "optimizer:\n  lr: 0.001\n  betas: [0.9, 0.95]\n  eps: 1.0e-8\n  weight_decay: 0.1\n"
+
+
+def _with_absent_blocks(ds: dict, text: str) -> str:
+    picks = ([] if "optimizer" in ds else ["  - override /optimizer: adamw"]) + \
+            ([] if "scheduler" in ds else ["  - override /lr_scheduler: constant"])
+    if not picks:
+        return text
+    head = "# @package _global_\n"
+    body = text.split(head, 1)[1]
+    if body.startswith("defaults:\n"):
+        body = "defaults:\n" + "\n".join(picks) + "\n" + body[len("defaults:\n"):]
+    else:
+        body = "defaults:\n" + "\n".join(picks) + "\n" + body
+    if "optimizer" not in ds:
+        body += "\n" + _ABSENT_OPTIMIZER
+    return text.split(head, 1)[0] + head + body
+
+
+CASES = {name: (ds, _with_absent_blocks(ds, text)) for name, (ds, text) in CASES.items()}

@@ -150,7 +150,7 @@ def _triple(ds: dict, world: int, recipe: dict | None = None):
 
 def _over(recipe: dict, ds: dict):
     """The DeepSpeed config's translation over a recipe's values, as the CLI composes it (the recipe below)."""
-    return OmegaConf.merge(OmegaConf.create(recipe), OmegaConf.create(load_translation(ds).as_config()))
+    return OmegaConf.merge(OmegaConf.create(recipe), OmegaConf.create(load_translation(ds, recipe=recipe).as_config()))
 
 
 def _ours(config, world: int):
@@ -282,7 +282,6 @@ REFUSED = [
     ({"gradient_allreduce_op": "sum"}, "gradient_allreduce_op"),
     ({"managed_gradient_accumulation": False}, "managed_gradient_accumulation"),
     ({"elasticity": {"enabled": True, "max_train_batch_size": 64}}, "elasticity.enabled"),
-    ({"train_batch_sise": 32}, "train_batch_sise"),
     ({"train_batch_size": 0}, "train_batch_size"),
     ({"train_batch_size": 8, "model": {"n_layer": 2}}, "model"),
     ({"data_efficiency": {"enabled": True, "data_sampling": {"enabled": True, "dynamic_batching": {"enabled": True}}}},
@@ -305,8 +304,11 @@ def test_a_key_dsrecipes_cannot_honour_is_an_error_naming_it(ds, key):
     assert f"{key}=" in message and "cannot honour" in message and "\n" not in message, message
 
 
-def test_typos_and_dsrecipes_keys_get_a_hint():
-    assert "did you mean train_batch_size?" in translate({"train_batch_sise": 32}).fate("train_batch_sise").detail
+def test_keys_deepspeed_does_not_read_are_ignored_with_a_line_and_dsrecipes_keys_get_a_hint():
+    t = translate({"train_batch_sise": 32, "_comment": "x", "cuda_visible_devices": "0,1", "comms_config": {}})
+    assert not t.refusals
+    assert "a typo of train_batch_size?" in t.fate("train_batch_sise").detail
+    assert all("DeepSpeed ignores it" in t.fate(key).detail for key in ("_comment", "cuda_visible_devices", "comms_config"))
     assert "deepspeed_config" in translate({"train_batch_size": 8, "model": {}}).fate("model").detail
 
 

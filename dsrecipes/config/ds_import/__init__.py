@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from dataclasses import fields
 from typing import Any
 
+from dsrecipes.config.ds_import.absent import after_blocks, read_absent_blocks
 from dsrecipes.config.ds_import.files import read_deepspeed_file
 from dsrecipes.config.ds_import.precision import read_batch, read_precision
 from dsrecipes.config.ds_import.top_level import TOP_LEVEL
@@ -43,8 +44,10 @@ _ROOT_KEYS = frozenset(f.name for f in fields(RootConfig))
 _FIRST = ("data_efficiency",)
 
 
-def translate(ds: Mapping[str, Any]) -> Translation:
-    """Read a DeepSpeed config dict; refused keys are recorded (see Translation.raise_if_refused), not raised."""
+def translate(ds: Mapping[str, Any], recipe: Mapping[str, Any] | None = None) -> Translation:
+    """Read a DeepSpeed config dict; refused keys are recorded (see Translation.raise_if_refused), not raised.
+
+    recipe: the dsrecipes values the file goes on, which "auto" batch / clipping keys take (ds_import.absent)."""
     if not isinstance(ds, Mapping):
         raise TypeError(f"a DeepSpeed config is a dict (a JSON object), got {type(ds).__name__}")
     t = Translation()
@@ -53,19 +56,24 @@ def translate(ds: Mapping[str, Any]) -> Translation:
     for key in sorted(ds, key=lambda k: k not in _FIRST):
         rule = TOP_LEVEL.get(key)
         if rule is None:
-            t.refused(str(key), ds[key], _unknown(str(key)))
+            _unknown(t, str(key), ds[key])
         else:
             rule.apply(t, str(key), ds[key])
+    read_absent_blocks(t, ds)
+    after_blocks(t, recipe)
     return t
 
 
-def _unknown(key: str) -> str:
+def _unknown(t: Translation, key: str, value: Any) -> None:
+    """A top-level key DeepSpeed does not read: DeepSpeed ignores it, so does dsrecipes (with a line in the report);
+    a dsrecipes key is refused, since whoever wrote it expects it to act."""
     if key in _ROOT_KEYS and key not in TOP_LEVEL:
-        return ("a dsrecipes key, not a DeepSpeed one: give dsrecipes keys beside the DeepSpeed config, e.g. "
-                f"{{'deepspeed_config': 'ds_config.json', '{key}': ...}}")
+        t.refused(key, value, "a dsrecipes key, not a DeepSpeed one: give dsrecipes keys beside the DeepSpeed "
+                              f"config, e.g. {{'deepspeed_config': 'ds_config.json', '{key}': ...}}")
+        return
     close = difflib.get_close_matches(key, TOP_LEVEL, n=1)
-    hint = f" (did you mean {close[0]}?)" if close else ""
-    return f"not a DeepSpeed key{hint}; DeepSpeed would silently ignore it, dsrecipes refuses it as a likely typo"
+    hint = f" (a typo of {close[0]}?)" if close and not key.startswith("_") else ""
+    t.ignored(key, value, f"not a key DeepSpeed reads: DeepSpeed ignores it, and so does dsrecipes{hint}")
 
 
 def looks_like_deepspeed(config: Mapping[str, Any]) -> bool:
@@ -76,10 +84,10 @@ def looks_like_deepspeed(config: Mapping[str, Any]) -> bool:
     return isinstance(optimizer, Mapping) and ("type" in optimizer or "params" in optimizer)
 
 
-def load_translation(source: Any, name: str | None = None) -> Translation:
+def load_translation(source: Any, name: str | None = None, recipe: Mapping[str, Any] | None = None) -> Translation:
     """Read (a path or a dict) and translate a DeepSpeed config; ValueError naming every refused key."""
     ds = read_deepspeed_file(source) if not isinstance(source, Mapping) else source
-    t = translate(ds)
+    t = translate(ds, recipe)
     t.raise_if_refused(f"DeepSpeed config {name or (source if not isinstance(source, Mapping) else '(dict)')}")
     return t
 

@@ -42,6 +42,20 @@ def _option_picks(argv: list[str]) -> dict[str, str]:
     return picks
 
 
+def _recipe_without_the_file(argv: list[str], index: int) -> dict | None:
+    """The recipe the file goes on (argv's overrides composed without it), whose numbers "auto" batch / clipping keys
+    take; None (the schema's numbers) where argv does not compose alone (a sweep, Hydra flags)."""
+    overrides = [arg for i, arg in enumerate(argv) if i != index and not arg.startswith("-")]
+    try:
+        from omegaconf import OmegaConf
+
+        from dsrecipes.config.store import compose
+
+        return OmegaConf.to_container(compose(overrides), resolve=False)
+    except Exception:  # noqa: BLE001 - any composition error: fall back to the schema's numbers
+        return None
+
+
 def config_name(path: str) -> str:
     """The ConfigStore name of a DeepSpeed file: its stem, with characters Hydra's override grammar dislikes replaced."""
     return re.sub(r"[^A-Za-z0-9_-]", "_", Path(path).stem) or "deepspeed"
@@ -63,7 +77,7 @@ def apply_deepspeed_argument(argv: list[str], report: bool = True) -> list[str]:
         raise ValueError(f"{KEY}={path}: one DeepSpeed config per run; to sweep several, convert each "
                          "(python -m dsrecipes.convert_ds_config FILE > conf/experiment/NAME.yaml) and sweep "
                          "+experiment=A,B")
-    translation = load_translation(path, name=path)
+    translation = load_translation(path, name=path, recipe=_recipe_without_the_file(argv, index))
     translation.give_way(_option_picks(argv), "the command line")
     name = config_name(path)
     from hydra.core.config_store import ConfigStore

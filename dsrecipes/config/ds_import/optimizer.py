@@ -19,7 +19,7 @@ included) and lr_scheduler.step_alignment=deepspeed (DeepSpeed's exact step sequ
 torch_step; any other torch.optim.lr_scheduler class -> lr_scheduler=custom.
 
 "auto", as Hugging Face's integration fills it: lr, betas, eps, weight_decay, warmup_num_steps ->
-the recipe's values (HF: its TrainingArguments); warmup_max_lr -> null (the optimizer's lr;
+the numbers of the chosen option's schema (HF: its TrainingArguments; resolved in ds_import.absent); warmup_max_lr -> null (the optimizer's lr;
 HF: learning_rate); warmup_min_lr -> 0 (HF fills 0); total_num_steps -> null (trainer.max_steps;
 HF: the number of training steps).
 """
@@ -147,6 +147,9 @@ def _torch_class(module: str, name: str) -> type | None:
 
 def read_optimizer(t: Translation, key: str, block: Any) -> None:
     """The optimizer block: its type picks the option, its params map with the class's defaults."""
+    if block is None:
+        t.ignored(key, block, "null: as if absent")
+        return
     if not isinstance(block, Mapping):
         t.refused(key, block, "DeepSpeed's optimizer is a block with type and params")
         return
@@ -293,6 +296,9 @@ STEP_LR_TABLE: dict[str, Rule] = {
 
 def read_scheduler(t: Translation, key: str, block: Any) -> None:
     """The scheduler block: its type picks the lr_scheduler option, its params map with DeepSpeed's defaults."""
+    if block is None:
+        t.ignored(key, block, "null: as if absent (DeepSpeed builds no scheduler)")
+        return
     if not isinstance(block, Mapping):
         t.refused(key, block, "DeepSpeed's scheduler is a block with type and params")
         return

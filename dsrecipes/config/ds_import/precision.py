@@ -6,7 +6,9 @@ Batch: DeepSpeed's rule counts only the keys given, so when the config gives any
 train_batch_size / train_micro_batch_size_per_gpu / gradient_accumulation_steps, the ones it leaves
 out are set to null (not given) rather than keeping a recipe's value: a default never counts as
 given. "auto" (Hugging Face): train_batch_size is derived from the other two (null), the micro-batch
-and accumulation keep the recipe's values (HF fills them from its TrainingArguments). A config with
+and accumulation take the numbers of ds_import.absent (HF fills them from its TrainingArguments:
+per_device_train_batch_size, gradient_accumulation_steps), so the accelerate template
+(accumulation 1, micro-batch auto) trains 16 x 1 per rank. A config with
 no batch key leaves the recipe's batch alone.
 
 Precision: the one of fp16 / bf16 / torch_autocast that is enabled picks precision.dtype:
@@ -48,7 +50,7 @@ def read_batch(t: Translation, ds: Mapping[str, Any]) -> None:
             t.auto(key, f"{target}=null: derived from the other two (Hugging Face computes world x micro x "
                         "accumulation)", target, None)
         elif value == "auto":
-            t.auto(key, f"{target}: the recipe's value (Hugging Face: TrainingArguments.{_HF_BATCH[key]})")
+            t.auto_pending(key, target, f"Hugging Face: TrainingArguments.{_HF_BATCH[key]}")
         elif value is None:
             t.mapped(key, value, target, note="not given")
         elif isinstance(value, bool) or not isinstance(value, int) or value <= 0:

@@ -14,7 +14,8 @@ A key a table does not list is refused: DeepSpeed's pydantic blocks reject unkno
 the top level DeepSpeed would silently ignore a typo, which dsrecipes does not.
 
 "auto" (Hugging Face's placeholder, which DeepSpeed itself drops) is resolved where the rule says:
-To leaves the recipe's own value in place (or writes `auto`, e.g. warmup_min_lr's 0), NoEffect
+To writes the number its schema gives the dsrecipes key (ds_import.absent: resolved once every block
+is read), or `auto` where Hugging Face fills a fixed value (warmup_min_lr's 0); NoEffect
 and RefuseUnless treat it as DeepSpeed's default.
 """
 
@@ -27,7 +28,7 @@ from typing import Any
 from dsrecipes.config.ds_import.translation import Translation, shown
 
 ABSENT = object()  # a rule with no DeepSpeed default to fill in
-RECIPE = object()  # "auto" keeps the recipe's value
+RECIPE = object()  # "auto" takes the number the schema gives the target (resolved in ds_import.absent)
 
 
 class Rule:
@@ -44,7 +45,7 @@ class To(Rule):
 
     default: DeepSpeed's value (in DeepSpeed's spelling) when the block is present and the key is not
     (written, converted, so the block means what it means in DeepSpeed). auto: what "auto" becomes
-    (RECIPE: the recipe's own value); auto_why: how Hugging Face's integration fills it, for the report.
+    (RECIPE: the number the schema gives the target); auto_why: how Hugging Face's integration fills it, for the report.
     """
 
     target: str
@@ -58,7 +59,7 @@ class To(Rule):
         if value == "auto":
             how = f" (Hugging Face: {self.auto_why})" if self.auto_why else ""
             if self.auto is RECIPE:
-                t.auto(key, f"{self.target}: the recipe's value{how}")
+                t.auto_pending(key, self.target, f"Hugging Face: {self.auto_why}" if self.auto_why else "")
             else:
                 t.auto(key, f"{self.target}={shown(self.auto)}{how}", self.target, self.auto)
             return

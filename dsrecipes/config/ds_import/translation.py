@@ -61,6 +61,8 @@ class Translation:
     values: dict[str, Any] = field(default_factory=dict)
     choices: dict[str, str] = field(default_factory=dict)  # group -> option (optimizer, lr_scheduler)
     fates: list[Fate] = field(default_factory=list)
+    # dsrecipes key -> (DeepSpeed key, how HF fills it): "auto" keys resolved to numbers once every block is read
+    pending_autos: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ filling in
 
@@ -100,6 +102,15 @@ class Translation:
             self.set(target, value)
         self.record(key, "auto", AUTO, detail)
 
+    def auto_pending(self, key: str, target: str, how: str = "") -> None:
+        """"auto" for `target`: its number is the schema's, filled in when every block is read (ds_import.absent)."""
+        self.pending_autos[target] = (key, how)
+        self.record(key, "auto", AUTO, f"{target}=?")
+
+    def resolve_auto(self, key: str, detail: str) -> None:
+        self.fates = [Fate(f.key, f.value, f.kind, detail) if f.key == key and f.kind == AUTO else f
+                      for f in self.fates]
+
     def default(self, key: str, target: str, value: Any, note: str = "", deepspeed_value: Any = None) -> None:
         """A key the block leaves out: `target` gets `value`, DeepSpeed's default (`deepspeed_value` in its spelling)."""
         self.set(target, value)
@@ -130,8 +141,7 @@ class Translation:
         refused = self.refusals
         if refused:
             keys = "; ".join(f"{f.key}={shown(f.value)}: {f.detail}" for f in refused)
-            raise ValueError(f"{source}: {len(refused)} key(s) dsrecipes cannot honour (ignoring them would change "
-                             f"the training): {keys}")
+            raise ValueError(f"{source}: {len(refused)} key(s) dsrecipes cannot honour: {keys}")
 
     def give_way(self, picks: Mapping[str, Any], where: str) -> None:
         """Drop the option and values of every group for which `picks` names another option (`optimizer=sgd`).
