@@ -19,9 +19,9 @@ included) and lr_scheduler.step_alignment=deepspeed (DeepSpeed's exact step sequ
 torch_step; any other torch.optim.lr_scheduler class -> lr_scheduler=custom.
 
 "auto", as Hugging Face's integration fills it: lr, betas, eps, weight_decay, warmup_num_steps ->
-the numbers of the chosen option's schema (HF: its TrainingArguments; resolved in ds_import.absent); warmup_max_lr -> null (the optimizer's lr;
-HF: learning_rate); warmup_min_lr -> 0 (HF fills 0); total_num_steps -> null (trainer.max_steps;
-HF: the number of training steps).
+the numbers of the chosen option's schema (HF: its TrainingArguments; resolved in ds_import.absent);
+warmup_max_lr -> null (the optimizer's lr; HF: learning_rate); warmup_min_lr -> 0 (HF fills 0);
+total_num_steps -> null (trainer.max_steps; HF: the number of training steps).
 """
 
 from __future__ import annotations
