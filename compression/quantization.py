@@ -124,7 +124,8 @@ class WeightQuantConfig:
     """DeepSpeed `weight_quantization` (shared_parameters + one group's params), flattened.
 
     start_bits/target_bits: bits at `schedule_offset` and the floor they decrease to (target <= start).
-    quantization_period: steps between one-bit decreases (>= 1).
+    quantization_period: steps between one-bit decreases (>= 1); 0 (DeepSpeed's XTC / ZeroQuant configs write it
+        with start_bits == target_bits) quantizes at target_bits from schedule_offset on.
     schedule_offset: first step (global_step) with quantization; none before.
     quantization_type: "symmetric" | "asymmetric".
     rounding: "nearest" (round half to even) | "stochastic".
@@ -158,8 +159,8 @@ class WeightQuantConfig:
         if self.target_bits > self.start_bits:
             raise ValueError(f"WeightQuantConfig: target_bits ({self.target_bits}) must be <= start_bits "
                              f"({self.start_bits})")
-        if not isinstance(self.quantization_period, int) or self.quantization_period < 1:
-            raise ValueError(f"WeightQuantConfig.quantization_period must be an int >= 1, got "
+        if not isinstance(self.quantization_period, int) or self.quantization_period < 0:
+            raise ValueError(f"WeightQuantConfig.quantization_period must be an int >= 0 (0: target_bits at once), got "
                              f"{self.quantization_period!r}")
         if not isinstance(self.schedule_offset, int) or self.schedule_offset < 0:
             raise ValueError(f"WeightQuantConfig.schedule_offset must be an int >= 0, got {self.schedule_offset!r}")
@@ -208,6 +209,8 @@ def bits_at(cfg: WeightQuantConfig, step: int) -> int | None:
     """Bits in force at `step` (None before `schedule_offset`: weights are not quantized)."""
     if step < cfg.schedule_offset:
         return None
+    if cfg.quantization_period == 0:
+        return cfg.target_bits
     drop = (step - cfg.schedule_offset) // cfg.quantization_period
     return max(cfg.target_bits, cfg.start_bits - drop)
 

@@ -76,6 +76,37 @@ def keep_recipe_batch(cfg: DictConfig, nproc: int, gpus: int, started_by: str | 
             "launcher.nproc_per_node=N to choose the worker count and keep the per-worker batch instead")
 
 
+def workers_the_batch_allows(cfg: DictConfig, nproc: int, gpus: int) -> tuple[int, str | None]:
+    """The CPU workers launcher.nproc_per_node=auto may start: `nproc`, or 1 where the recipe's global batch can be
+    neither kept nor split over them (train_batch_size=1 from a DeepSpeed file on a sharding recipe: DeepSpeed's rule
+    would assert 1 != 1 x 1 x 2). Returns (workers, the warning to show or None)."""
+    if str(cfg.launcher.nproc_per_node) != "auto" or gpus > 0 or nproc <= 1:
+        return nproc, None
+    try:
+        par = cfg.parallel
+        dp = ParallelDims.from_degrees(nproc, zero_stage=cfg.zero.stage, tp=par.tp, sp=par.sp, pp=par.pp).dp
+    except ValueError:
+        return nproc, None
+    t = cfg.trainer
+    given = (t.train_batch_size, t.train_micro_batch_size_per_gpu, t.gradient_accumulation_steps)
+    try:
+        resolve_batch_sizes(*given, dp_world_size=dp)
+        return nproc, None
+    except ValueError:
+        pass
+    try:
+        one = resolve_batch_sizes(*given, dp_world_size=1)
+    except ValueError:
+        return nproc, None  # not even one rank: validation names the keys
+    if one.micro_batch_size % dp == 0 or one.gradient_accumulation_steps % dp == 0:
+        return nproc, None  # keep_recipe_batch splits it
+    return 1, (f"launcher.nproc_per_node=auto starts 1 CPU worker, not {nproc}: the global batch "
+               f"train_batch_size={one.train_batch_size} (micro-batch {one.micro_batch_size} x accumulation "
+               f"{one.gradient_accumulation_steps}) cannot be split over {dp} data-parallel ranks, so zero.stage="
+               f"{cfg.zero.stage} has nothing to shard. Set launcher.nproc_per_node=N and a train_batch_size that N "
+               "divides to shard")
+
+
 def unequal_batches_warning(batches: list[tuple[str, int]]) -> str | None:
     """batches: (a job's overrides, its global batch) for every job of a sweep; a warning when they differ."""
     if len({size for _, size in batches}) <= 1:

@@ -58,7 +58,8 @@ def _compression(comp: Any, steps: int) -> list[str]:
         if wq.schedule_offset > steps:
             found.append(f"{key}.schedule_offset={wq.schedule_offset} is after {end}")
         else:
-            reached = max(wq.target_bits, wq.start_bits - (steps - wq.schedule_offset) // wq.quantization_period)
+            reached = wq.target_bits if wq.quantization_period == 0 else \
+                max(wq.target_bits, wq.start_bits - (steps - wq.schedule_offset) // wq.quantization_period)
             if reached > wq.target_bits:
                 found.append(f"{key}: the bits fall from start_bits={wq.start_bits} by one every quantization_period="
                              f"{wq.quantization_period} steps from schedule_offset={wq.schedule_offset}, so at "

@@ -42,7 +42,7 @@ def check_train_job(cfg: DictConfig) -> tuple[Any, Any, int, bool]:
     """A training job's checks: launcher, process count, the whole recipe. Returns (root, batch sizes, nproc, joined)."""
     import torch
 
-    from dsrecipes.config.auto_workers import keep_recipe_batch
+    from dsrecipes.config.auto_workers import keep_recipe_batch, workers_the_batch_allows
     from dsrecipes.config.validate import validate_recipe
     from dsrecipes.distributed.config import check_launcher_backend, resolve_nproc, validate_launcher_config
     from dsrecipes.distributed.environment import under_launcher
@@ -55,6 +55,10 @@ def check_train_job(cfg: DictConfig) -> tuple[Any, Any, int, bool]:
         warnings.warn(f"launcher.nnodes={cfg.launcher.nnodes} has no effect under an outside launcher (torchrun's "
                       "--nnodes, or srun's allocation, sets the nodes)", stacklevel=2)
     nproc = int(os.environ["WORLD_SIZE"]) if joined else resolve_nproc(cfg.launcher, cfg.zero, gpus)
+    if not joined:  # auto never starts more CPU workers than the batch can be split over
+        nproc, fewer = workers_the_batch_allows(cfg, nproc, gpus)
+        if fewer:
+            warnings.warn(fewer, stacklevel=2)
     world = nproc * nnodes  # every node starts the same number of workers (as torchrun's --nproc-per-node)
     check_launcher_backend(cfg.launcher, world)
     # may set cfg.trainer's batch triple; a submitit local job (hydra/launcher=slurm_local) stands in for auto

@@ -575,6 +575,9 @@ class PrecisionConfig:
     min_loss_scale: float = 1.0
     raise_error_at_min_scale: bool = True
     nonfinite_grads: NonfiniteGrads = NonfiniteGrads.error  # error | skip (fp32/bf16)
+    # DeepSpeed's fp16.auto_cast (dtype fp16 only): the engine casts the floating tensors its forward is given to
+    # fp16, as DeepSpeed's engine does, so a model whose first op is a norm of fp32 inputs gets fp16 inputs
+    auto_cast: bool = False
 
 
 @dataclass

@@ -115,6 +115,8 @@ class Engine:
     def __call__(self, *args, **kwargs):
         self.runner.check_direct_use("engine(...)")
         self.strategy.before_forward(self.is_gradient_accumulation_boundary())
+        if getattr(self.precision.cfg, "auto_cast", False):  # DeepSpeed's fp16.auto_cast
+            args, kwargs = _half_inputs(args), _half_inputs(kwargs)
         phase = "forward" if self.module.training else "eval_forward"
         with self.phases(phase), self.forward_context():
             return self.module(*args, **kwargs)
@@ -265,3 +267,15 @@ class Engine:
         any world size and into any strategy that uses them.
         """
         return engine_checkpoint.load(self, load_dir, tag, load_optimizer_states)
+
+
+def _half_inputs(value):
+    """Floating tensors (inside lists, tuples and dicts too) cast to fp16, the rest as they are: what DeepSpeed's
+    engine does to the forward's inputs with fp16.auto_cast (its _cast_inputs_half)."""
+    if isinstance(value, torch.Tensor):
+        return value.half() if value.is_floating_point() else value
+    if isinstance(value, (list, tuple)):
+        return type(value)(_half_inputs(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _half_inputs(v) for k, v in value.items()}
+    return value

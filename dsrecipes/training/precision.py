@@ -30,6 +30,9 @@ def validate_precision_config(cfg: PrecisionConfig, prefix: str = "precision") -
         raise ValueError(
             f"{prefix}.nonfinite_grads={cfg.nonfinite_grads!r} is not valid; choose one of: {', '.join(NONFINITE_POLICIES)}"
         )
+    if cfg.auto_cast and cfg.dtype != "fp16":
+        raise ValueError(f"{prefix}.auto_cast=true casts the forward's inputs to fp16, so it needs dtype fp16 (got "
+                         f"dtype={cfg.dtype}); DeepSpeed's key lives in its fp16 block")
     if cfg.master_weights and cfg.dtype == "fp32":
         raise ValueError(f"{prefix}.master_weights=true needs dtype bf16 or fp16 (got dtype=fp32)")
     if cfg.loss_scale < 0:

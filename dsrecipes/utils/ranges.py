@@ -220,7 +220,7 @@ RANGES: dict[str, Range] = {
     # compression
     "compression.weight_quantization.start_bits": between(2, 16),
     "compression.weight_quantization.target_bits": between(2, 16),
-    "compression.weight_quantization.quantization_period": POSITIVE_INT,
+    "compression.weight_quantization.quantization_period": COUNT,  # 0: target_bits at once
     "compression.weight_quantization.schedule_offset": COUNT,
     "compression.weight_quantization.quantize_groups": POSITIVE_INT,
     "compression.weight_quantization.seed": Range(low=0, high=_SEED_MAX, nullable=True, null_means="unseeded"),

@@ -160,7 +160,9 @@ def test_bit_schedule():
     with pytest.raises(ValueError):
         WeightQuantConfig(start_bits=4, target_bits=8)
     with pytest.raises(ValueError):
-        WeightQuantConfig(quantization_period=0)
+        WeightQuantConfig(quantization_period=-1)
+    at_once = WeightQuantConfig(start_bits=8, target_bits=4, quantization_period=0, schedule_offset=3)
+    assert (bits_at(at_once, 2), bits_at(at_once, 3), bits_at(at_once, 100)) == (None, 4, 4)  # period 0: target at once
 
 
 def test_config_from_deepspeed_block():

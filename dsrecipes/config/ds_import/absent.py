@@ -111,16 +111,18 @@ def after_blocks(t: Translation, recipe: Mapping[str, Any] | None = None) -> Non
             _AUTO_NUMBERS[target][1] if target in _AUTO_NUMBERS else "the schema's value"
         t.resolve_auto(key, f"{target}={shown(value)} ({why}; {how})" if how else f"{target}={shown(value)} ({why})")
     t.pending_autos.clear()
-    _show_linked_numbers(t)
+    _show_linked_numbers(t, recipe)
     _zero1_offload(t)
 
 
-def _show_linked_numbers(t: Translation) -> None:
+def _show_linked_numbers(t: Translation, recipe: Mapping[str, Any] | None) -> None:
     """A null that stands for another key's number (warmup_max_lr -> optimizer.lr) shows that number."""
-    links = {"lr_scheduler.warmup_max_lr=null": "optimizer.lr"}
+    links = {"lr_scheduler.warmup_max_lr=null": "optimizer.lr", "lr_scheduler.total_num_steps=null": "trainer.max_steps"}
     for i, fate in enumerate(t.fates):
         for prefix, source in links.items():
-            value = t.get(source)
+            value = next((v for v in (t.get(source), _recipe_value(recipe, source)) if v is not None), None)
+            if value is None:
+                value = recipe_default(source, t)
             if fate.detail.startswith(prefix) and value is not None:
                 t.fates[i] = Fate(fate.key, fate.value, fate.kind,
                                   fate.detail.replace(prefix, f"{prefix} (= {source} = {shown(value)})", 1))

@@ -63,7 +63,8 @@ def read_batch(t: Translation, ds: Mapping[str, Any]) -> None:
 
 _SCALER_DEFAULTS = {"loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000, "hysteresis": 2,
                     "consecutive_hysteresis": False, "min_loss_scale": 1}
-_AUTO_CAST = NoEffect("dsrecipes autocasts the forward in every mixed precision, so fp32 inputs are cast either way")
+_AUTO_CAST = To("precision.auto_cast", one_of("auto_cast", {True: True, False: False}), default=False,
+                note="true: the engine casts the forward's floating inputs to fp16, as DeepSpeed's engine does")
 _FP16_REFUSE = RefuseUnless("fp16 master weights and gradients change the numerics; dsrecipes keeps fp32 master "
                             "weights (precision=fp16)")
 _BF16_MASTER = RefuseUnless("bf16 master weights / optimizer states change the numerics; dsrecipes keeps fp32 "
@@ -119,6 +120,11 @@ def read_precision(t: Translation, ds: Mapping[str, Any]) -> None:
     enabled = {name: block.get("enabled", False) for name, block in blocks.items()}
     kinds = ("fp16", bf16, "torch_autocast")
     on = [name for name in kinds if enabled.get(name) is True]
+    if len(on) == 2 and on[1] == "torch_autocast":  # fp16 / bf16 with torch_autocast: DeepSpeed autocasts its model
+        _autocast_over_the_model(t, on[0], blocks["torch_autocast"])
+        on = on[:1]
+        blocks.pop("torch_autocast")  # read whole
+        enabled.pop("torch_autocast")
     autos = [name for name in kinds if enabled.get(name) == "auto"]
     chosen = on[0] if on else None
     recorded = set()
@@ -142,7 +148,8 @@ def read_precision(t: Translation, ds: Mapping[str, Any]) -> None:
     elif chosen == "torch_autocast":
         _read_autocast_dtype(t, blocks["torch_autocast"])
     for name in autos:
-        t.auto(f"{name}.enabled", "precision.dtype: the recipe's precision (Hugging Face: --fp16 / --bf16)")
+        t.auto(f"{name}.enabled", "precision.dtype: the recipe's precision, fp32 unless it picks another with "
+                                  "precision=... (Hugging Face: --fp16 / --bf16)")
     recorded.update(on[:1], autos)
     fp32 = chosen is None and not autos
     for name, block in blocks.items():
@@ -178,6 +185,26 @@ def _read_block_keys(t: Translation, name: str, block: Mapping[str, Any], chosen
     elif name != chosen:
         table = {key: Handled() if key == "enabled" else NoEffect(f"{name} is not enabled") for key in table}
     apply_table(t, name, block, table, f"{name} block")
+
+
+def _autocast_over_the_model(t: Translation, model: str, block: Mapping[str, Any]) -> None:
+    """fp16 / bf16 enabled with torch_autocast: DeepSpeed keeps its fp16 / bf16 model and optimizer and runs the
+    forward under torch.autocast to torch_autocast.dtype. precision=fp16 / bf16 autocasts its forward to the
+    model's dtype, the same thing when the dtypes agree; an autocast to the other half type is refused."""
+    value = block.get("dtype", "bfloat16")
+    dtype = AUTOCAST_DTYPES.get(value)
+    model_dtype = "fp16" if model == "fp16" else "bf16"
+    if dtype != model_dtype:
+        t.refused("torch_autocast.enabled", True, f"autocast to {value} over the {model_dtype} model of {model}.enabled:"
+                                                  " dsrecipes autocasts a half-precision model to its own dtype only")
+        return
+    t.record("torch_autocast.enabled", True, MAPPED, f"precision.dtype={model_dtype} autocasts its {model_dtype} "
+                                                     f"forward, as DeepSpeed does with {model} and torch_autocast")
+    t.record("torch_autocast.dtype", value, MAPPED if "dtype" in block else DEFAULT, f"precision.dtype={dtype}")
+    for key, v in block.items():
+        if key not in ("enabled", "dtype"):
+            t.ignored(f"torch_autocast.{key}", v, "DeepSpeed reduces these modules' gradients in the low precision; "
+                                                  "dsrecipes reduces gradients in fp32")
 
 
 def _read_autocast_dtype(t: Translation, block: Mapping[str, Any]) -> None:

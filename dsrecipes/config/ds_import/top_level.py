@@ -15,6 +15,7 @@ trainer.wall_clock_breakdown (dsrecipes.profiling); the comms_logger block onto 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from dsrecipes.config.ds_import.data_efficiency import DATA_EFFICIENCY_RULE, LEGACY_CURRICULUM_RULE
@@ -60,6 +61,31 @@ def _pipeline_checkpointing(t: Translation, key: str, value: Any) -> None:
                                                                       "chunks of k layers")
     else:
         t.refused(key, value, "must be an integer >= 0")
+
+
+# DeepSpeed 0.19.8's CompileConfig fields (compile/config.py); its pydantic model forbids any other key
+COMPILE_KEYS = ("deepcompile", "autoep_non_moe", "free_activation", "free_activation_threshold", "offload_activation",
+                "offload_activation_pin_memory", "offload_opt_states", "double_buffer", "symmetric_memory", "debug_log",
+                "offload_parameters", "sync_before_reduce", "sync_after_reduce", "sync_before_allgather",
+                "sync_after_allgather", "keep_int_input_tensors", "keep_all_input_tensors", "passes")
+
+
+def _compile_block(t: Translation, key: str, value: Any) -> None:
+    """DeepSpeed's `compile` block: DeepCompile (deepcompile: true) is refused; a key its CompileConfig does not
+    have is refused as DeepSpeed refuses it (axolotl's `disable` / `backend` are torch.compile's, not DeepSpeed's)."""
+    if not isinstance(value, Mapping):
+        t.refused(key, value, "DeepSpeed's compile is a block (a JSON object)")
+        return
+    for name, v in value.items():
+        path = f"{key}.{name}"
+        if name not in COMPILE_KEYS:
+            t.refused(path, v, "not a key of DeepSpeed's compile block: DeepSpeed refuses the config too (its "
+                               f"CompileConfig forbids extra keys; valid: {', '.join(COMPILE_KEYS)}); dsrecipes' "
+                               "torch.compile is the compile group (compile=blocks)")
+        elif name == "deepcompile" and v is True:
+            t.refused(path, v, "DeepCompile is not supported")
+        else:
+            t.ignored(path, v, "an option of DeepSpeed's compiler passes")
 
 
 TENSORBOARD_TABLE: dict[str, Rule] = {
@@ -239,8 +265,7 @@ TOP_LEVEL: dict[str, Rule] = {
                                                   ok_why="DeepSpeed's default, what dsrecipes does"),
     "use_data_before_expert_parallelism": NoEffect("the order of ranks in the mesh, not what they compute"),
     "hybrid_engine": _off_unless_enabled("the RLHF hybrid engine is not supported"),
-    "compile": refused_when_on("DeepCompile is not supported", "an option of DeepSpeed's compiler passes",
-                               switch="deepcompile"),
+    "compile": Custom(_compile_block, kind="refused"),
     "weight_quantization": RefuseUnless("quantized weights at zero.Init change the model; use "
                                         "compression.weight_quantization", ok=(None,)),
     "sequence_parallel_size": To("parallel.sp", positive_int),
