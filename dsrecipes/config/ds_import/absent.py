@@ -27,6 +27,9 @@ gives. A dsrecipes key given beside the file (or on the command line) still wins
 
 from __future__ import annotations
 
+import copy
+import enum
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -51,17 +54,25 @@ def recipe_default(target: str, t: Translation) -> Any:
             return DEFAULT_MICRO_BATCH_SIZE
         return value
     group, _, rest = target.partition(".")
-    from omegaconf import OmegaConf
-
-    from dsrecipes.config.schema import RootConfig
-    from dsrecipes.training.config import OPTION_SCHEMAS, option_schema
+    from dsrecipes.training.config import OPTION_SCHEMAS
 
     if group in OPTION_SCHEMAS:
-        node = OmegaConf.structured(option_schema(group, t.choices.get(group)))
-        value = OmegaConf.select(node, rest, default=None)
+        node, path = _schema_instance(group, t.choices.get(group)), rest
     else:
-        value = OmegaConf.select(OmegaConf.structured(RootConfig), target, default=None)
-    return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+        node, path = _schema_instance(None, None), target
+    for part in path.split("."):
+        node = getattr(node, part, None)
+    value = node.value if isinstance(node, enum.Enum) else node
+    return copy.deepcopy(value)
+
+
+@functools.lru_cache(maxsize=None)
+def _schema_instance(group: str | None, option: str | None) -> Any:
+    """The dataclass of the option (or RootConfig with group None) with its defaults; built once."""
+    from dsrecipes.config.schema import RootConfig
+    from dsrecipes.training.config import option_schema
+
+    return RootConfig() if group is None else option_schema(group, option)()
 
 
 def read_absent_blocks(t: Translation, ds: Mapping[str, Any]) -> None:

@@ -133,8 +133,8 @@ def read_precision(t: Translation, ds: Mapping[str, Any]) -> None:
                                        "or torch_autocast")
         recorded.add("amp")
     for extra in on[1:]:
-        t.refused(f"{extra}.enabled", True, f"{chosen}.enabled is true too; DeepSpeed allows one of fp16 / bf16 / "
-                                            "torch_autocast ('bfloat16 and fp16 modes cannot be simultaneously enabled')")
+        t.refused(f"{extra}.enabled", True, f"{chosen}.enabled is true too; DeepSpeed refuses it too ('bfloat16 and "
+                                            "fp16 modes cannot be simultaneously enabled')")
         recorded.add(extra)
     if chosen == "fp16":
         t.set("precision.master_weights", True)
