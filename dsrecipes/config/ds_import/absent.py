@@ -66,7 +66,7 @@ def recipe_default(target: str, t: Translation) -> Any:
     return copy.deepcopy(value)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _schema_instance(group: str | None, option: str | None) -> Any:
     """The dataclass of the option (or RootConfig with group None) with its defaults; built once."""
     from dsrecipes.config.schema import RootConfig
