@@ -7,19 +7,22 @@
 `translate(ds)` reads every key, top-level and nested, with the tables of this package (top_level,
 zero, precision, optimizer, data_efficiency, model_blocks) and returns a `Translation`: the
 dsrecipes values, the optimizer / lr_scheduler options, and each key's fate (mapped, auto,
-default, no effect, refused; see translation.py). Keys whose ignoring would change the training
-are refused, all of them named in one ValueError before any work starts; keys that only change
-speed, memory or logs are accepted and reported with no effect.
+default, no effect, refused; see translation.py). Keys dsrecipes cannot honour the same way, or that
+DeepSpeed refuses too, are refused with the reason, all of them named in one ValueError before any
+work starts; keys that only change speed, memory or logs, and top-level keys DeepSpeed does not read
+(`_comment`, `cuda_visible_devices`: DeepSpeed ignores them), are accepted and reported with no effect.
 
-Which values count (the rules every block follows):
+Which values count (the rules every block follows; the same for initialize, the CLI and convert_ds_config):
 * a key the config gives maps onto its dsrecipes key, converted to dsrecipes' spelling;
 * a block the config gives means what it means in DeepSpeed: the keys it leaves out take
   DeepSpeed's defaults (Adam's betas 0.999, fp16's hysteresis 2, WarmupLR's 1000 warmup steps ...);
-* a block or key the config leaves out leaves the recipe's value, as Hugging Face's Trainer fills
-  an absent optimizer / scheduler from its own arguments;
-* "auto" is resolved as Hugging Face's integration resolves it, dsrecipes' recipe standing in for
-  HF's TrainingArguments (each rule says how: lr -> the recipe's optimizer.lr, warmup_min_lr -> 0,
-  total_num_steps -> trainer.max_steps, train_batch_size -> derived from the other two ...);
+* a block the config leaves out means what its absence means in DeepSpeed (ds_import.absent): no
+  scheduler block, a constant lr; no optimizer block, adamw with its schema's numbers standing in for the
+  caller's optimizer;
+* "auto" is resolved as Hugging Face's integration resolves it, to a number, in one place
+  (ds_import.absent): lr -> the optimizer option's schema lr, warmup_min_lr -> 0, total_num_steps ->
+  trainer.max_steps, the micro-batch -> the recipe's (16 when it sets none), train_batch_size -> derived
+  from the other two ...; a dsrecipes key given beside the file wins;
 * the batch triple follows DeepSpeed's rule: any of the three given makes the others not given
   (null) unless given too, so a default never counts as given (see precision.read_batch).
 """

@@ -10,8 +10,9 @@ A table maps each key DeepSpeed reads in a block to what dsrecipes does with it:
     Custom(fn)             anything else: fn(translation, key, value)
     Handled()              read together with other keys by a block reader (precision, batch triple)
 
-A key a table does not list is refused: DeepSpeed's pydantic blocks reject unknown keys, and at
-the top level DeepSpeed would silently ignore a typo, which dsrecipes does not.
+A key a nested table does not list is refused: DeepSpeed's pydantic blocks reject unknown keys. At the
+top level DeepSpeed ignores a key it does not read, and so does dsrecipes, with a report line naming a
+close DeepSpeed key if there is one (ds_import.translate).
 
 "auto" (Hugging Face's placeholder, which DeepSpeed itself drops) is resolved where the rule says:
 To writes the number its schema gives the dsrecipes key (ds_import.absent: resolved once every block
