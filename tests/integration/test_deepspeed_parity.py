@@ -396,8 +396,8 @@ def test_client_optimizer_at_zero3_matches_deepspeed(side_by_side, case):
     assert abs(losses[-1] - losses[0]) > 1e-3  # it trained
 =======
 # losses within: fp32, the same math (order of sums only); fp16 / bf16, the rounding of a half-precision forward
-# (DeepSpeed runs the module in plain half, dsrecipes under autocast, norms in fp32)
-CORPUS_LOSS_TOLERANCE = {"comments_and_launcher_keys": 1e-6, "fp16_auto_cast": 5e-3, "megatron_ds_gpt_zero1_bf16": 3e-2}
+# (DeepSpeed runs the module in plain half, dsrecipes under autocast, norms in fp32): 1.5e-4 and 1.6e-3 measured
+CORPUS_LOSS_TOLERANCE = {"comments_and_launcher_keys": 1e-6, "fp16_auto_cast": 5e-3, "megatron_ds_gpt_zero1_bf16": 1e-2}
 
 
 @pytest.mark.slow
