@@ -373,7 +373,6 @@ def test_fp16_zero0_differs_from_deepspeed_as_documented(side_by_side):
     assert side_by_side[0]["dsrecipes"]["fp16", 0]["scale"] == ds1["scale"]
 
 
-<<<<<<< HEAD
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("case", CLIENT_CASES)
@@ -394,7 +393,8 @@ def test_client_optimizer_at_zero3_matches_deepspeed(side_by_side, case):
     assert lrs[0] == [0.02, 0.005] and lrs[2] == pytest.approx([0.02 / 3, 0.005 / 3] if case == "sgd" else lrs[0])
     losses = side_by_side[0]["deepspeed"]["client", case]["loss"]
     assert abs(losses[-1] - losses[0]) > 1e-3  # it trained
-=======
+
+
 # losses within: fp32, the same math (order of sums only); fp16 / bf16, the rounding of a half-precision forward
 # (DeepSpeed runs the module in plain half, dsrecipes under autocast, norms in fp32): 1.5e-4 and 1.6e-3 measured
 CORPUS_LOSS_TOLERANCE = {"comments_and_launcher_keys": 1e-6, "fp16_auto_cast": 5e-3, "megatron_ds_gpt_zero1_bf16": 1e-2}
@@ -413,4 +413,3 @@ def test_corpus_files_train_as_deepspeed_trains_them(side_by_side, name):
         assert ours["loss"] == pytest.approx(theirs["loss"], rel=0, abs=CORPUS_LOSS_TOLERANCE[name]), f"rank {rank}"
     lrs = side_by_side[0]["deepspeed"]["corpus"][name]["lr"]
     assert (len(set(lrs)) == 1) == (name == "megatron_ds_gpt_zero1_bf16")  # constant only without a scheduler block
->>>>>>> 5b4dc22 (Integration: three corpus files (ignored keys + WarmupCosineLR at ZeRO-2, fp16.auto_cast on a LayerNorm-first model, Megatron-DeepSpeed ZeRO-1 bf16 with no optimizer/scheduler blocks) train through dsrecipes.initialize and deepspeed.initialize in the existing world-2 side-by-side spawn: equal lrs, losses within the precision's rounding)
