@@ -9,7 +9,7 @@ reference serves every row of its family, and a row's equivalence and resume che
 Adding a layout is adding a Row. A supported row of the compatibility matrix (dsrecipes/config/compatibility.py)
 names the rows that show it (Supported.tests); tests/unit/test_compatibility.py fails when one names none.
 
-Tolerances (each Row's `tolerance`, absolute, over the 10 steps):
+Tolerances (each Row's `tolerance`, absolute, over the 10 steps; defined in dsrecipes/verify/config.py):
 * FP32: losses 2e-5, exported parameters 5e-5. The layouts differ from one process only in fp32 summation order
   (half-batch gradients averaged across ranks, reduce-scatters, matmuls split over tp and summed, micro-batches
   averaged by a pipeline schedule), about 1e-7 relative per step; Adam's normalisation lets it grow slowly, so the
@@ -28,6 +28,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+# one source for the tolerances: `python -m dsrecipes.verify` holds any recipe's layout to the same numbers
+from dsrecipes.verify.config import BF16_EXPERTS, COMPILED, FP32, MASTER_WEIGHTS, Tolerance
 
 STEPS = 10
 CHECKPOINT_STEP = 5  # the rows that resume save here; their resume checks continue from it in one process
@@ -53,17 +56,6 @@ def merged(*parts) -> list[str]:
             out[override.split("=", 1)[0]] = override
     return list(out.values())
 
-
-@dataclass(frozen=True)
-class Tolerance:
-    loss: float
-    params: float
-
-
-FP32 = Tolerance(loss=2e-5, params=5e-5)
-MASTER_WEIGHTS = Tolerance(loss=2e-2, params=5e-3)
-BF16_EXPERTS = Tolerance(loss=1e-2, params=5e-3)
-COMPILED = Tolerance(loss=1e-4, params=2e-4)
 
 
 @dataclass(frozen=True)
