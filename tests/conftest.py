@@ -61,11 +61,12 @@ def fast_overrides(datasets_cache) -> list[str]:
 
 
 def pytest_collection_modifyitems(config, items):
-    """The README examples first: their module is the suite's longest (one shared run of every example), and
-    xdist's loadscope hands modules out in this order, so it runs beside the rest instead of after it.
+    """The documentation examples first (README.md and docs/): their module is the suite's longest (one shared run
+    of every example), and xdist's loadscope hands modules out in this order, so it runs beside the rest instead
+    of after it.
     The tiers: every test in tests/integration is `slow`; none in tests/unit may be.
     Tests marked `gpu` need CUDA: skipped (with the reason) on machines without it."""
-    items.sort(key=lambda item: item.nodeid.split("::")[0] != "tests/docs/test_readme_examples.py")  # stable
+    items.sort(key=lambda item: item.nodeid.split("::")[0] != "tests/docs/test_doc_examples.py")  # stable
     for item in items:
         tier = _tier(item)
         if tier == "integration":

@@ -32,7 +32,7 @@ GPU. The suite section records each section's wall time against its budget and t
 
 Outputs in --out: gpu_suite.csv (one row per figure: section, name, value, unit, target, met, note),
 gpu_suite.md (the hardware line - GPU, torch, CUDA, Triton - then the targets and one table per section,
-ready to paste into the README), gpu_suite_kernel_policy.json, and each section's own outputs in kernels/,
+ready to paste into docs/benchmarks.md), gpu_suite_kernel_policy.json, and each section's own outputs in kernels/,
 train/, inference/, tests/. The issue's targets get target and met: GPT-2 124M >= 50% MFU in bf16 with
 compile; flash attention forward >= 0.9x SDPA at T=4096 D=128; norms >= 80% of HBM bandwidth; batch-1 decode of
 a 1.3B model >= 70% of the bandwidth roofline (and int8 decode >= 1.6x bf16).

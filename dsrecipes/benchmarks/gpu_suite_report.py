@@ -1,5 +1,5 @@
 """The GPU suite's figures: one row per figure (section, name, value, unit, target, met, note), the issue's
-targets applied to them, and gpu_suite.csv / gpu_suite.md (markdown tables ready for the README).
+targets applied to them, and gpu_suite.csv / gpu_suite.md (markdown tables ready for docs/benchmarks.md).
 
 dsrecipes.benchmarks.gpu_suite runs the sections and turns each section's own rows into Figures here, so the
 target logic (and its tests) do not need a GPU: every function takes plain row dicts.

@@ -1,8 +1,8 @@
 """The compatibility matrix: which combinations of config groups run, which are refused, and why.
 
 One table of data. `check_compatibility` (called by validate_recipe before any worker starts) raises
-the first refusal a recipe hits, as a ValueError naming the keys and their values; the README's
-compatibility matrix is `matrix_markdown()` (tests/unit/test_compatibility.py holds the two together).
+the first refusal a recipe hits, as a ValueError naming the keys and their values; the compatibility
+matrix in docs/model-parallelism.md is `matrix_markdown()` (tests/unit/test_compatibility.py holds the two together).
 Per-group value checks (a degree that does not divide the heads, a schedule name that does not
 exist) stay with each group's validation; this table is about groups that do not go together.
 
@@ -38,8 +38,8 @@ def _seqlen_curriculum(root) -> bool:
 class Refusal:
     """A combination dsrecipes does not run: `message(root, dims)` is the error, None when the recipe is clear."""
 
-    combination: str  # the README row
-    reason: str  # why, for the README
+    combination: str  # the matrix's row (docs/model-parallelism.md)
+    reason: str  # why, for the docs
     message: Callable  # (root: RootConfig, dims: ParallelDims) -> str | None
 
 
@@ -315,7 +315,7 @@ def _shown_by(test: str) -> str:
 
 
 def matrix_markdown() -> str:
-    """The README's compatibility matrix, generated from SUPPORTED and REFUSED."""
+    """The compatibility matrix of docs/model-parallelism.md, generated from SUPPORTED and REFUSED."""
     rows = ["| combination | status | shown by |", "|---|---|---|"]
     rows += [f"| {s.combination} | {s.status} | {', '.join(_shown_by(t) for t in s.tests)} |" for s in SUPPORTED]
     rows += [f"| {r.combination} | refused: {r.reason} | |" for r in REFUSED]

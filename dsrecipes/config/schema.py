@@ -36,7 +36,7 @@ from dsrecipes.training.config import (
     WarmupCosineConfig,
 )
 
-# Config groups, in the order the README documents them.
+# Config groups, in the order docs/recipes.md's table documents them.
 CONFIG_GROUPS = (
     "model", "data", "optimizer", "lr_scheduler", "precision", "fp8", "trainer", "checkpoint", "logger", "zero", "parallel",
     "launcher", "kernels", "compile", "activation_checkpointing", "moe", "data_efficiency", "compression",

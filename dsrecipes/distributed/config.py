@@ -1,6 +1,6 @@
 """Schemas of the `zero` and `launcher` config groups (DeepSpeed's zero_optimization and launcher).
 
-Each ZeRO stage maps onto PyTorch-native machinery (README, "ZeRO on PyTorch"): stage 0 = DDP,
+Each ZeRO stage maps onto PyTorch-native machinery (docs/zero.md, "ZeRO on PyTorch"): stage 0 = DDP,
 stage 1 = ZeroRedundancyOptimizer over DDP, stage 2 = replicated parameters with reduce-scattered
 gradients and a sharded optimizer (zero2.py; FSDP2 fully_shard(reshard_after_forward=False) when
 combined with model/expert parallelism, hybrid sharding or offload), stage 3 = FSDP2 fully_shard.
@@ -132,7 +132,7 @@ class ParallelConfig:
     tp_sequence_parallel: with tp > 1, split the activations between the sharded layers along the
         sequence (norms, dropout and residuals on seq/tp rows; Megatron-LM's --sequence-parallel);
         false keeps them replicated on every tp rank.
-    sp: Ulysses sequence parallelism; pp: pipeline parallelism (see README's compatibility matrix).
+    sp: Ulysses sequence parallelism; pp: pipeline parallelism (see the compatibility matrix in docs/model-parallelism.md).
     """
 
     tp: int = 1

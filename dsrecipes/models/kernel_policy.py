@@ -7,7 +7,7 @@
 The policy is a small data file shipped in the package, kernel_policy.json beside this module: for every op
 kernel injection can swap (INJECTABLE_OPS, named like dsrecipes.benchmarks.kernels' cases) the backend
 "triton" or "torch" and the measurement it came from (ratio = torch ms / Triton ms, pass, shape, hardware,
-date, source). An op never measured is "torch". The seed came from the README's ad-hoc H200 timings;
+date, source). An op never measured is "torch". The seed came from the ad-hoc H200 timings in docs/benchmarks.md;
 `python -m dsrecipes.benchmarks.gpu_suite --out bench/` derives a fresh one from its kernel table
 (policy_from_kernel_rows: triton where the Triton op is at least as fast as torch eager and torch.compile)
 and `--write-policy` installs it here.

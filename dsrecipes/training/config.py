@@ -4,7 +4,7 @@ Plain dataclasses (no Hydra): they are the structured-config schemas of conf/<gr
 config that `dsrecipes.initialize(config=...)` accepts from Python. Keys keep DeepSpeed's names where
 DeepSpeed has one (train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps,
 gradient_clipping, warmup_num_steps, cos_min_ratio ...) and DeepSpeed's semantics
-(see the README's "Coming from DeepSpeed" section). Fields with a fixed set of values are Enums
+(see docs/deepspeed.md, "Coming from DeepSpeed"). Fields with a fixed set of values are Enums
 (dsrecipes.utils.config_enum.ConfigEnum), so a bad value fails at composition.
 
 The optimizer and lr_scheduler groups have one schema per option (AdamWConfig, SGDConfig, ...,

@@ -1,6 +1,6 @@
 """The compatibility matrix (dsrecipes.config.compatibility): every refused row fires before any work,
-naming its keys, through validate_recipe (what the CLI runs before spawning workers), and the README
-shows exactly the table the code holds."""
+naming its keys, through validate_recipe (what the CLI runs before spawning workers), and the docs
+(docs/model-parallelism.md) show exactly the table the code holds."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from dsrecipes.config import validate_recipe
 from dsrecipes.config.compatibility import REFUSED, SUPPORTED, matrix_markdown
 from dsrecipes.config.store import compose
-from tests.helpers.paths import README, REPO
+from tests.helpers.paths import DOCS, REPO
 
 # combination -> (overrides, world size, a fragment of the message)
 CASES = {
@@ -95,6 +95,6 @@ def test_every_layout_row_shows_a_supported_combination():
     assert ROW_IDS <= named, f"rows in no supported combination: {sorted(ROW_IDS - named)}"
 
 
-def test_readme_matrix_is_the_table_in_the_code():
-    readme = README.read_text()
-    assert matrix_markdown() in readme
+def test_docs_matrix_is_the_table_in_the_code():
+    page = (DOCS / "model-parallelism.md").read_text()
+    assert matrix_markdown() in page

@@ -29,7 +29,7 @@ ROOT = REPO
 def test_packaged_policy_covers_every_injectable_op_and_ships_with_the_package():
     policy = load_policy()
     assert list(policy) == list(INJECTABLE_OPS)
-    # Seeded from the README's H200 table: only cross-entropy measured faster in Triton.
+    # Seeded from the H200 table in docs/benchmarks.md: only cross-entropy measured faster in Triton.
     assert {op for op, p in policy.items() if p.backend == "triton"} == {"cross_entropy"}
     assert policy["cross_entropy"].ratio == 7.9 and policy["cross_entropy"].hardware == "NVIDIA H200"
     for op in ("layer_norm", "rms_norm", "swiglu", "flash_attention"):

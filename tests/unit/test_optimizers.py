@@ -460,7 +460,7 @@ def test_custom_target_builds_any_torch_optimizer_with_flat_arguments():
 
 
 def test_custom_option_on_the_command_line():
-    # README: python -m dsrecipes optimizer=custom optimizer._target_=torch.optim.RMSprop optimizer.alpha=0.9
+    # docs/precision.md: python -m dsrecipes optimizer=custom optimizer._target_=torch.optim.RMSprop optimizer.alpha=0.9
     cfg = _composed("optimizer=custom", "optimizer._target_=torch.optim.RMSprop", "optimizer.alpha=0.9",
                     "+optimizer.centered=true")  # with or without the `+`: the custom node takes new keys
     assert type(cfg) is CustomOptimizerConfig and cfg.extra_arguments == {"alpha": 0.9, "centered": True}

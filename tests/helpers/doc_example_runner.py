@@ -1,6 +1,8 @@
-"""Run a list of README example steps in order, in one interpreter where that is faithful.
+"""Run a list of documentation example steps (README.md and docs/) in order, in one interpreter where faithful.
 
-    python tests/helpers/readme_runner.py PLAN.json RESULTS.json
+    python tests/helpers/doc_example_runner.py PLAN.json RESULTS.json
+
+tests/docs/test_doc_examples.py writes the plan.
 
 PLAN.json: [{"id", "kind", "argv", "log", "cwd"}, ...] with kind
   * "dsrecipes": `python -m dsrecipes ARGV`, run here as `sys.argv = ["dsrecipes", *ARGV]; main()` (what the
