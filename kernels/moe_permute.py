@@ -7,7 +7,7 @@ What:
 * unpermute_rows(y [P, M], slots [S, K], weight [S, K], source [P]) -> [S, M]:
   out[s] = sum_k weight[s, k] * y[slots[s, k]] accumulated in fp32 (dropped routes, slot out of
   range, contribute nothing). Backward: dy[p] = dout[source[p]] * weight of the route in slot p (a
-  scaled row gather), dweight[s, k] = <dout[s], y[slots[s, k]]>.
+  scaled row gather), `dweight[s, k] = <dout[s], y[slots[s, k]]>`.
 
 Out-of-range indices (>= the gathered tensor's rows, or negative) mean "nothing", which is how
 dsrecipes.models.moe_dispatch marks empty slots (source = S) and dropped routes (slot = E * C).

@@ -249,7 +249,7 @@ class Engine:
         self.skipped_steps = state.get("skipped_steps", 0)
 
     def save_checkpoint(self, save_dir: str | os.PathLike, tag: str | None = None, client_state: dict | None = None) -> Path:
-        """Atomically write <save_dir>/<tag>/ (tag defaults to step_<global_steps>) and update `latest`.
+        """Atomically write `<save_dir>/<tag>/` (tag defaults to `step_<global_steps>`) and update `latest`.
 
         Call on every rank. Holds the model (full precision), optimizer, LR schedule, loss scaler,
         step counters, each rank's RNG states, the caller's client_state (e.g. the data position)
@@ -260,7 +260,7 @@ class Engine:
     def load_checkpoint(
         self, load_dir: str | os.PathLike, tag: str | None = None, load_optimizer_states: bool = True
     ) -> tuple[Path, dict]:
-        """Restore from <load_dir>/<tag> (default: `latest`); returns (path, client_state).
+        """Restore from `<load_dir>/<tag>` (default: `latest`); returns (path, client_state).
 
         Every tensor is checked against the model first: a missing, unexpected or differently shaped
         tensor raises ValueError naming it, and nothing is loaded. Sharded (dcp/) checkpoints load at
