@@ -147,7 +147,7 @@ def test_option_groups_default_to_their_first_schema():
         assert set(options(group)) == set(schemas), f"conf/{group}/ and OPTION_SCHEMAS['{group}'] differ"
 
 
-def test_readme_commands_compose():
+def test_documented_commands_compose():  # docs/precision.md
     cfg = compose(["optimizer=lion", "lr_scheduler=one_cycle"])
     assert (cfg.optimizer._target_, cfg.lr_scheduler._target_) == (
         "dsrecipes.training.lion.Lion", "dsrecipes.training.lr_schedules.OneCycle")
