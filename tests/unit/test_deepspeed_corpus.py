@@ -58,6 +58,8 @@ EXPECTED: dict[str, tuple[str, tuple | str]] = {
                                                                            "DeepSpeed refuses the config too"),
     "llamafactory_z0": ("LLaMA-Factory ds_z0_config.json", (0, "fp32", (32, 16, 1))),
     "llamafactory_z3_offload": ("LLaMA-Factory ds_z3_offload_config.json", (3, "fp32", (32, 16, 1))),
+    "llamafactory_z3_fp8_block": ("LLaMA-Factory's ZeRO-3 fp8 config: a top-level fp8 block DeepSpeed does not read "
+                                  "(ignored: its keys are not dsrecipes' fp8 keys)", (3, "fp32", (32, 16, 1))),
     "openrlhf_zero2_bf16": ("OpenRLHF get_train_ds_config (ZeRO-2, bf16)", (2, "bf16", (8, 2, 2))),
     "zero1_cpu_offload": ("ZeRO-1 with CPU optimizer offload (trains as zero.stage=2: same update)",
                           (2, "fp32", (8, 2, 2))),
@@ -147,6 +149,8 @@ def test_auto_cast_and_ignored_keys_are_reported():
     t = load_translation(CORPUS / "comments_and_launcher_keys.json")
     for key in ("_comment", "cuda_visible_devices", "comms_config", "monitor_config"):
         assert t.fate(key).kind == "no effect" and "DeepSpeed ignores it" in t.fate(key).detail
+    fp8 = load_translation(CORPUS / "llamafactory_z3_fp8_block.json").fate("fp8")  # also a dsrecipes key
+    assert fp8.kind == "no effect" and "DeepSpeed ignores it" in fp8.detail and "beside the DeepSpeed config" in fp8.detail
     stage = load_translation(CORPUS / "zero1_cpu_offload.json").fate("zero_optimization.stage")
     assert stage.value == 1 and "zero.stage=2" in stage.detail and "same" in stage.detail
 

@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Mapping
-from dataclasses import fields
-from typing import Any
+from dataclasses import fields, is_dataclass
+from typing import Any, get_type_hints
 
 from dsrecipes.config.ds_import.absent import after_blocks, read_absent_blocks
 from dsrecipes.config.ds_import.files import read_deepspeed_file
@@ -68,15 +68,34 @@ def translate(ds: Mapping[str, Any], recipe: Mapping[str, Any] | None = None) ->
 
 
 def _unknown(t: Translation, key: str, value: Any) -> None:
-    """A top-level key DeepSpeed does not read: DeepSpeed ignores it, so does dsrecipes (with a line in the report);
-    a dsrecipes key is refused, since whoever wrote it expects it to act."""
+    """A top-level key DeepSpeed does not read: DeepSpeed ignores it, so does dsrecipes (with a line in the report).
+
+    A dsrecipes key written the dsrecipes way (`"model": {"n_layer": 2}`: every sub-key is one of its schema's) is
+    refused instead: whoever wrote it expects it to act, and it acts only beside the DeepSpeed config. A block that
+    only shares a dsrecipes key's name (LLaMA-Factory's `"fp8": {"enabled": true, ...}`, not dsrecipes' fp8 keys) is
+    another tool's, and is ignored as DeepSpeed ignores it."""
     if key in _ROOT_KEYS and key not in TOP_LEVEL:
-        t.refused(key, value, "a dsrecipes key, not a DeepSpeed one: give dsrecipes keys beside the DeepSpeed "
-                              f"config, e.g. {{'deepspeed_config': 'ds_config.json', '{key}': ...}}")
+        beside = (f"set dsrecipes' {key} beside the DeepSpeed config (on the command line, or "
+                  f"{{'deepspeed_config': 'ds_config.json', '{key}': ...}})")
+        if _written_for_dsrecipes(key, value):
+            t.refused(key, value, f"a dsrecipes key, not a DeepSpeed one: {beside}")
+        else:
+            t.ignored(key, value, f"not a key DeepSpeed reads: DeepSpeed ignores it, and so does dsrecipes "
+                                  f"(its keys are not dsrecipes' {key} keys either; {beside})")
         return
     close = difflib.get_close_matches(key, TOP_LEVEL, n=1)
     hint = f" (a typo of {close[0]}?)" if close and not key.startswith("_") else ""
     t.ignored(key, value, f"not a key DeepSpeed reads: DeepSpeed ignores it, and so does dsrecipes{hint}")
+
+
+def _written_for_dsrecipes(key: str, value: Any) -> bool:
+    """True when `value` could configure dsrecipes' root key `key`: a scalar, or a mapping of its schema's keys only."""
+    schema = get_type_hints(RootConfig).get(key)
+    if not isinstance(value, Mapping):
+        return True
+    if isinstance(schema, type) and is_dataclass(schema):
+        return set(value) <= {f.name for f in fields(schema)}
+    return True
 
 
 def looks_like_deepspeed(config: Mapping[str, Any]) -> bool:

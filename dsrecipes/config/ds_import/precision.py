@@ -65,8 +65,9 @@ _SCALER_DEFAULTS = {"loss_scale": 0, "initial_scale_power": 16, "loss_scale_wind
                     "consecutive_hysteresis": False, "min_loss_scale": 1}
 _AUTO_CAST = To("precision.auto_cast", one_of("auto_cast", {True: True, False: False}), default=False,
                 note="true: the engine casts the forward's floating inputs to fp16, as DeepSpeed's engine does")
-_FP16_REFUSE = RefuseUnless("fp16 master weights and gradients change the numerics; dsrecipes keeps fp32 master "
-                            "weights (precision=fp16)")
+_FP16_REFUSE = RefuseUnless("DeepSpeed would keep fp16 master weights and gradients (ZeRO 1/2 with CPU offload); "
+                            "dsrecipes has no fp16 master copy, so it cannot train this the same way: remove the key to "
+                            "train with fp32 master weights (precision=fp16), a different update")
 _BF16_MASTER = RefuseUnless("bf16 master weights / optimizer states change the numerics; dsrecipes keeps fp32 "
                             "master weights and states (precision=bf16_master)")
 _GRAD_OVERFLOW = To("precision.nonfinite_grads", one_of("check_grad_overflow", {True: "skip", False: "error"}),
