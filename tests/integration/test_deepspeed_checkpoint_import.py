@@ -16,7 +16,7 @@ import warnings
 import pytest
 import torch
 
-from tests.integration.test_deepspeed_parity import GAS, MICRO, WARMUP, _micro_batch, _net_and_groups
+from tests.integration.test_deepspeed_parity import GAS, MICRO, WARMUP, _micro_batch, _net_and_groups, recipe_config
 from tests.unit.test_deepspeed_parity import deepspeed  # noqa: F401  (skips the module without DeepSpeed)
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -72,12 +72,7 @@ def _dsrecipes_side(rank, world, folder, converted):
     out = {}
     for precision, stage in CASES:
         net, groups = _net_and_groups()
-        cfg = {"zero": {"stage": stage},
-               "optimizer": {"name": "adamw", "lr": 0.01, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.1,
-                             "impl": "for_loop", "no_decay_bias_and_norm": False},
-               "lr_scheduler": {"name": "warmup_lr", "step_alignment": "deepspeed", **WARMUP},
-               "trainer": {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": GAS,
-                           "gradient_clipping": 0.05, "device": "cpu"}}
+        cfg = recipe_config(stage)
         if precision == "bf16":
             cfg["precision"] = {"dtype": "bf16", "master_weights": True}
         engine, optimizer, _, _ = dsrecipes.initialize(model=net, config=cfg, model_parameters=groups)

@@ -40,6 +40,16 @@ class _Net(torch.nn.Module):
         return self.head(x)
 
 
+def recipe_config(stage: int) -> dict:
+    """dsrecipes' side of the side-by-side runs: DeepSpeed's AdamW, WarmupLR and batch as a dsrecipes config."""
+    return {"zero": {"stage": stage},
+            "optimizer": {"name": "adamw", "lr": 0.01, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.1,
+                          "impl": "for_loop", "no_decay_bias_and_norm": False},
+            "lr_scheduler": {"name": "warmup_lr", "step_alignment": "deepspeed", **WARMUP},
+            "trainer": {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": GAS,
+                        "gradient_clipping": 0.05, "device": "cpu"}}
+
+
 def _net_and_groups():
     torch.manual_seed(0)
     net = _Net()
@@ -83,12 +93,7 @@ def _dsrecipes_runs(rank, world):
     for precision in ("fp32", "fp16"):
         for stage in (0, 1, 2, 3):
             net, groups = _net_and_groups()
-            cfg = {"zero": {"stage": stage},
-                   "optimizer": {"name": "adamw", "lr": 0.01, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.1,
-                                 "impl": "for_loop", "no_decay_bias_and_norm": False},
-                   "lr_scheduler": {"name": "warmup_lr", "step_alignment": "deepspeed", **WARMUP},
-                   "trainer": {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": GAS,
-                               "gradient_clipping": 0.05, "device": "cpu"}}
+            cfg = recipe_config(stage)
             if precision == "fp16":
                 cfg["precision"] = {"dtype": "fp16", "master_weights": True, **FP16}
             engine, optimizer, _, _ = dsrecipes.initialize(model=net, config=cfg, model_parameters=groups)
