@@ -1,9 +1,11 @@
 """`python -m dsrecipes.verify` end to end: ZeRO-3 at world 2 (and pp 2 x dp 2, matrix tier) equal one fp32 process;
+a shrunk model (verify.shrink=true) under tensor parallelism equals one process of the same shrunk model;
 precision=bf16 against the fp32 reference and a deliberately broken layout do not (exit 1, step and group named).
 
 The command runs in this process (dsrecipes.verify.cli.main) with a runner that forks each training run from the
 test's fork server (tests/helpers/cli.py) instead of a fresh interpreter, and reuses a reference already trained
-with the same overrides: every test here has the same reference (one process, micro-batch 4 x accumulation 4).
+with the same overrides: every test here but the shrunk one has the same reference (one process, micro-batch
+4 x accumulation 4).
 The broken layout comes through the test-only hook DSRECIPES_VERIFY_TEST_INJECT (dsrecipes/verify/plan.py): an
 override the candidate alone runs, standing in for a layout that computes something else.
 """
@@ -65,6 +67,21 @@ def test_zero3_at_world_2_equals_one_process(verify, capsys):
     assert report["candidate_world"] == 2 and report["reference_world"] == 1
     assert "trainer.gradient_accumulation_steps=4" in report["reference"]  # the same global batch in one process
     assert "EQUIVALENT" in out and "ref grad norm" in out
+
+
+@pytest.mark.timeout(600)
+def test_a_shrunk_model_of_the_family_keeps_the_layout_and_equals_one_process(verify, capsys):
+    """verify.shrink=true trains gpt_tiny's family at 2 layers and width 96 (6 heads of 16 kept: tp 2 divides them)
+    under tensor parallelism, against one process of the same shrunk model."""
+    code, report, out = verify([*RECIPE, "model=gpt_tiny", "model.max_seq_len=64", "parallel.tp=2",
+                                "launcher.nproc_per_node=2", "trainer.gradient_accumulation_steps=4",
+                                "verify.shrink=true"], capsys)
+    assert code == 0, out
+    assert report["verdict"]["equivalent"] and report["candidate_world"] == 2 and report["reference_world"] == 1
+    for run in ("candidate", "reference"):
+        assert {"model.n_layer=2", "model.d_model=96"} <= set(report[run]), report[run]
+    assert any(line.startswith("shrink: model.n_layer 4 -> 2") for line in report["adjustments"])
+    assert "shrink: model.n_layer 4 -> 2" in out
 
 
 @pytest.mark.timeout(600)

@@ -59,6 +59,7 @@ def check_row(row: Row, tmp_path_factory) -> None:
     run = cached_run(tmp_path_factory, row.overrides(), timeout=row.timeout)
     assert_same_training(run.losses, run.params, reference.losses, reference.params, row.tolerance.loss,
                          row.tolerance.params)
+    assert_verify_verdict(run, reference, row.tolerance)
     for key, atol in row.metrics:
         got, want = run.metric(key), reference.metric(key)
         assert len(got) == len(want) > 0, (key, got, want)
@@ -68,6 +69,18 @@ def check_row(row: Row, tmp_path_factory) -> None:
         assert fragment in layout, f"{fragment!r} not in the run's layout line: {layout}"
     if row.check is not None:
         row.check(run, reference)
+
+
+def assert_verify_verdict(run, reference, tolerance) -> None:
+    """`python -m dsrecipes.verify`'s own verdict on the row's two runs (dsrecipes.verify.compare: per-step loss and
+    lr, max |param diff| per tensor group) at the row's tolerance: equivalent, as the table's assertions found. So
+    every row of the table (every supported row of the compatibility matrix) is judged by verify's code too."""
+    from dsrecipes.verify.compare import compare_params, compare_steps, read_series, verdict
+
+    steps = compare_steps(read_series(run.run_dir / "metrics.jsonl"), read_series(reference.run_dir / "metrics.jsonl"),
+                          tolerance)
+    result = verdict(steps, compare_params(run.params, reference.params, tolerance), tolerance, STEPS)
+    assert result.equivalent, result.message
 
 
 def check_resume(row: Row, tmp_path_factory) -> None:
