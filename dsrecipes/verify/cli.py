@@ -78,7 +78,11 @@ def verify(argv: list[str], runner=None) -> int:
     except Exception as error:  # noqa: BLE001 - Hydra's composition errors (an unknown key, a missing option)
         if type(error).__module__.split(".")[0] not in ("hydra", "omegaconf"):
             raise
-        return _error(str(error).splitlines()[0] if str(error) else type(error).__name__)
+        from dsrecipes.config.unknown_key_hint import unknown_key_message
+
+        first = str(error).splitlines()[0] if str(error) else type(error).__name__
+        hint = unknown_key_message(error)  # an unknown key of a schema: the closest valid keys, as the CLI says
+        return _error(f"{first}\n{PROGRAM}: error: {hint}" if hint else first)
     from dsrecipes.verify.runner import run_subprocess
 
     runner = runner or run_subprocess
@@ -106,15 +110,25 @@ def verify(argv: list[str], runner=None) -> int:
 
 
 def _plan(recipe, config):
+    """The two runs' overrides, after the training CLI's checks of the recipe's command line: a value Hydra cannot
+    parse (with how to quote it), a `+key` no schema has or a non-boolean for a boolean key, a refused layout."""
     import warnings
 
+    from dsrecipes.config.override_values import check_override_syntax, check_override_values
     from dsrecipes.config.preflight import check_train_job
     from dsrecipes.config.store import compose
     from dsrecipes.verify.plan import build_plan
 
+    check_override_syntax(recipe)
+
+    def checked_compose(overrides):
+        cfg = compose(overrides)
+        check_override_values(overrides, cfg)
+        return cfg
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the runs print the recipe's warnings themselves
-        return build_plan(recipe, config, compose, check_train_job)
+        return build_plan(recipe, config, checked_compose, check_train_job)
 
 
 def _compare_and_report(run_dir: Path, plan, config: VerifyConfig, seconds: dict) -> int:

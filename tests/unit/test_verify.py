@@ -140,3 +140,19 @@ def test_refused_layouts_get_the_training_clis_message(monkeypatch):
     monkeypatch.setenv(INJECT_ENV, "optimizer.lr=0.5")
     made = plan()
     assert "optimizer.lr=0.5" in made.candidate and "optimizer.lr=0.5" not in made.reference
+
+
+@pytest.mark.parametrize("bad, said", [
+    ("+trainer.max_stepz=3", "did you mean trainer.max_steps?"),  # `+` adds a key no schema has
+    ("trainer.max_stepz=3", "did you mean trainer.max_steps?"),  # Hydra refuses it: the closest key added
+    ("prompt=def(", "quote the value: \"prompt='def('\""),
+])
+def test_bad_command_lines_get_the_training_clis_hints_before_any_run(bad, said, tmp_path, capsys):
+    from dsrecipes.verify.cli import main
+
+    def runner(*args):
+        raise AssertionError("nothing may run")
+
+    assert main(["model=gpt_debug", bad, f"verify.dir={tmp_path / 'verify'}"], runner=runner) == 2
+    assert said in capsys.readouterr().err
+    assert not (tmp_path / "verify").exists()
