@@ -104,11 +104,18 @@ def run_inference_mode(cfg: DictConfig, run_dir: str, overrides: list[str]) -> d
 
     own_dir = None if is_working_dir(run_dir) else Path(run_dir)
     try:
-        return _run(cfg, run_dir, own_dir, overrides)
+        result = _run(cfg, run_dir, own_dir, overrides)
     except BaseException:
         if own_dir is not None and int(os.environ.get("RANK", "0")) == 0:
             remove_unused_run_dir(own_dir)
         raise
+    import torch.distributed as dist
+
+    if dist.is_initialized():  # torchrun's ranks (generate.tp_size > 1): leave the group together, as training does
+        from dsrecipes.launch import leave_group
+
+        leave_group()
+    return result
 
 
 def _run(cfg: DictConfig, run_dir: str, own_dir: Path | None, overrides: list[str]) -> dict:

@@ -139,9 +139,17 @@ def worker_main(config: dict, run_dir: str, overrides: list[str], sweep_name: st
         # connections so the peers' collectives fail and the agent ends (or restarts) the job, rather
         # than risking a teardown that waits on peers stuck in a collective.
         if finished:
-            gc.collect()
-            dist.barrier()
-            dist.destroy_process_group()
+            leave_group()
+
+
+def leave_group() -> None:
+    """After a clean finish: wait for every rank, then destroy the process group. A process that exits with its
+    gloo group alive can abort in the group's destructor (`terminate called without an active exception`, exit
+    -6) after its work is done."""
+    if dist.is_initialized():
+        gc.collect()
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def _start_method(config: dict) -> str:
