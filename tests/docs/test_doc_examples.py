@@ -72,7 +72,9 @@ SKIP = [
     (r"\bfp8=(tensorwise|rowwise)", "needs a CUDA GPU with compute capability >= 8.9: refused on CPU before any work "
                                     "(tests/unit/test_float8.py checks the refusal and the conversion on CPU)"),
     (r"^python -m dsrecipes\.benchmarks\.gpu_suite --out", "needs a GPU (about 8 minutes on an H100/H200); its --smoke "
-                                                           "example below runs, as does tests/integration/test_gpu_suite.py"),
+                                                           "example runs in tests/integration/test_gpu_suite.py"),
+    (r"^python -m dsrecipes\.benchmarks\.gpu_suite --smoke", "tests/integration/test_gpu_suite.py runs this CPU smoke "
+                                                             "(in-process, ~16 s) and checks both tables, every section"),
 ]
 
 # (regex, reason): multi-worker recipes whose layout another test already runs across processes. Each
@@ -118,9 +120,10 @@ SHORTEN_SERVE_BENCH = ["generate.bench_batch_sizes=[1,2]", "generate.bench_promp
 EXTRA = [
     (r"precision=(bf16|fp16)|\+experiment=gpt_zero3", ["data.block_size=32"],
      "bf16/fp16 matmuls are emulated on CPUs without AVX-512 BF16/FP16 (~5x fp32): 32-token blocks"),
-    (r"model=gpt2_124m", ["model.max_seq_len=64", "trainer.train_micro_batch_size_per_gpu=2",
+    (r"model=gpt2_124m", ["model.max_seq_len=64", "trainer.train_micro_batch_size_per_gpu=2", "model.n_layer=2",
                           "checkpoint.save_final=false", "checkpoint.export_safetensors=false"],
-     "124M parameters: short sequences, 2 per batch, no 1.5 GB checkpoint"),
+     "124M parameters: 2 of its 12 layers (the example is about the files and the tokenizer), short sequences, "
+     "2 per batch, no 1.5 GB checkpoint"),
     (r"profiler=trace", ["trainer.max_steps=4"],
      "the trace's schedule skips 1 step and warms up 1 before it records (2 steps would record none: refused)"),
 ]

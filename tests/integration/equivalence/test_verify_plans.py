@@ -15,6 +15,8 @@ training): about 1 s of Hydra composition per row.
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 from omegaconf import OmegaConf
 
@@ -22,9 +24,15 @@ from dsrecipes.config.preflight import check_train_job
 from dsrecipes.config.store import compose
 from dsrecipes.verify.config import VerifyConfig
 from dsrecipes.verify.plan import build_plan
-from tests.integration.equivalence.table import ROWS, STEPS, Row
+from tests.integration.equivalence.table import ROWS, STEPS, Reference, Row
 
 GROUPS = ("model", "moe", "optimizer", "lr_scheduler", "precision", "compression", "data_efficiency")
+
+
+@functools.cache
+def reference_config(reference: Reference):
+    """The table's reference, composed once per module (a dozen references serve the 48 rows)."""
+    return compose(reference.overrides())
 
 
 def global_batch(cfg) -> int:
@@ -36,7 +44,7 @@ def test_verify_plans_the_row_against_the_tables_reference(row: Row):
     plan = build_plan(row.overrides(), VerifyConfig(steps=STEPS, reference_precision="same"), compose,
                       check_train_job)
     assert (plan.candidate_world, plan.reference_world) == (row.world_size, 1)
-    planned, table = compose(plan.reference), compose(row.reference.overrides())
+    planned, table = compose(plan.reference), reference_config(row.reference)
     for group in GROUPS:
         assert OmegaConf.to_container(planned[group], resolve=True) == \
             OmegaConf.to_container(table[group], resolve=True), group
