@@ -97,6 +97,12 @@ def run(cfg: DictConfig) -> dict | float:
         sys.exit(exit_code(signum))
 
 
+def _compose(overrides: list[str]):
+    from dsrecipes.config.store import compose  # imported where a deepspeed_config= file needs it: --help stays light
+
+    return compose(overrides)
+
+
 def main() -> None:
     """Console entry. Under a launcher (torchrun, srun), ranks agree on one run directory first.
 
@@ -136,7 +142,7 @@ def main() -> None:
         exit_on_user_error(error)
     sys.argv[1:] = rewrite_aliases(sys.argv[1:])  # mode=generate checkpoint=PATH prompt=TEXT
     try:  # deepspeed_config=PATH: translated and registered as an experiment the overrides apply on top of
-        sys.argv[1:] = apply_deepspeed_argument(sys.argv[1:])
+        sys.argv[1:] = apply_deepspeed_argument(sys.argv[1:], _compose)
     except USER_ERRORS as error:
         exit_on_user_error(error)
     try:

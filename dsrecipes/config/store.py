@@ -77,7 +77,7 @@ def compose(overrides: list[str] | None = None, return_hydra_config: bool = Fals
     from dsrecipes.config.ds_import.cli import apply_deepspeed_argument
 
     register_configs()
-    overrides = apply_deepspeed_argument(list(overrides or []), report=False)  # deepspeed_config=PATH, as the CLI
+    overrides = apply_deepspeed_argument(list(overrides or []), compose, report=False)  # deepspeed_config=PATH, as the CLI
     if GlobalHydra.instance().is_initialized():
         GlobalHydra.instance().clear()
     with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):

@@ -34,6 +34,7 @@ import zipfile
 from pathlib import Path
 
 import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions
 
 from dsrecipes.distributed.utils import errors_of_every_rank, rank_zero_result
 
@@ -391,3 +392,15 @@ def _find_resume_checkpoint(spec: str, run_dir: Path, dirname: str, run_name: st
         if (found := _newest_in(folder / dirname)) is not None:
             return found
     return None
+
+
+# the state-dict options of every DCP-checkpointed strategy: optimizer state keyed by parameter name (flattened)
+SHARDED_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+def drop_optimizer_state(engine, names: set[str]) -> None:
+    """Forget the optimizer state (moments, step) of the named parameters: a checkpoint that has none for them
+    leaves them as freshly initialised, as at the first step, instead of with the values set_state_dict left."""
+    for name, param in engine.strategy.state_module.named_parameters(remove_duplicate=False):
+        if name in names:
+            engine.optimizer.state.pop(param, None)

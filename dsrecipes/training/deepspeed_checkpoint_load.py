@@ -22,7 +22,7 @@ import torch
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from dsrecipes.training.checkpoint import check_state_dict_matches
+from dsrecipes.training.checkpoint import SHARDED_OPTIONS, check_state_dict_matches, drop_optimizer_state
 from dsrecipes.training.deepspeed_checkpoint import DeepSpeedCheckpoint
 from dsrecipes.training.lr_schedules import ClosedFormLR
 
@@ -86,8 +86,6 @@ def _load_through_state_dicts(engine, ckpt: DeepSpeedCheckpoint, load_optimizer_
     """The strategies checkpointed with DCP: fill the (flattened, name-keyed) state dicts torch's helpers give, set them."""
     from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
-    from dsrecipes.training.engine_checkpoint import SHARDED_OPTIONS, _drop_optimizer_state
-
     strategy = engine.strategy
     model_state, optim_state = get_state_dict(strategy.state_module, engine.optimizer, options=SHARDED_OPTIONS)
     weights, optimizer_state = _renamed(ckpt.weights, model_state), _renamed(ckpt.optimizer_state, model_state)
@@ -111,7 +109,7 @@ def _load_through_state_dicts(engine, ckpt: DeepSpeedCheckpoint, load_optimizer_
     set_state_dict(strategy.state_module, engine.optimizer, model_state_dict=model_state,
                    optim_state_dict=optim_state, options=SHARDED_OPTIONS)
     if fresh:
-        _drop_optimizer_state(engine, fresh)
+        drop_optimizer_state(engine, fresh)
     strategy.after_load()
 
 

@@ -30,15 +30,17 @@ from pathlib import Path
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_model_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_model_state_dict, set_state_dict
 
 from dsrecipes.training.checkpoint import (
     COMPLETE_MARKER,
+    SHARDED_OPTIONS,
     begin_checkpoint,
     check_state_dict_matches,
     checkpoint_bytes,
     complete_checkpoints,
     describe_write_error,
+    drop_optimizer_state,
     finish_checkpoint,
     raise_if_any_rank_failed,
     read_checkpoint,
@@ -51,7 +53,6 @@ from dsrecipes.training.deepspeed_conversion import IMPORTED_STATE, read_convert
 from dsrecipes.utils.seed import rng_state, set_rng_state
 
 DCP_DIR = "dcp"
-SHARDED_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
 @contextlib.contextmanager
@@ -231,13 +232,8 @@ def _load_sharded(engine, path: Path, load_optimizer_states: bool) -> None:
         set_state_dict(strategy.state_module, engine.optimizer, model_state_dict=model_state,
                        optim_state_dict=optimizer_state, options=SHARDED_OPTIONS)
         if fresh:  # "state.<fqn>.<name>": forget the placeholder state DCP's helpers created for them
-            _drop_optimizer_state(engine, {key.split(".", 1)[1].rsplit(".", 1)[0] for key in fresh})
+            drop_optimizer_state(engine, {key.split(".", 1)[1].rsplit(".", 1)[0] for key in fresh})
     else:
         set_model_state_dict(strategy.state_module, model_state)
     strategy.after_load()
 
-
-def _drop_optimizer_state(engine, names: set[str]) -> None:
-    for name, param in engine.strategy.state_module.named_parameters(remove_duplicate=False):
-        if name in names:
-            engine.optimizer.state.pop(param, None)

@@ -21,6 +21,7 @@ configs converts each with convert_ds_config and sweeps +experiment=a,b instead.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 from dsrecipes.config.ds_import import load_translation
@@ -42,14 +43,12 @@ def _option_picks(argv: list[str]) -> dict[str, str]:
     return picks
 
 
-def _recipe_without_the_file(argv: list[str], index: int) -> dict | None:
+def _recipe_without_the_file(argv: list[str], index: int, compose: Callable) -> dict | None:
     """The recipe the file goes on (argv's overrides composed without it), whose numbers "auto" batch / clipping keys
     take; None (the schema's numbers) where argv does not compose alone (a sweep, Hydra flags)."""
     overrides = [arg for i, arg in enumerate(argv) if i != index and not arg.startswith("-")]
     try:
         from omegaconf import OmegaConf
-
-        from dsrecipes.config.store import compose
 
         return OmegaConf.to_container(compose(overrides), resolve=False)
     except Exception:  # noqa: BLE001 - any composition error: fall back to the schema's numbers
@@ -61,9 +60,12 @@ def config_name(path: str) -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "_", Path(path).stem) or "deepspeed"
 
 
-def apply_deepspeed_argument(argv: list[str], report: bool = True) -> list[str]:
+def apply_deepspeed_argument(argv: list[str], compose: Callable, report: bool = True) -> list[str]:
     """argv with `+deepspeed_import=<stem>` after `deepspeed_config=PATH` (registered in the ConfigStore); argv unchanged
-    without one. ValueError / FileNotFoundError for a file that cannot be read or honoured."""
+    without one. ValueError / FileNotFoundError for a file that cannot be read or honoured.
+
+    compose(overrides) -> DictConfig is dsrecipes.config.store.compose, passed in (store calls this function, so an
+    import of store here would run back up): "auto" keys take the numbers of the recipe composed without the file."""
     found = [(i, m.group(1)) for i, arg in enumerate(argv) if (m := _ARGUMENT.match(arg))]
     if not found:
         return argv
@@ -77,7 +79,7 @@ def apply_deepspeed_argument(argv: list[str], report: bool = True) -> list[str]:
         raise ValueError(f"{KEY}={path}: one DeepSpeed config per run; to sweep several, convert each "
                          "(python -m dsrecipes.convert_ds_config FILE > conf/experiment/NAME.yaml) and sweep "
                          "+experiment=A,B")
-    translation = load_translation(path, name=path, recipe=_recipe_without_the_file(argv, index))
+    translation = load_translation(path, name=path, recipe=_recipe_without_the_file(argv, index, compose))
     translation.give_way(_option_picks(argv), "the command line")
     name = config_name(path)
     from hydra.core.config_store import ConfigStore
