@@ -17,8 +17,8 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    from dsrecipes.training.deepspeed_checkpoint import read_deepspeed_checkpoint
-    from dsrecipes.training.deepspeed_conversion import write_converted_checkpoint, write_safetensors
+    from dsrecipes.training.checkpointing.deepspeed_checkpoint import read_deepspeed_checkpoint
+    from dsrecipes.training.checkpointing.deepspeed_conversion import write_converted_checkpoint, write_safetensors
     from dsrecipes.utils.errors import USER_ERRORS, exit_on_user_error
 
     parser = argparse.ArgumentParser(prog="python -m dsrecipes.convert_ds_checkpoint", description=__doc__.splitlines()[0])

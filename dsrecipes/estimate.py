@@ -212,7 +212,7 @@ def offload_table(gpt, cfg, world_size: int) -> Table:
     """ZeRO-3 with CPU / NVMe offload: per-rank bytes on the device, in host memory and on NVMe."""
     from dsrecipes.distributed.offload.plan import plan_offload
     from dsrecipes.profiling.memory_estimator import optimizer_state_bytes
-    from dsrecipes.training.optimizers import param_groups
+    from dsrecipes.training.optim.optimizers import param_groups
 
     zero = cfg.zero
     groups = param_groups(gpt, 0.0, bool(getattr(cfg.optimizer, "no_decay_bias_and_norm", True)))

@@ -27,7 +27,7 @@ from dsrecipes.models.export import CONFIG_FILE, WEIGHTS_FILE
 from dsrecipes.models.hf_config import is_hf_config
 from dsrecipes.models.hf_export import export_model
 from dsrecipes.models.moe_config import MoEConfig
-from dsrecipes.training.checkpoint import read_checkpoint, resolve_checkpoint_dir
+from dsrecipes.training.checkpointing.checkpoint import read_checkpoint, resolve_checkpoint_dir
 
 DCP_DIR = "dcp"
 

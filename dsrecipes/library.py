@@ -84,7 +84,7 @@ def initialize(
 
     model_parameters: parameters of `model`, or param-group dicts ({"params": ..., "lr": ...,
     "weight_decay": ...}), to build the configured optimizer over instead of all of the model's
-    (dsrecipes.training.optimizers documents how the config's weight_decay and
+    (dsrecipes.training.optim.optimizers documents how the config's weight_decay and
     no_decay_bias_and_norm apply to a group that sets no weight_decay). Works at every zero.stage.
     Ignored, with a warning, next to an optimizer object, as DeepSpeed ignores it; passed (found again
     by name, each group's options as given) to an optimizer callable.

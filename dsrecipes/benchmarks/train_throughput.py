@@ -30,7 +30,7 @@ from dsrecipes.utils.console import make_console, print_table
 def run_variant(base: list[str], variant: str, run_dir: Path) -> dict:
     from dsrecipes.config import validate_recipe
     from dsrecipes.config.store import compose
-    from dsrecipes.training.extensions import Extensions
+    from dsrecipes.training.extensions.base import Extensions
     from dsrecipes.training.trainer import Trainer
 
     overrides = base + variant.split()

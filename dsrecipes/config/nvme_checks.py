@@ -29,7 +29,7 @@ def parameter_shapes(root) -> list[tuple[int, ...]]:
     model_cfg = copy.deepcopy(root.model)
     if model_cfg.vocab_size is None:
         model_cfg.vocab_size = padded_vocab_size(build_tokenizer(str(root.data.tokenizer)).vocab_size)
-    from dsrecipes.training.optimizers import param_groups
+    from dsrecipes.training.optim.optimizers import param_groups
 
     with torch.device("meta"):
         model = GPT(model_cfg, root.moe)

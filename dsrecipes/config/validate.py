@@ -42,8 +42,8 @@ from dsrecipes.models.sparse_attention import validate_sparse_attention_config
 from dsrecipes.profiling.config import validate_profiling_config
 from dsrecipes.training.batch import BatchSizes, resolve_batch_sizes
 from dsrecipes.training.config import WandbMode
-from dsrecipes.training.lr_schedules import non_closed_form_target, validate_lr_scheduler_config
-from dsrecipes.training.optimizers import validate_optimizer_config
+from dsrecipes.training.optim.lr_schedules import non_closed_form_target, validate_lr_scheduler_config
+from dsrecipes.training.optim.optimizers import validate_optimizer_config
 from dsrecipes.training.precision import resolve_auto_precision, validate_precision_config
 from dsrecipes.utils.config_enum import enum_values
 from dsrecipes.utils.device import resolve_device

@@ -7,7 +7,7 @@
         comms.step_boundary()             # {"bytes": ..., "seconds": ..., "ops": ...} of this step
     rows = comms.summary()                # per op and message size: count, bytes, latency, algbw, busbw
 
-(In a recipe: comms_logger=enabled, see dsrecipes.training.comms_callback.) How: start() replaces the
+(In a recipe: comms_logger=enabled, see dsrecipes.training.extensions.comms_callback.) How: start() replaces the
 collectives in OP_TABLE on the torch.distributed module by timing wrappers, and stop() puts the
 originals back (also when the body of `with` raises); nothing is wrapped while it does not record.
 Code that calls `dist.<op>(...)` through the module at call time is seen: dsrecipes' strategies and

@@ -32,7 +32,7 @@ from dsrecipes.models.gpt import GPT
 from dsrecipes.models.hf_import import is_hf_checkpoint, read_hf_checkpoint
 from dsrecipes.models.hf_tokenizer import resolve_tokenizer
 from dsrecipes.models.moe_config import MoEConfig
-from dsrecipes.training.checkpoint import COMPLETE_MARKER, LATEST, check_state_dict_matches, resolve_checkpoint_dir
+from dsrecipes.training.checkpointing.checkpoint import COMPLETE_MARKER, LATEST, check_state_dict_matches, resolve_checkpoint_dir
 
 
 @dataclass

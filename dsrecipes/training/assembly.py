@@ -6,7 +6,7 @@
            -> optimizer over strategy.optimizer_module() (or over the caller's parameter groups, found
               there by the names they had before wrapping), adopted (partitioned) by the strategy;
               a caller's optimizer object is taken as it is, or, where wrapping replaces the
-              parameters (FSDP2), rebuilt over them (dsrecipes.training.client_optimizer); a
+              parameters (FSDP2), rebuilt over them (dsrecipes.training.optim.client_optimizer); a
               caller's optimizer callable is called with them
            -> LR schedule, step runner (micro-batches, or the pipeline schedule)
            -> Engine(plan, optimizer, schedule, batch, precision, runner)
@@ -31,17 +31,17 @@ from dsrecipes.distributed.parallel_dims import ParallelDims
 from dsrecipes.distributed.parallelize import ParallelPlan, parallelize
 from dsrecipes.distributed.utils import is_distributed
 from dsrecipes.training.batch import BatchSizes
-from dsrecipes.training.client_optimizer import (
+from dsrecipes.training.engine import Engine
+from dsrecipes.training.layout import describe_layout
+from dsrecipes.training.optim.client_optimizer import (
     build_from_factory,
     check_rebuildable,
     rebind_lr_scheduler,
     rebuild_client_optimizer,
     record_client_optimizer,
 )
-from dsrecipes.training.engine import Engine
-from dsrecipes.training.layout import describe_layout
-from dsrecipes.training.lr_schedules import build_lr_scheduler
-from dsrecipes.training.optimizers import (
+from dsrecipes.training.optim.lr_schedules import build_lr_scheduler
+from dsrecipes.training.optim.optimizers import (
     build_optimizer,
     named_param_groups,
     optimizer_class,
@@ -74,7 +74,7 @@ def build_engine(
     optimizer object whose parameters the strategy replaces (FSDP2) is rebuilt over the sharded ones
     (same class, defaults and per-group options), and a scheduler built on it is pointed at the rebuilt one;
     model_parameters: the parameters (or param-group dicts with per-group options) the configured
-    optimizer is built over, as DeepSpeed's argument of that name (see dsrecipes.training.optimizers).
+    optimizer is built over, as DeepSpeed's argument of that name (see dsrecipes.training.optim.optimizers).
     They are recorded by name before parallelize, which may replace the parameter objects (FSDP2,
     tensor parallelism, kernel injection), and looked up by name in the tree the optimizer steps
     (with fp32 master weights: the masters, which are the caller's original parameters).

@@ -189,7 +189,7 @@ class AdamConfig(OptimizerConfig):
     (decoupled weight decay), false builds torch.optim.Adam (L2 weight decay in the gradient)."""
 
     name: str = "adam"
-    _target_: str = "dsrecipes.training.optimizers.adam"
+    _target_: str = "dsrecipes.training.optim.optimizers.adam"
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     eps: float = 1e-8
     adam_w_mode: bool = True
@@ -221,7 +221,7 @@ class LambConfig(OptimizerConfig):
     """optimizer=lamb: DeepSpeed FusedLamb's update, the trust ratio ||p||/||u|| clamped to [min_coeff, max_coeff]."""
 
     name: str = "lamb"
-    _target_: str = "dsrecipes.training.lamb.Lamb"
+    _target_: str = "dsrecipes.training.optim.lamb.Lamb"
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     eps: float = 1e-8
     max_coeff: float = 10.0
@@ -231,21 +231,21 @@ class LambConfig(OptimizerConfig):
 
 @dataclass
 class LionConfig(OptimizerConfig):
-    """optimizer=lion: sign momentum (dsrecipes.training.lion.Lion)."""
+    """optimizer=lion: sign momentum (dsrecipes.training.optim.lion.Lion)."""
 
     name: str = "lion"
-    _target_: str = "dsrecipes.training.lion.Lion"
+    _target_: str = "dsrecipes.training.optim.lion.Lion"
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
 
 
 @dataclass
 class OneBitAdamConfig(OptimizerConfig):
-    """optimizer=onebitadam: DeepSpeed's OnebitAdam (DeepSpeed <= 0.19.6; dsrecipes.training.onebit_adam): Adam
+    """optimizer=onebitadam: DeepSpeed's OnebitAdam (DeepSpeed <= 0.19.6; dsrecipes.training.optim.onebit_adam): Adam
     for freeze_step updates, then the variance frozen and the momentum averaged by a 1-bit compressed all-reduce
     (the `onebit` data-parallel strategy). bias_correction false is DeepSpeed's update (its flag is unused)."""
 
     name: str = "onebitadam"
-    _target_: str = "dsrecipes.training.onebit_adam.OneBitAdam"
+    _target_: str = "dsrecipes.training.optim.onebit_adam.OneBitAdam"
     weight_decay: float = 0.0
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     eps: float = 1e-8
@@ -255,12 +255,12 @@ class OneBitAdamConfig(OptimizerConfig):
 
 @dataclass
 class ZeroOneAdamConfig(OptimizerConfig):
-    """optimizer=zerooneadam: DeepSpeed's ZeroOneAdam (DeepSpeed <= 0.19.6; dsrecipes.training.zero_one_adam):
+    """optimizer=zerooneadam: DeepSpeed's ZeroOneAdam (DeepSpeed <= 0.19.6; dsrecipes.training.optim.zero_one_adam):
     variance updated at exponentially spaced steps until var_freeze_step, 1-bit compressed gradients in between,
     then local steps with 1-bit momentum syncs at intervals growing up to local_step_clipper."""
 
     name: str = "zerooneadam"
-    _target_: str = "dsrecipes.training.zero_one_adam.ZeroOneAdam"
+    _target_: str = "dsrecipes.training.optim.zero_one_adam.ZeroOneAdam"
     weight_decay: float = 0.0
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     eps: float = 1e-8
@@ -273,12 +273,12 @@ class ZeroOneAdamConfig(OptimizerConfig):
 
 @dataclass
 class OneBitLambConfig(OptimizerConfig):
-    """optimizer=onebitlamb: DeepSpeed's OnebitLamb (DeepSpeed <= 0.19.6; dsrecipes.training.onebit_lamb): LAMB
+    """optimizer=onebitlamb: DeepSpeed's OnebitLamb (DeepSpeed <= 0.19.6; dsrecipes.training.optim.onebit_lamb): LAMB
     for freeze_step updates, then frozen (averaged) trust coefficients scaled by a bounded factor and the
     momentum averaged by a 1-bit compressed all-reduce."""
 
     name: str = "onebitlamb"
-    _target_: str = "dsrecipes.training.onebit_lamb.OneBitLamb"
+    _target_: str = "dsrecipes.training.optim.onebit_lamb.OneBitLamb"
     weight_decay: float = 0.0
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     eps: float = 1e-8
@@ -357,7 +357,7 @@ class ConstantConfig(LRSchedulerConfig):
     """lr_scheduler=constant: the optimizer's lr for the whole run."""
 
     name: str = "constant"
-    _target_: str = "dsrecipes.training.lr_schedules.ConstantSchedule"
+    _target_: str = "dsrecipes.training.optim.lr_schedules.ConstantSchedule"
 
 
 @dataclass
@@ -377,7 +377,7 @@ class WarmupLRConfig(WarmupKeys):
     """lr_scheduler=warmup_lr: DeepSpeed WarmupLR, warmup_min_lr -> warmup_max_lr, then constant."""
 
     name: str = "warmup_lr"
-    _target_: str = "dsrecipes.training.lr_schedules.WarmupLR"
+    _target_: str = "dsrecipes.training.optim.lr_schedules.WarmupLR"
     warmup_min_lr: float = 0.0
     warmup_max_lr: float | None = None
 
@@ -395,7 +395,7 @@ class WarmupDecayLRConfig(WarmupLRConfig):
     """
 
     name: str = "warmup_decay_lr"
-    _target_: str = "dsrecipes.training.lr_schedules.WarmupDecayLR"
+    _target_: str = "dsrecipes.training.optim.lr_schedules.WarmupDecayLR"
     total_num_steps: int | None = None
 
 
@@ -408,7 +408,7 @@ class WarmupCosineConfig(WarmupKeys):
     """
 
     name: str = "warmup_cosine"
-    _target_: str = "dsrecipes.training.lr_schedules.WarmupCosineLR"
+    _target_: str = "dsrecipes.training.optim.lr_schedules.WarmupCosineLR"
     total_num_steps: int | None = None
     warmup_min_ratio: float = 0.0
     cos_min_ratio: float = 0.0001
@@ -429,7 +429,7 @@ class OneCycleConfig(LRSchedulerConfig):
     """
 
     name: str = "one_cycle"
-    _target_: str = "dsrecipes.training.lr_schedules.OneCycle"
+    _target_: str = "dsrecipes.training.optim.lr_schedules.OneCycle"
     cycle_min_lr: float | None = None  # required
     cycle_max_lr: float | None = None  # required
     decay_lr_rate: float = 0.0
@@ -449,7 +449,7 @@ class LRRangeTestConfig(LRSchedulerConfig):
     """lr_scheduler=lr_range_test: DeepSpeed LRRangeTest, lr growing linearly (or in stairs) from its min."""
 
     name: str = "lr_range_test"
-    _target_: str = "dsrecipes.training.lr_schedules.LRRangeTest"
+    _target_: str = "dsrecipes.training.optim.lr_schedules.LRRangeTest"
     lr_range_test_min_lr: float = 1e-3
     lr_range_test_step_size: int = 2000
     lr_range_test_step_rate: float = 1.0

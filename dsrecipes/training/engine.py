@@ -13,7 +13,7 @@ optimizer steps (skipped ones included, as DeepSpeed) and `global_samples` the s
 The Engine does not know which mechanism it drives: everything that differs between DDP, ZeRO-1/2,
 FSDP2 and the rest is the strategy's (dsrecipes.distributed.data_parallel), how micro-batches are
 run (one by one, or through a pipeline schedule) is the runner's (dsrecipes.training.runners), and
-checkpoint files are dsrecipes.training.engine_checkpoint's. Built by dsrecipes.training.assembly for
+checkpoint files are dsrecipes.training.checkpointing.engine_checkpoint's. Built by dsrecipes.training.assembly for
 both the recipe Trainer and `dsrecipes.initialize`.
 """
 
@@ -30,8 +30,8 @@ from torch.distributed.tensor.parallel import loss_parallel as tp_loss_parallel
 
 from dsrecipes.distributed.parallelize import ParallelPlan
 from dsrecipes.profiling.phases import StepPhases
-from dsrecipes.training import engine_checkpoint
 from dsrecipes.training.batch import BatchSizes
+from dsrecipes.training.checkpointing import engine_checkpoint
 from dsrecipes.training.precision import Precision
 from dsrecipes.training.runners import MicroBatchRunner, StepRunner
 

@@ -7,7 +7,7 @@ engine's runner knows whether a pipeline schedule runs them), metrics every log_
 validation every eval_interval, checkpoints every checkpoint.interval, and at the end a final
 evaluation, the final checkpoint, a summary table and a short text sample from the model. The
 recipe's extensions (compression, data efficiency, MoE) plug in through
-dsrecipes.training.extensions; the loop does not know which ones are there.
+dsrecipes.training.extensions.base; the loop does not know which ones are there.
 """
 
 from __future__ import annotations
@@ -34,15 +34,15 @@ from dsrecipes.models.sampling import sample_tokens
 from dsrecipes.profiling.wall_clock import WallClockBreakdown
 from dsrecipes.training.assembly import build_engine
 from dsrecipes.training.batch import BatchSizes
-from dsrecipes.training.checkpoint import find_resume_checkpoint, newest_checkpoint
+from dsrecipes.training.checkpointing.checkpoint import find_resume_checkpoint, newest_checkpoint
 from dsrecipes.training.config import to_dictconfig
-from dsrecipes.training.extensions import Extensions, RunContext, callback_states, load_callback_states
+from dsrecipes.training.extensions.base import Extensions, RunContext, callback_states, load_callback_states
+from dsrecipes.training.extensions.recipe import build_extensions
 from dsrecipes.training.layout import LAYOUT_KEY
-from dsrecipes.training.loggers import MetricLoggers, wandb_run_id
-from dsrecipes.training.loss_curve import write_loss_curve
-from dsrecipes.training.progress import TrainingProgress, progress_line
-from dsrecipes.training.recipe_extensions import build_extensions
-from dsrecipes.training.throughput import ThroughputMeter
+from dsrecipes.training.reporting.loggers import MetricLoggers, wandb_run_id
+from dsrecipes.training.reporting.loss_curve import write_loss_curve
+from dsrecipes.training.reporting.progress import TrainingProgress, progress_line
+from dsrecipes.training.reporting.throughput import ThroughputMeter
 from dsrecipes.utils.console import make_console, print_table
 from dsrecipes.utils.device import peak_tflops, resolve_device
 from dsrecipes.utils.logging import get_logger, setup_logging
@@ -64,7 +64,7 @@ class Trainer:
         sweep_name: str | None = None,
     ):
         """cfg: a validated RootConfig (dsrecipes.config.validate_recipe returns it with `batch`);
-        extensions: replaces the recipe's own (dsrecipes.training.recipe_extensions.build_extensions(cfg))."""
+        extensions: replaces the recipe's own (dsrecipes.training.extensions.recipe.build_extensions(cfg))."""
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.batch = batch
@@ -203,7 +203,7 @@ class Trainer:
         return {"val/loss": val_loss, "val/ppl": math.exp(min(val_loss, 50.0))}
 
     def _perf_metrics(self) -> dict:
-        """The log interval's throughput (training steps only; see dsrecipes.training.throughput), MFU, memory."""
+        """The log interval's throughput (training steps only; see dsrecipes.training.reporting.throughput), MFU, memory."""
         metrics = self.meter.window()
         if self.peak_flops:
             metrics["perf/mfu"] = metrics["perf/tokens_per_s"] * self.flops_per_token / (self.peak_flops * 1e12)

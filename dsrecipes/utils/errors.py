@@ -1,7 +1,7 @@
 """Which errors are the user's to fix, and how the entry points report them: one line, no traceback.
 
 A recipe value the checks refuse (ValueError), a file that is missing or cannot be written
-(OSError: disk full, read-only or vanished directory, dsrecipes.training.checkpoint's
+(OSError: disk full, read-only or vanished directory, dsrecipes.training.checkpointing.checkpoint's
 CheckpointSaveError), a loss that went non-finite (FloatingPointError): `python -m dsrecipes`
 and its workers print `dsrecipes: error: ...` and exit with status 2. DSRECIPES_DEBUG=1 or
 HYDRA_FULL_ERROR=1 re-raise them with their traceback. Anything else is a bug and keeps its traceback.

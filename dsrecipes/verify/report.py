@@ -99,7 +99,7 @@ def log_to_sinks(run_dir: Path, result: Verdict, logger: dict, name: str) -> lis
         return said
     from omegaconf import OmegaConf
 
-    from dsrecipes.training.loggers import MetricLoggers
+    from dsrecipes.training.reporting.loggers import MetricLoggers
 
     cfg = OmegaConf.merge(logger["config"], {"jsonl": False})
     sinks = MetricLoggers(cfg, run_dir, f"verify_{name}", {"verify": True})

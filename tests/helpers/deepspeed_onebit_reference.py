@@ -90,7 +90,7 @@ class _DSReference:
     the step counter and DeepSpeed's initialisation call.
 
     init_call=True is DeepSpeed: the first step() only allocates the buffers, moves nothing and counts as step 1
-    (state['step'] += 1). init_call=False applies the documented difference (dsrecipes.training.onebit_base):
+    (state['step'] += 1). init_call=False applies the documented difference (dsrecipes.training.optim.onebit_base):
     no initialisation call, the counter starts at the first real update."""
 
     def __init__(self, params: list[np.ndarray], masks: dict[int, np.ndarray], lr: float, betas, eps: float,

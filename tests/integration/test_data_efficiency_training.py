@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dsrecipes.training.extensions import Callback
+from dsrecipes.training.extensions.base import Callback
 from tests.unit.test_data_efficiency_training import (
     de_overrides,  # noqa: F401 - fixtures, used by name
     records,

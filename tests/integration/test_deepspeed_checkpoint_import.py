@@ -125,7 +125,7 @@ def test_weights_equal_deepspeeds_own_consolidation(resumed, stage):
     """The reassembled fp32 weights equal DeepSpeed's zero_to_fp32 bit for bit (its own reader of the partitions)."""
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-    from dsrecipes.training.deepspeed_checkpoint import read_deepspeed_checkpoint
+    from dsrecipes.training.checkpointing.deepspeed_checkpoint import read_deepspeed_checkpoint
 
     _, folder, _ = resumed
     for precision in ("fp32", "bf16"):
@@ -144,7 +144,7 @@ def test_safetensors_conversion(resumed, tmp_path):
     from safetensors.torch import load_file
 
     from dsrecipes.convert_ds_checkpoint import main as convert
-    from dsrecipes.training.deepspeed_checkpoint import read_deepspeed_checkpoint
+    from dsrecipes.training.checkpointing.deepspeed_checkpoint import read_deepspeed_checkpoint
 
     _, folder, _ = resumed
     out = tmp_path / "model.safetensors"

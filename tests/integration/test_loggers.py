@@ -5,7 +5,7 @@ import importlib.util
 import pytest
 
 from dsrecipes.training.config import LoggerConfig
-from dsrecipes.training.loggers import MetricLoggers, WandbLogger
+from dsrecipes.training.reporting.loggers import MetricLoggers, WandbLogger
 
 needs_wandb = pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="wandb not installed")
 

@@ -9,7 +9,7 @@ import pytest
 from dsrecipes.config import validate_recipe
 from dsrecipes.config.store import compose
 from dsrecipes.training.config import LoggerConfig
-from dsrecipes.training.loggers import MetricLoggers, wandb_run_id
+from dsrecipes.training.reporting.loggers import MetricLoggers, wandb_run_id
 from dsrecipes.training.trainer import Trainer
 
 

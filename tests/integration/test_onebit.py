@@ -247,7 +247,7 @@ def test_gpt_debug_onebit_optimizers_track_their_uncompressed_twins_at_world_2(t
     LAMB each end with a validation loss within 5% of their uncompressed twin's, and learn after the freeze.
     Measured (val loss, twin): onebitadam 3.024 and zerooneadam 3.057 (adam twin 2.951), onebitlamb 3.146 (twin
     3.094); onebitlamb with DeepSpeed's scaling coefficients, fixed at the first compressed step, 3.730 (+21%;
-    +15 to +21% over four seeds, the refreshed ones +1 to +3%): see dsrecipes.training.onebit_lamb, "Scaling
+    +15 to +21% over four seeds, the refreshed ones +1 to +3%): see dsrecipes.training.optim.onebit_lamb, "Scaling
     coefficients". Five runs of ~10-35 s each on two CPU cores."""
     from dsrecipes.config.store import compose
 

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from dsrecipes.config import run_directory
-from dsrecipes.training import checkpoint as checkpoints
-from dsrecipes.training.checkpoint import CheckpointSaveError
+from dsrecipes.training.checkpointing import checkpoint as checkpoints
+from dsrecipes.training.checkpointing.checkpoint import CheckpointSaveError
 from tests.helpers.distributed import run_distributed
 from tests.helpers.environment import subprocess_env
 from tests.unit.test_reliability import _target, saved_steps, small_engine, step

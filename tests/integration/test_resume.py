@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from dsrecipes.training.extensions import Callback, Extensions
+from dsrecipes.training.extensions.base import Callback, Extensions
 from tests.unit.test_resume import (
     resume_overrides,  # noqa: F401 - fixtures, used by name
     trainer_for,

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from dsrecipes.training.extensions import Callback, Extensions
+from dsrecipes.training.extensions.base import Callback, Extensions
 from tests.unit.test_trainer import make_trainer
 
 

@@ -1,4 +1,4 @@
-"""ZeRO-2 with replicated parameters (dsrecipes.distributed.zero2) against one process, on CPU/gloo.
+"""ZeRO-2 with replicated parameters (dsrecipes.distributed.data_parallel.zero2_buckets) against one process, on CPU/gloo.
 
 Tolerances: with SGD + momentum the sharded run differs from one process only in fp32 summation
 order (gradients of half batches averaged), ~1e-7, so parameters must agree within 1e-6. Adam
@@ -66,7 +66,7 @@ def _compare_with_reference(rank, world, bucket_bytes):
 def _sharded_run_from(rank, world, bucket_bytes, start):
     from torch.distributed.device_mesh import init_device_mesh
 
-    from dsrecipes.distributed.zero2 import ZeroStage2
+    from dsrecipes.distributed.data_parallel.zero2_buckets import ZeroStage2
 
     model = TiedNet()
     if rank == 0:
@@ -96,7 +96,7 @@ def test_sharded_gradients_reproduce_one_process(world_size):
 def _master_weights(rank, world):
     from torch.distributed.device_mesh import init_device_mesh
 
-    from dsrecipes.distributed.zero2 import ZeroStage2
+    from dsrecipes.distributed.data_parallel.zero2_buckets import ZeroStage2
 
     torch.manual_seed(0)
     model = TiedNet()
@@ -128,7 +128,7 @@ def test_master_weights_are_fp32_shards_of_a_bf16_model():
 def _refusals(rank, world):
     from torch.distributed.device_mesh import init_device_mesh
 
-    from dsrecipes.distributed.zero2 import ZeroStage2
+    from dsrecipes.distributed.data_parallel.zero2_buckets import ZeroStage2
 
     mesh = init_device_mesh("cpu", (world,))
     model = TiedNet()

@@ -1,4 +1,4 @@
-"""A client optimizer object, or optimizer callable, passed to dsrecipes.initialize (dsrecipes.training.client_optimizer).
+"""A client optimizer object, or optimizer callable, passed to dsrecipes.initialize (dsrecipes.training.optim.client_optimizer).
 
 Where FSDP2 replaces the parameters (zero.stage=3), the object is recorded by parameter name before wrapping and
 rebuilt after it: the same class, defaults and per-group options over the new parameters. Here the wrapping is
@@ -16,14 +16,14 @@ import torch
 from torch import nn
 
 import dsrecipes
-from dsrecipes.training.client_optimizer import (
+from dsrecipes.training.optim.client_optimizer import (
     build_from_factory,
     check_rebuildable,
     rebind_lr_scheduler,
     rebuild_client_optimizer,
     record_client_optimizer,
 )
-from dsrecipes.training.optimizers import named_param_groups
+from dsrecipes.training.optim.optimizers import named_param_groups
 
 
 class Net(nn.Module):

@@ -21,7 +21,7 @@ from dsrecipes.distributed.comms_stats import (
     summarize,
     trim_mean,
 )
-from dsrecipes.training.recipe_extensions import build_extensions
+from dsrecipes.training.extensions.recipe import build_extensions
 
 ORIGINALS = {name: getattr(dist, name) for name in OP_TABLE if hasattr(dist, name)}
 

@@ -150,7 +150,7 @@ def test_option_groups_default_to_their_first_schema():
 def test_documented_commands_compose():  # docs/precision.md
     cfg = compose(["optimizer=lion", "lr_scheduler=one_cycle"])
     assert (cfg.optimizer._target_, cfg.lr_scheduler._target_) == (
-        "dsrecipes.training.lion.Lion", "dsrecipes.training.lr_schedules.OneCycle")
+        "dsrecipes.training.optim.lion.Lion", "dsrecipes.training.optim.lr_schedules.OneCycle")
     validate_recipe(cfg, dp_world_size=1)
     custom = compose(["optimizer=custom", "optimizer._target_=torch.optim.RMSprop", "optimizer.alpha=0.9"])
     root, _ = validate_recipe(custom, dp_world_size=1)

@@ -9,8 +9,8 @@ import pytest
 
 from dsrecipes.config import validate_recipe
 from dsrecipes.config.store import compose
-from dsrecipes.training.lr_schedules import build_lr_scheduler
-from dsrecipes.training.recipe_extensions import build_extensions
+from dsrecipes.training.extensions.recipe import build_extensions
+from dsrecipes.training.optim.lr_schedules import build_lr_scheduler
 from dsrecipes.training.trainer import Trainer
 
 

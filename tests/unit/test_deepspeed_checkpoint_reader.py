@@ -11,7 +11,7 @@ from collections import OrderedDict
 import pytest
 import torch
 
-from dsrecipes.training.deepspeed_checkpoint import looks_like_deepspeed_checkpoint, read_deepspeed_checkpoint
+from dsrecipes.training.checkpointing.deepspeed_checkpoint import looks_like_deepspeed_checkpoint, read_deepspeed_checkpoint
 
 
 def _model_states(**extra):
@@ -94,7 +94,7 @@ def test_tensor_parallel_checkpoint_is_refused(tmp_path):
 
 def test_trainer_resume_finds_the_tag_folder(tmp_path):
     """trainer.resume=<DeepSpeed folder> resumes from the tag `latest` names (the Trainer loads parent/tag)."""
-    from dsrecipes.training.checkpoint import find_resume_checkpoint
+    from dsrecipes.training.checkpointing.checkpoint import find_resume_checkpoint
 
     folder = _tag(tmp_path, {"mp_rank_00_model_states.pt": _model_states()})
     assert find_resume_checkpoint(str(folder), tmp_path / "run", "checkpoints", "x") == folder / "global_step5"

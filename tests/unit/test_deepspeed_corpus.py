@@ -23,7 +23,7 @@ from dsrecipes.config.auto_workers import workers_the_batch_allows
 from dsrecipes.config.ds_import import load_translation
 from dsrecipes.config.loading import load_config
 from dsrecipes.config.validate import to_root, validate_engine_config
-from dsrecipes.training.lr_schedules import build_lr_scheduler
+from dsrecipes.training.optim.lr_schedules import build_lr_scheduler
 from tests.helpers.paths import TEST_DATA
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed's CPU accelerator when its schedules are imported

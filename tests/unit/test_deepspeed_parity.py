@@ -274,7 +274,7 @@ SCHEDULES = [
 
 def _ours(option: str, params: dict, alignment: str):
     from dsrecipes.training.config import LR_SCHEDULER_SCHEMAS, StepAlignment
-    from dsrecipes.training.lr_schedules import build_lr_scheduler
+    from dsrecipes.training.optim.lr_schedules import build_lr_scheduler
 
     cfg = LR_SCHEDULER_SCHEMAS[option](**params, step_alignment=StepAlignment(alignment))
     return lambda optimizer: build_lr_scheduler(cfg, optimizer, max_steps=SCHEDULE_STEPS + 1)
@@ -308,7 +308,7 @@ def test_torch_schedulers_step_the_same_in_both():
     """DeepSpeed steps a torch scheduler (scheduler.type naming a torch.optim.lr_scheduler class) with torch's own
     convention, f(0) at construction: dsrecipes' default, so step_alignment changes nothing for them."""
     from dsrecipes.training.config import StepAlignment, TorchStepConfig
-    from dsrecipes.training.lr_schedules import build_lr_scheduler
+    from dsrecipes.training.optim.lr_schedules import build_lr_scheduler
 
     ds_optimizer = _two_group_optimizer()
     theirs = _lr_trace(torch.optim.lr_scheduler.StepLR(ds_optimizer, step_size=4, gamma=0.5), ds_optimizer)
@@ -385,7 +385,7 @@ def test_lr_schedule_validation_accepts_what_deepspeed_accepts(option, params, a
     from deepspeed.runtime import lr_schedules as ds_schedules
 
     from dsrecipes.training.config import LR_SCHEDULER_SCHEMAS
-    from dsrecipes.training.lr_schedules import validate_lr_scheduler_config
+    from dsrecipes.training.optim.lr_schedules import validate_lr_scheduler_config
 
     try:
         getattr(ds_schedules, DS_CLASSES[option])(_two_group_optimizer(), **params)

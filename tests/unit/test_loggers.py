@@ -9,8 +9,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from dsrecipes.config import validate_recipe
 from dsrecipes.config.store import compose
 from dsrecipes.training.config import LoggerConfig
-from dsrecipes.training.extensions import Callback, Extensions
-from dsrecipes.training.loggers import JsonlLogger, MetricLoggers, TensorBoardLogger, wandb_mode
+from dsrecipes.training.extensions.base import Callback, Extensions
+from dsrecipes.training.reporting.loggers import JsonlLogger, MetricLoggers, TensorBoardLogger, wandb_mode
 from dsrecipes.training.trainer import Trainer
 
 

@@ -6,8 +6,8 @@ import pytest
 
 from dsrecipes.config import validate_recipe
 from dsrecipes.config.store import compose
-from dsrecipes.training import loss_curve
-from dsrecipes.training.loss_curve import LOSS_CURVE_FILE, read_loss_points, write_loss_curve
+from dsrecipes.training.reporting import loss_curve
+from dsrecipes.training.reporting.loss_curve import LOSS_CURVE_FILE, read_loss_points, write_loss_curve
 from dsrecipes.training.trainer import Trainer
 from dsrecipes.utils import charts
 

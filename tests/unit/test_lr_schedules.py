@@ -30,7 +30,7 @@ from dsrecipes.training.config import (
     WarmupCosineConfig,
     WarmupType,
 )
-from dsrecipes.training.lr_schedules import (
+from dsrecipes.training.optim.lr_schedules import (
     LR_SCHEDULERS,
     STEP_ALIGNMENTS,
     WARMUP_TYPES,
@@ -392,7 +392,7 @@ def test_step_alignment_per_group_and_in_a_custom_option():
     c = cfg("warmup_lr", warmup_num_steps=2, warmup_type="linear", step_alignment=StepAlignment.deepspeed)
     sched = build_lr_scheduler(c, opt, 10)
     assert [trace(sched, opt, 1, group=1)[0][0], *trace(sched, opt, 3, group=1)[0]] == pytest.approx([0, 0, 1.0, 2.0])
-    own = custom("dsrecipes.training.lr_schedules.WarmupLR", warmup_num_steps=4, warmup_type="linear",
+    own = custom("dsrecipes.training.optim.lr_schedules.WarmupLR", warmup_num_steps=4, warmup_type="linear",
                  warmup_min_lr=0.1, warmup_max_lr=1.1)
     own.step_alignment = StepAlignment.deepspeed
     opt = make_optimizer()

@@ -84,7 +84,7 @@ def _groups(model):
 
 
 def _lamb(params):
-    from dsrecipes.training.lamb import Lamb
+    from dsrecipes.training.optim.lamb import Lamb
 
     return Lamb(params, lr=1e-2)
 

@@ -45,10 +45,10 @@ def test_sign_packing_round_trip_and_padding():
 # the optimizers in one process: warm-up = the uncompressed counterpart, 0/1 Adam's schedule
 # ---------------------------------------------------------------------------------------------------
 
-from dsrecipes.training.lamb import Lamb  # noqa: E402
-from dsrecipes.training.onebit_adam import OneBitAdam  # noqa: E402
-from dsrecipes.training.onebit_lamb import OneBitLamb  # noqa: E402
-from dsrecipes.training.zero_one_adam import ZeroOneAdam  # noqa: E402
+from dsrecipes.training.optim.lamb import Lamb  # noqa: E402
+from dsrecipes.training.optim.onebit_adam import OneBitAdam  # noqa: E402
+from dsrecipes.training.optim.onebit_lamb import OneBitLamb  # noqa: E402
+from dsrecipes.training.optim.zero_one_adam import ZeroOneAdam  # noqa: E402
 
 
 def _params(seed: int = 0) -> list[torch.nn.Parameter]:

@@ -14,13 +14,13 @@ RTOL = ATOL = 1e-6. The tests run past the freeze (variance stage, compression, 
 Deliberate differences from DeepSpeed, documented in the optimizers' module docstrings, are applied in the
 reference explicitly (each at its use, with a comment):
 
-* the initialisation call (dsrecipes.training.onebit_base): DeepSpeed's first step() only allocates buffers
+* the initialisation call (dsrecipes.training.optim.onebit_base): DeepSpeed's first step() only allocates buffers
   and moves no weight, but counts as step 1; here the first call is a real update. The comparisons run the
   reference with `init_call=False` (its counter starts at the first update); for 1-bit Adam and 1-bit LAMB
   the reference with its initialisation call and freeze_step + 1 is checked to give the same trajectory.
   For 0/1 Adam the offset also moves the phase of its interval tests (step % var_interval,
   step % local_step_interval): pinned in test_zero_one_adam_deepspeed_schedule_phase.
-* 0/1 Adam's sync (dsrecipes.training.zero_one_adam): DeepSpeed undoes the local moves with p -= acc,
+* 0/1 Adam's sync (dsrecipes.training.optim.zero_one_adam): DeepSpeed undoes the local moves with p -= acc,
   dsrecipes restarts from the parameters saved at the last sync; equal in exact arithmetic (the float64
   reference does DeepSpeed's), so no change is needed in the reference.
 
@@ -41,9 +41,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from dsrecipes.training.onebit_adam import OneBitAdam
-from dsrecipes.training.onebit_lamb import OneBitLamb
-from dsrecipes.training.zero_one_adam import ZeroOneAdam
+from dsrecipes.training.optim.onebit_adam import OneBitAdam
+from dsrecipes.training.optim.onebit_lamb import OneBitLamb
+from dsrecipes.training.optim.zero_one_adam import ZeroOneAdam
 from tests.helpers.deepspeed_onebit_reference import (
     WORLD,
     DSErrors,

@@ -31,9 +31,9 @@ from dsrecipes.training.config import (
     OptimizerConfig,
     OptimizerImpl,
 )
-from dsrecipes.training.lamb import Lamb
-from dsrecipes.training.lion import Lion
-from dsrecipes.training.optimizers import (
+from dsrecipes.training.optim.lamb import Lamb
+from dsrecipes.training.optim.lion import Lion
+from dsrecipes.training.optim.optimizers import (
     OPTIMIZER_IMPLS,
     OPTIMIZERS,
     build_optimizer,

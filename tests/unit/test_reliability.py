@@ -14,8 +14,8 @@ from torch import nn
 
 import dsrecipes
 from dsrecipes.config import run_directory
-from dsrecipes.training import checkpoint as checkpoints
-from dsrecipes.training.checkpoint import CheckpointSaveError, find_resume_checkpoint, verify_checkpoint
+from dsrecipes.training.checkpointing import checkpoint as checkpoints
+from dsrecipes.training.checkpointing.checkpoint import CheckpointSaveError, find_resume_checkpoint, verify_checkpoint
 
 CONFIG = {
     "trainer": {"train_micro_batch_size_per_gpu": 4, "device": "cpu"},

@@ -7,7 +7,7 @@ import torch
 from dsrecipes.config import validate_recipe
 from dsrecipes.config.store import compose
 from dsrecipes.models import load_exported
-from dsrecipes.training.extensions import Extensions
+from dsrecipes.training.extensions.base import Extensions
 from dsrecipes.training.trainer import Trainer
 
 

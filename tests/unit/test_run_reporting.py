@@ -20,7 +20,7 @@ from dsrecipes.distributed.data_parallel.fsdp2 import FSDP2Strategy
 from dsrecipes.distributed.parallel_dims import ParallelDims
 from dsrecipes.training.layout import describe_layout
 from dsrecipes.training.precision import Precision
-from dsrecipes.training.throughput import ThroughputMeter
+from dsrecipes.training.reporting.throughput import ThroughputMeter
 from dsrecipes.training.trainer import Trainer
 
 

@@ -13,7 +13,7 @@ from dsrecipes.config.multirun_summary import MultirunSummary
 from dsrecipes.config.optimized_metric import SUMMARY_METRICS, check_optimized_metric, optimized_value
 from dsrecipes.config.store import compose
 from dsrecipes.training.config import LoggerConfig
-from dsrecipes.training.loggers import MetricLoggers, override_hparams, sweep_run_name
+from dsrecipes.training.reporting.loggers import MetricLoggers, override_hparams, sweep_run_name
 
 SUMMARY = {"overrides": ["optimizer.lr=0.001"], "metrics": {"val/loss": 4.25, "train/loss": 4.0, "val/ppl": 70.1}}
 

@@ -7,7 +7,7 @@ import torch
 from dsrecipes.config import validate_recipe
 from dsrecipes.config.store import compose
 from dsrecipes.models.config import padded_vocab_size
-from dsrecipes.training.extensions import Callback, Extensions, RunContext
+from dsrecipes.training.extensions.base import Callback, Extensions, RunContext
 from dsrecipes.training.trainer import Trainer
 
 
@@ -18,7 +18,7 @@ def make_trainer(tmp_path, overrides, extensions=None):
 
 def test_recipe_extensions_are_one_ordered_list():
     """No registration by import: the recipe's builders are one tuple, applied in its order."""
-    from dsrecipes.training.recipe_extensions import RECIPE_EXTENSIONS, build_extensions
+    from dsrecipes.training.extensions.recipe import RECIPE_EXTENSIONS, build_extensions
 
     assert [b.__name__ for b in RECIPE_EXTENSIONS] == ["compression_extension", "data_efficiency_extension",
                                                        "moe_extension", "profiling_extension"]

@@ -7,7 +7,7 @@ zero.stage=0 and more than one data-parallel rank:
 
 It is DDP (dsrecipes.distributed.data_parallel.ddp) with one difference, DeepSpeed's
 `enable_backward_allreduce` switch: before each micro-batch it asks the optimizer whether the coming
-step reads averaged gradients (`needs_gradient_allreduce()`, dsrecipes.training.onebit_base). While
+step reads averaged gradients (`needs_gradient_allreduce()`, dsrecipes.training.optim.onebit_base). While
 it does (1-bit Adam / LAMB's warm-up, 0/1 Adam's variance-update steps) DDP all-reduces the
 gradients at the accumulation boundary as usual; afterwards DDP's gradient sync stays off and each
 rank keeps its own gradient: the optimizer averages its momentum itself with the 1-bit compressed
@@ -35,7 +35,7 @@ ONEBIT_OPTIMIZERS = ("onebitadam", "zerooneadam", "onebitlamb")
 
 @runtime_checkable
 class CompressingOptimizer(Protocol):
-    """What this strategy needs of the optimizer (dsrecipes.training.onebit_base.OneBitOptimizer has it):
+    """What this strategy needs of the optimizer (dsrecipes.training.optim.onebit_base.OneBitOptimizer has it):
     described here, so the distributed layer does not import the training layer above it."""
 
     def set_process_group(self, group) -> None: ...

@@ -1,6 +1,6 @@
 """ZeRO stage 2 in DeepSpeed's layout: replicated parameters, sharded gradients and optimizer states.
 
-The mechanism itself is dsrecipes.distributed.zero2.ZeroStage2 (gradient buckets reduced during
+The mechanism itself is dsrecipes.distributed.data_parallel.zero2_buckets.ZeroStage2 (gradient buckets reduced during
 backward into per-rank fp32 shards, the optimizer stepping `Shard(0)` DTensor masters, one bucketed
 all-gather after the step); this strategy plugs it into the Engine. It serves plain data
 parallelism; with tensor/sequence/expert parallelism, hybrid sharding or CPU offload stage 2 runs on
@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from dsrecipes.distributed.data_parallel.base import DataParallelStrategy, ModelStateBytes
-from dsrecipes.distributed.zero2 import ZeroStage2
+from dsrecipes.distributed.data_parallel.zero2_buckets import ZeroStage2
 
 
 class ReplicatedZeroStage2Strategy(DataParallelStrategy):

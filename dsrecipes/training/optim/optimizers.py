@@ -24,10 +24,10 @@ Each option names its class in `_target_` and its constructor arguments as flat 
              "Adam" decouples weight decay), torch.optim.Adam (L2 weight decay) when it is false
     sgd      torch.optim.SGD (momentum, nesterov)
     adagrad  torch.optim.Adagrad (lr_decay, eps)
-    lamb     dsrecipes.training.lamb.Lamb (FusedLamb's update and trust-ratio clamp)
-    onebitadam / zerooneadam / onebitlamb   DeepSpeed's 1-bit optimizers (dsrecipes.training.onebit_adam,
+    lamb     dsrecipes.training.optim.lamb.Lamb (FusedLamb's update and trust-ratio clamp)
+    onebitadam / zerooneadam / onebitlamb   DeepSpeed's 1-bit optimizers (dsrecipes.training.optim.onebit_adam,
              zero_one_adam, onebit_lamb), run by the `onebit` data-parallel strategy
-    lion     dsrecipes.training.lion.Lion
+    lion     dsrecipes.training.optim.lion.Lion
     rmsprop  torch.optim.RMSprop
     custom   any class by import path (optimizer._target_=torch.optim.NAdam), its arguments flat,
              much like DeepSpeed's fallback to `getattr(torch.optim, type)`

@@ -29,7 +29,7 @@ from dsrecipes.distributed.comms_stats import (
     write_comms_files,
 )
 from dsrecipes.profiling.phases import TRAINING_PHASES
-from dsrecipes.training.extensions import Callback, RunContext
+from dsrecipes.training.extensions.base import Callback, RunContext
 from dsrecipes.utils.console import make_console, print_table
 from dsrecipes.utils.logging import get_logger
 

@@ -232,7 +232,7 @@ class WandbLogger:
 class MetricLoggers:
     """Fans a metrics dict out to every enabled sink (only on the rank that logs)."""
 
-    HISTORY_KEYS = ("train/loss", "val/loss")  # kept in memory for the loss curve (dsrecipes.training.loss_curve)
+    HISTORY_KEYS = ("train/loss", "val/loss")  # kept in memory for the loss curve (dsrecipes.training.reporting.loss_curve)
 
     def __init__(
         self,

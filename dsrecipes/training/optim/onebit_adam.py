@@ -23,7 +23,7 @@ Per parameter p, at step t (1-based), lr, betas (b1, b2), eps, weight decay wd:
   ranks (dsrecipes.distributed.compressed_allreduce, error feedback per parameter), masked by the
   group's exp_avg_mask if any, and p moves as above.
 
-See dsrecipes.training.onebit_base for the process group, masks and checkpoints (errors reset on reload).
+See dsrecipes.training.optim.onebit_base for the process group, masks and checkpoints (errors reset on reload).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-from dsrecipes.training.onebit_base import OneBitOptimizer, check_onebit_hyperparameters
+from dsrecipes.training.optim.onebit_base import OneBitOptimizer, check_onebit_hyperparameters
 
 __all__ = ["OneBitAdam"]
 

@@ -3,7 +3,7 @@
     engine.load_checkpoint("ds_ckpt")          # the folder holding DeepSpeed's `latest`, or a global_stepN folder
     python -m dsrecipes ... trainer.resume=ds_ckpt
 
-The whole, named tensors of dsrecipes.training.deepspeed_checkpoint go into any data-parallel strategy
+The whole, named tensors of dsrecipes.training.checkpointing.deepspeed_checkpoint go into any data-parallel strategy
 the way a full state dict does: every rank takes its shard (FSDP2's DTensors, ZeRO-2's flat shards)
 or the whole (replicated and ZeRO-1 strategies, fp32 masters). Carried: the weights (DeepSpeed's fp32
 masters where it kept them), the per-parameter optimizer state (moments and step), global_steps /
@@ -22,9 +22,9 @@ import torch
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from dsrecipes.training.checkpoint import SHARDED_OPTIONS, check_state_dict_matches, drop_optimizer_state
-from dsrecipes.training.deepspeed_checkpoint import DeepSpeedCheckpoint
-from dsrecipes.training.lr_schedules import ClosedFormLR
+from dsrecipes.training.checkpointing.checkpoint import SHARDED_OPTIONS, check_state_dict_matches, drop_optimizer_state
+from dsrecipes.training.checkpointing.deepspeed_checkpoint import DeepSpeedCheckpoint
+from dsrecipes.training.optim.lr_schedules import ClosedFormLR
 
 _PREFIX = "module."
 

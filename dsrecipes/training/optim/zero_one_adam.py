@@ -33,7 +33,7 @@ c1 = 1 - b1^t and c2 = sqrt(1 - b2^k) (k: variance updates so far) with bias_cor
 (DeepSpeed's update, the default). Step t's kind is `schedule_kind(t)`: "full" / "onebit" / "local" / "sync".
 
 Differences from DeepSpeed, deliberate: its first step() only allocates buffers (its counters run
-one ahead, see dsrecipes.training.onebit_base: its var_freeze_step V freezes where V - 1 does here, and its
+one ahead, see dsrecipes.training.optim.onebit_base: its var_freeze_step V freezes where V - 1 does here, and its
 interval tests see update t as t + 1, so within the doubling intervals its variance updates and syncs fall
 one update earlier, e.g. variance updates at updates 1, 2, 3, 5, 7 against 1, 2, 4, 6, 8 here with
 var_update_scaler=2); on checkpoint reload DeepSpeed resets the whole
@@ -48,7 +48,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-from dsrecipes.training.onebit_base import OneBitOptimizer, check_onebit_hyperparameters
+from dsrecipes.training.optim.onebit_base import OneBitOptimizer, check_onebit_hyperparameters
 
 __all__ = ["ZeroOneAdam"]
 

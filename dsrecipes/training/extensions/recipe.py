@@ -11,11 +11,11 @@ injection, sparse attention and activation checkpointing are not extensions: the
 
 from __future__ import annotations
 
-from dsrecipes.training.compression_extension import compression_extension
-from dsrecipes.training.data_efficiency_extension import data_efficiency_extension
-from dsrecipes.training.extensions import ExtensionBuilder, Extensions
-from dsrecipes.training.moe_extension import moe_extension
-from dsrecipes.training.profiling_extension import profiling_extension
+from dsrecipes.training.extensions.base import ExtensionBuilder, Extensions
+from dsrecipes.training.extensions.compression_extension import compression_extension
+from dsrecipes.training.extensions.data_efficiency_extension import data_efficiency_extension
+from dsrecipes.training.extensions.moe_extension import moe_extension
+from dsrecipes.training.extensions.profiling_extension import profiling_extension
 
 RECIPE_EXTENSIONS: tuple[ExtensionBuilder, ...] = (compression_extension, data_efficiency_extension, moe_extension,
                                                    profiling_extension)

@@ -3,7 +3,7 @@
     python -m dsrecipes +experiment=gpt_qat_int8
     python -m dsrecipes +experiment=gpt_layer_reduction compression.layer_reduction.teacher_path=outputs/<run>/export
 
-One of dsrecipes.training.recipe_extensions.RECIPE_EXTENSIONS. What it adds:
+One of dsrecipes.training.extensions.recipe.RECIPE_EXTENSIONS. What it adds:
   * model transform (parallelize's step 4, before any sharding): layer reduction first (the model is
     loaded with the teacher's weights from `layer_reduction.teacher_path`, then cut to the
     `teacher_layer` layers in place, so model.n_layer and the export follow), then
@@ -39,7 +39,7 @@ from dsrecipes.compression.compress import Compressor
 from dsrecipes.compression.config import layer_reduction_configs, library_configs
 from dsrecipes.compression.layer_reduction import DistillationLoss, reduce_layers
 from dsrecipes.data import eval_batches
-from dsrecipes.training.extensions import Callback, Extensions, RunContext
+from dsrecipes.training.extensions.base import Callback, Extensions, RunContext
 
 log = logging.getLogger("dsrecipes")
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dsrecipes.training.checkpoint import (
+from dsrecipes.training.checkpointing.checkpoint import (
     COMPLETE_MARKER,
     LATEST,
     _write_text_atomic,
@@ -23,7 +23,7 @@ from dsrecipes.training.checkpoint import (
     save_file,
     write_manifest,
 )
-from dsrecipes.training.deepspeed_checkpoint import DeepSpeedCheckpoint
+from dsrecipes.training.checkpointing.deepspeed_checkpoint import DeepSpeedCheckpoint
 
 IMPORTED_STATE = "imported_state.pt"
 MODEL_FILE = "model.pt"

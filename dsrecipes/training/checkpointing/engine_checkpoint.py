@@ -13,10 +13,10 @@ Two formats, picked by the data-parallel strategy (`strategy.uses_full_state_che
 
 Every rank also writes its RNG state; rank 0 writes engine.pt (counters, LR schedule, loss scaler,
 client state) and the manifest last, and the directory is renamed into place only when every rank
-is done (see dsrecipes.training.checkpoint); a failed write on any rank fails the save on all.
+is done (see dsrecipes.training.checkpointing.checkpoint); a failed write on any rank fails the save on all.
 Loads check every tensor against the model first and load nothing
 on a mismatch. A checkpoint written by DeepSpeed (its `latest` / global_stepN folders), or one converted
-from DeepSpeed (imported_state.pt), is read whole and loaded by dsrecipes.training.deepspeed_checkpoint_load.
+from DeepSpeed (imported_state.pt), is read whole and loaded by dsrecipes.training.checkpointing.deepspeed_checkpoint_load.
 `engine` below is a dsrecipes.training.engine.Engine (not imported: it imports this).
 """
 
@@ -32,7 +32,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_model_state_dict, set_state_dict
 
-from dsrecipes.training.checkpoint import (
+from dsrecipes.training.checkpointing.checkpoint import (
     COMPLETE_MARKER,
     SHARDED_OPTIONS,
     begin_checkpoint,
@@ -47,9 +47,9 @@ from dsrecipes.training.checkpoint import (
     resolve_checkpoint_dir,
     save_file,
 )
-from dsrecipes.training.deepspeed_checkpoint import looks_like_deepspeed_checkpoint, read_deepspeed_checkpoint
-from dsrecipes.training.deepspeed_checkpoint_load import load_deepspeed_state
-from dsrecipes.training.deepspeed_conversion import IMPORTED_STATE, read_converted_checkpoint
+from dsrecipes.training.checkpointing.deepspeed_checkpoint import looks_like_deepspeed_checkpoint, read_deepspeed_checkpoint
+from dsrecipes.training.checkpointing.deepspeed_checkpoint_load import load_deepspeed_state
+from dsrecipes.training.checkpointing.deepspeed_conversion import IMPORTED_STATE, read_converted_checkpoint
 from dsrecipes.utils.seed import rng_state, set_rng_state
 
 DCP_DIR = "dcp"

@@ -359,7 +359,7 @@ def find_resume_checkpoint(spec: str, run_dir: Path, dirname: str, run_name: str
     (outputs/<date>/<time>_<name>/, so re-running the same command after a preemption continues),
     else None (a fresh start). Any other spec is a checkpoint directory, or a folder holding
     `latest` / step_N checkpoints, and must exist and pass verification; or a checkpoint written by
-    DeepSpeed (its folder with `latest`, or a global_stepN folder), read by dsrecipes.training.deepspeed_checkpoint.
+    DeepSpeed (its folder with `latest`, or a global_stepN folder), read by dsrecipes.training.checkpointing.deepspeed_checkpoint.
     """
     return rank_zero_result(lambda: _find_resume_checkpoint(spec, Path(run_dir), dirname, run_name))
 
@@ -367,7 +367,7 @@ def find_resume_checkpoint(spec: str, run_dir: Path, dirname: str, run_name: str
 def _find_resume_checkpoint(spec: str, run_dir: Path, dirname: str, run_name: str) -> Path | None:
     if spec != "auto":
         path = Path(spec)
-        from dsrecipes.training.deepspeed_checkpoint import looks_like_deepspeed_checkpoint, resolve_deepspeed_dir
+        from dsrecipes.training.checkpointing.deepspeed_checkpoint import looks_like_deepspeed_checkpoint, resolve_deepspeed_dir
 
         if looks_like_deepspeed_checkpoint(path):  # written by DeepSpeed: its `latest`, or a global_stepN folder
             return resolve_deepspeed_dir(path)

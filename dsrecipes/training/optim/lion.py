@@ -24,7 +24,7 @@ from collections.abc import Iterable
 
 import torch
 
-from dsrecipes.training.multi_tensor_optimizer import MultiTensorOptimizer
+from dsrecipes.training.optim.multi_tensor_optimizer import MultiTensorOptimizer
 
 __all__ = ["Lion"]
 

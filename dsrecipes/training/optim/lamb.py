@@ -26,7 +26,7 @@ from collections.abc import Iterable
 
 import torch
 
-from dsrecipes.training.multi_tensor_optimizer import MultiTensorOptimizer
+from dsrecipes.training.optim.multi_tensor_optimizer import MultiTensorOptimizer
 
 __all__ = ["Lamb"]
 
@@ -112,7 +112,7 @@ def _trust_ratio(p_norm: torch.Tensor, u_norm: torch.Tensor, min_coeff: float, m
 def lamb_update_(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, bc1: float, bc2_sqrt: float,
                  group: dict) -> torch.Tensor:
     """One tensor's LAMB step in place (moments, then p), given the bias corrections; returns its trust
-    ratio (dsrecipes.training.onebit_lamb's warm-up tracks it)."""
+    ratio (dsrecipes.training.optim.onebit_lamb's warm-up tracks it)."""
     beta1, beta2 = group["betas"]
     m.lerp_(g, 1.0 - beta1)
     v.mul_(beta2).addcmul_(g, g, value=1.0 - beta2)

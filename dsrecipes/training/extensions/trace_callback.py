@@ -26,7 +26,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function, schedule, tensorboard_trace_handler
 
 from dsrecipes.profiling.config import ProfilerConfig
-from dsrecipes.training.extensions import Callback, RunContext
+from dsrecipes.training.extensions.base import Callback, RunContext
 from dsrecipes.utils.logging import get_logger
 
 TRACE_DIR = "profiler"

@@ -27,7 +27,7 @@ from dsrecipes.profiling.config import FlopsProfilerConfig
 from dsrecipes.profiling.flop_formulas import flop_counter
 from dsrecipes.profiling.flops_profiler import FlopsProfiler, duration_to_string, number_to_string
 from dsrecipes.profiling.model_profile import profile_data, profile_tables, write_profile
-from dsrecipes.training.extensions import Callback, RunContext
+from dsrecipes.training.extensions.base import Callback, RunContext
 from dsrecipes.utils.console import make_console, print_table
 from dsrecipes.utils.device import peak_tflops
 from dsrecipes.utils.logging import get_logger

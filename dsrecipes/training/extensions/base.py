@@ -19,7 +19,7 @@
 
 Callbacks and batch sources see a `RunContext` (the recipe, the run directory, rank and device, the
 batch arithmetic, the data and, once built, the engine and the loggers), not the Trainer. The recipe's
-own extensions are one ordered list, dsrecipes.training.recipe_extensions.RECIPE_EXTENSIONS; a user
+own extensions are one ordered list, dsrecipes.training.extensions.recipe.RECIPE_EXTENSIONS; a user
 passes more with `Trainer(..., extensions=...)`.
 """
 

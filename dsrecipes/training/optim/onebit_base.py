@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from dsrecipes.distributed.compressed_allreduce import CompressionErrors, compressed_allreduce
-from dsrecipes.training.multi_tensor_optimizer import params_with_grads
+from dsrecipes.training.optim.multi_tensor_optimizer import params_with_grads
 
 __all__ = ["OneBitOptimizer", "check_onebit_hyperparameters"]
 

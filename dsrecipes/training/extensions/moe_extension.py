@@ -1,6 +1,6 @@
 """MoE as a Trainer extension: the auxiliary losses in the training loss, routing metrics in the logs.
 
-One of dsrecipes.training.recipe_extensions.RECIPE_EXTENSIONS; inert when moe.num_experts=0.
+One of dsrecipes.training.extensions.recipe.RECIPE_EXTENSIONS; inert when moe.num_experts=0.
 
 * loss term `moe_aux_loss` = moe.aux_loss_coef x sum over MoE layers of the load-balancing loss, and
   `moe_z_loss` = moe.z_loss_coef x sum of router z-losses (when that coefficient is > 0). They are
@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from dsrecipes.distributed.utils import is_distributed
 from dsrecipes.models.moe import MoELayer
-from dsrecipes.training.extensions import Callback, Extensions, RunContext
+from dsrecipes.training.extensions.base import Callback, Extensions, RunContext
 
 
 def _named_moe_layers(model: torch.nn.Module) -> list[tuple[str, MoELayer]]:

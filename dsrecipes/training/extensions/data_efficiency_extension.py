@@ -1,6 +1,6 @@
 """Data efficiency as a Trainer extension: applies the recipe's `data_efficiency` group.
 
-One of dsrecipes.training.recipe_extensions.RECIPE_EXTENSIONS. What it plugs in:
+One of dsrecipes.training.extensions.recipe.RECIPE_EXTENSIONS. What it plugs in:
 
 * sequence-length curriculum (curriculum_learning.metric=seqlen): a batch hook cutting every micro-batch
   to the current difficulty (truncate or pack);
@@ -34,7 +34,7 @@ from dsrecipes.data_efficiency import (
     resolve_custom_fn,
 )
 from dsrecipes.distributed.utils import rank_zero_first
-from dsrecipes.training.extensions import Callback, Extensions, RunContext
+from dsrecipes.training.extensions.base import Callback, Extensions, RunContext
 
 log = logging.getLogger("dsrecipes")
 

@@ -5,7 +5,7 @@ communication after a warm-up, with frozen trust coefficients scaled by a bounde
 
 Per parameter p at step t (1-based); lr, betas (b1, b2), eps, wd:
 
-* warm-up, t <= freeze_step: LAMB on the averaged gradient, the update of dsrecipes.training.lamb.Lamb
+* warm-up, t <= freeze_step: LAMB on the averaged gradient, the update of dsrecipes.training.optim.lamb.Lamb
   (u = (m / c1) / (sqrt(v) / c2 + eps) + wd p, r = clamp(||p|| / ||u||, min_coeff, max_coeff),
   p -= lr r u), while tracking each tensor's coefficient: coeff = coeff_beta coeff + (1 - coeff_beta) r
   (from 0, r = 1 left out, as DeepSpeed). At t = freeze_step v is copied to v_fresh.
@@ -22,7 +22,7 @@ Per parameter p at step t (1-based); lr, betas (b1, b2), eps, wd:
 
 c1 = 1 - b1^t, c2 = sqrt(1 - b2^freeze) with bias_correction, else 1 (DeepSpeed's update, the default:
 its OnebitLamb takes bias_correction but never applies it). So with bias_correction=false the
-warm-up equals Lamb(bias_correction=False) exactly. See dsrecipes.training.onebit_base for the
+warm-up equals Lamb(bias_correction=False) exactly. See dsrecipes.training.optim.onebit_base for the
 process group, masks and checkpoints (errors reset on reload; the scaling coefficients are saved).
 
 Scaling coefficients, a deliberate difference from DeepSpeed (issue 39): the fused buffer has one 1-bit
@@ -61,8 +61,8 @@ from collections.abc import Callable, Iterable
 import torch
 import torch.distributed as dist
 
-from dsrecipes.training.lamb import lamb_update_
-from dsrecipes.training.onebit_base import OneBitOptimizer, check_onebit_hyperparameters
+from dsrecipes.training.optim.lamb import lamb_update_
+from dsrecipes.training.optim.onebit_base import OneBitOptimizer, check_onebit_hyperparameters
 
 __all__ = ["OneBitLamb"]
 
