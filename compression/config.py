@@ -14,60 +14,41 @@ whole name, else regex search), matched against the model's module names (`block
 enabled sections into the library's configs (validating them; errors name `compression.<section>`).
 
 Fixed-choice keys (quantization_type, rounding, range_calibration, the pruning `method`s, ramp) are
-Enums, so a bad value fails at composition naming the key and the choices. They derive from this
-module's own `ChoiceEnum`, which behaves as dsrecipes' ConfigEnum (a member is its string: comparisons,
-dict keys, f-strings, json) but is defined here because this library imports nothing else of dsrecipes.
+Enums, so a bad value fails at composition naming the key and the choices. They are dsrecipes' one
+ConfigEnum (dsrecipes.utils.config_enum, a standard-library-only module and the one thing of dsrecipes this
+library imports): a member is its string in comparisons, dict keys, f-strings and json.
 The library configs receive plain strings (`_plain`), so their state dicts hold no Enum objects; Python
 users may set plain strings on the sections, which the library configs check.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import TYPE_CHECKING, Any
+
+from dsrecipes.utils.config_enum import ConfigEnum, config_enum
 
 # The library's configs are imported in the functions that build them: their modules import torch, and the
 # recipe schema (RootConfig's `compression` field) imports this module when `python -m dsrecipes --help` composes.
 if TYPE_CHECKING:
     from dsrecipes.compression.layer_reduction import DistillationConfig, LayerReductionConfig
 
-__all__ = ["ChoiceEnum", "CompressionConfig", "PruningMethod", "PruningRamp", "QuantizationType", "RangeCalibration",
+__all__ = ["CompressionConfig", "PruningMethod", "PruningRamp", "QuantizationType", "RangeCalibration",
            "Rounding", "from_deepspeed", "library_configs", "validate_compression_config"]
 
 
-class ChoiceEnum(str, Enum):
-    """A config field with a fixed set of string values: OmegaConf rejects any other at composition.
-
-    Same behaviour as dsrecipes.utils.config_enum.ConfigEnum (kept separate: this library imports nothing
-    else of dsrecipes): a member compares, hashes, formats and json-encodes as its value, and each member's
-    name is its value (OmegaConf maps strings to members by name).
-    """
-
-    def __str__(self) -> str:
-        return self.value
-
-    def __format__(self, spec: str) -> str:
-        return format(self.value, spec)
-
-    def __repr__(self) -> str:
-        return repr(self.value)
 
 
-def _choice_enum(name: str, values: Iterable[str]) -> Any:
-    """A ChoiceEnum subclass of this module named `name`, one member per value, named by it."""
-    return ChoiceEnum(name, [(v, v) for v in values], module=__name__, qualname=name)
 
-
-class QuantizationType(ChoiceEnum):
+class QuantizationType(ConfigEnum):
     """weight / activation quantization: a zero-centred range or a min..max range with a zero point."""
 
     symmetric = "symmetric"
     asymmetric = "asymmetric"
 
 
-class Rounding(ChoiceEnum):
+class Rounding(ConfigEnum):
     """weight quantization rounding: round half to even, or floor(t + u), u ~ U[0, 1)."""
 
     nearest = "nearest"
@@ -75,17 +56,17 @@ class Rounding(ChoiceEnum):
 
 
 # activation_quantization.RANGE_CALIBRATIONS, written out here: that module imports torch
-RangeCalibration = _choice_enum("RangeCalibration", ("dynamic", "static"))
+RangeCalibration = config_enum("RangeCalibration", ("dynamic", "static"), __name__)
 
 
-class PruningMethod(ChoiceEnum):
+class PruningMethod(ConfigEnum):
     """What scores the weights / rows / heads / channels: their L1 norm, or learned importance scores (topk)."""
 
     l1 = "l1"
     topk = "topk"
 
 
-class PruningRamp(ChoiceEnum):
+class PruningRamp(ConfigEnum):
     """sparse pruning: shape of the sparsity ramp when schedule_offset_end > schedule_offset."""
 
     linear = "linear"

@@ -20,19 +20,20 @@ a mapping ``{_target_: pkg.mod.fn, **kwargs}`` (kwargs bound with functools.part
 ``schedule_type``, ``difficulty_type`` and ``seqlen_mode`` are Enums (ScheduleType, DifficultyType,
 SeqlenMode, built from the library's SCHEDULE_TYPES / DIFFICULTY_TYPES / SEQLEN_MODES), so a bad value
 fails at composition naming the key and the choices; ``metric`` stays a string (it may be an import
-path). The Enums derive from this module's own `ChoiceEnum`, which behaves as dsrecipes' ConfigEnum
-(a member is its string: comparisons, dict keys, f-strings, json) but is defined here because this
-library imports nothing else of dsrecipes. Python users may pass plain strings; the validator checks them.
+path). The Enums are dsrecipes' one ConfigEnum (dsrecipes.utils.config_enum, a standard-library-only
+module and the one thing of dsrecipes this library imports): a member is its string in comparisons, dict
+keys, f-strings and json. Python users may pass plain strings; the validator checks them.
 """
 
 from __future__ import annotations
 
 import functools
 import warnings
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any
+
+from dsrecipes.utils.config_enum import config_enum
 
 from .curriculum import (
     DIFFICULTY_TYPES,
@@ -48,32 +49,12 @@ from .curriculum import (
 if TYPE_CHECKING:
     from .random_ltd import RandomLTDScheduler
 
-__all__ = ["ChoiceEnum", "CurriculumLearningConfig", "DataEfficiencyConfig", "DifficultyType", "RandomLTDConfig",
+__all__ = ["CurriculumLearningConfig", "DataEfficiencyConfig", "DifficultyType", "RandomLTDConfig",
            "ScheduleType", "SeqlenMode", "build_curriculum_scheduler", "build_random_ltd_scheduler",
            "validate_data_efficiency_config"]
 
 
-class ChoiceEnum(str, Enum):
-    """A config field with a fixed set of string values: OmegaConf rejects any other at composition.
 
-    Same behaviour as dsrecipes.utils.config_enum.ConfigEnum (kept separate: this library imports nothing
-    else of dsrecipes): a member compares, hashes, formats and json-encodes as its value, and each member's
-    name is its value (OmegaConf maps strings to members by name).
-    """
-
-    def __str__(self) -> str:
-        return self.value
-
-    def __format__(self, spec: str) -> str:
-        return format(self.value, spec)
-
-    def __repr__(self) -> str:
-        return repr(self.value)
-
-
-def _choice_enum(name: str, values: Iterable[str]) -> Any:
-    """A ChoiceEnum subclass of this module named `name`, one member per value, named by it."""
-    return ChoiceEnum(name, [(v, v) for v in values], module=__name__, qualname=name)
 
 
 def _plain(value: Any) -> Any:
@@ -81,9 +62,9 @@ def _plain(value: Any) -> Any:
     return value.value if isinstance(value, Enum) else value
 
 
-ScheduleType = _choice_enum("ScheduleType", SCHEDULE_TYPES)  # fixed_linear | fixed_root | fixed_discrete | custom
-DifficultyType = _choice_enum("DifficultyType", DIFFICULTY_TYPES)  # value | percentile
-SeqlenMode = _choice_enum("SeqlenMode", SEQLEN_MODES)  # truncate | pack
+ScheduleType = config_enum("ScheduleType", SCHEDULE_TYPES, __name__)  # fixed_linear | fixed_root | fixed_discrete | custom
+DifficultyType = config_enum("DifficultyType", DIFFICULTY_TYPES, __name__)  # value | percentile
+SeqlenMode = config_enum("SeqlenMode", SEQLEN_MODES, __name__)  # truncate | pack
 
 
 @dataclass
