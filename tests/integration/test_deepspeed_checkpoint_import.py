@@ -16,7 +16,7 @@ import warnings
 import pytest
 import torch
 
-from tests.integration.test_deepspeed_parity import GAS, MICRO, WARMUP, _micro_batch, _net_and_groups, recipe_config
+from tests.integration.test_deepspeed_parity import GAS, _micro_batch, _net_and_groups, deepspeed_config, recipe_config
 from tests.unit.test_deepspeed_parity import deepspeed  # noqa: F401  (skips the module without DeepSpeed)
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -49,11 +49,7 @@ def _deepspeed_side(rank, world, folder):
     out = {}
     for precision, stage in CASES:
         net, groups = _net_and_groups()
-        cfg = {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": GAS,
-               "gradient_clipping": 0.05, "steps_per_print": 10**9, "zero_optimization": {"stage": stage},
-               "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "betas": [0.9, 0.999], "eps": 1e-8,
-                                                         "weight_decay": 0.1, "torch_adam": True}},
-               "scheduler": {"type": "WarmupLR", "params": WARMUP}}
+        cfg = deepspeed_config(stage)
         if precision == "bf16":
             cfg["bf16"] = {"enabled": True}
         with warnings.catch_warnings():

@@ -50,6 +50,16 @@ def recipe_config(stage: int) -> dict:
                         "gradient_clipping": 0.05, "device": "cpu"}}
 
 
+def deepspeed_config(stage: int) -> dict:
+    """DeepSpeed's side of the side-by-side runs: AdamW (torch's), WarmupLR, clipping and the batch at ZeRO `stage`
+    (fp32; a test adds its precision block)."""
+    return {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": GAS,
+            "gradient_clipping": 0.05, "steps_per_print": 10**9, "zero_optimization": {"stage": stage},
+            "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "betas": [0.9, 0.999], "eps": 1e-8,
+                                                      "weight_decay": 0.1, "torch_adam": True}},
+            "scheduler": {"type": "WarmupLR", "params": WARMUP}}
+
+
 def _net_and_groups():
     torch.manual_seed(0)
     net = _Net()
@@ -188,11 +198,7 @@ def _deepspeed_runs(rank, world):
     for precision in ("fp32", "fp16"):
         for stage in (0, 1, 2, 3):
             net, groups = _net_and_groups()
-            cfg = {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": GAS,
-                   "gradient_clipping": 0.05, "steps_per_print": 10**9, "zero_optimization": {"stage": stage},
-                   "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "betas": [0.9, 0.999], "eps": 1e-8,
-                                                             "weight_decay": 0.1, "torch_adam": True}},
-                   "scheduler": {"type": "WarmupLR", "params": WARMUP}}
+            cfg = deepspeed_config(stage)
             if precision == "fp16":
                 cfg["fp16"] = {"enabled": True, **FP16}
             with warnings.catch_warnings():

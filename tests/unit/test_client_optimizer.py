@@ -24,23 +24,7 @@ from dsrecipes.training.optim.client_optimizer import (
     record_client_optimizer,
 )
 from dsrecipes.training.optim.optimizers import named_param_groups
-
-
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.body = nn.ModuleList([nn.Linear(4, 5), nn.Linear(5, 5)])
-        self.head = nn.Linear(5, 2)
-
-    def forward(self, x):
-        for layer in self.body:
-            x = torch.tanh(layer(x))
-        return self.head(x)
-
-
-def _net() -> Net:
-    torch.manual_seed(0)
-    return Net()
+from tests.unit.test_param_groups import Net, _net  # a ModuleList body and a head: two groups
 
 
 def _groups(net: Net) -> list[dict]:
@@ -74,7 +58,7 @@ def test_rebuilt_over_the_new_parameters_with_the_class_defaults_and_group_optio
     assert rebuilt.param_groups[1]["params"] == [net.head.weight, net.head.bias]  # the new objects, in order
     assert all(p is not q for p, q in zip(rebuilt.param_groups[1]["params"], client.param_groups[1]["params"]))
     rebind_lr_scheduler(scheduler, client, rebuilt)
-    net(torch.randn(3, 4)).sum().backward()
+    net(torch.randn(3, 5)).sum().backward()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no "optimizer.step() has been overridden" from the rebound scheduler
         rebuilt.step()
@@ -97,7 +81,7 @@ def test_named_parameters_and_a_tied_parameter_are_found_again():
 def test_a_stepped_optimizer_is_refused_but_adagrads_initial_state_is_not():
     net = _net()
     client = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
-    net(torch.randn(3, 4)).sum().backward()
+    net(torch.randn(3, 5)).sum().backward()
     client.step()
     with pytest.raises(ValueError, match=r"torch\.optim\.sgd\.SGD\) already holds step state for 6 parameter"):
         record_client_optimizer(client, net)
