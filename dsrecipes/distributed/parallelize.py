@@ -79,6 +79,25 @@ class ParallelPlan:
         """Tensor parallelism keeps the logits vocab-sharded: forward and backward run under loss_parallel."""
         return self.dims.tp > 1
 
+    # The layout questions the rest of the code asks, answered here so that no caller checks pp / ep itself.
+    @property
+    def holds_every_parameter(self) -> bool:
+        """Whether this rank's module has every parameter of the model: not when pipeline stages or experts live on
+        other ranks (an optimizer rebuilt by name, or whole-model weights loaded, must then allow missing names)."""
+        return self.pipeline is None and self.expert_parallel is None
+
+    @property
+    def separate_forward_backward(self) -> bool:
+        """Whether a step runs one forward phase and then one backward phase that a profiler can time apart; a
+        pipeline schedule interleaves the micro-batches' forwards and backwards."""
+        return self.pipeline is None
+
+    def outside_shape_inference(self, context_factory: Callable) -> None:
+        """Run `context_factory()` around every forward that only infers shapes (a pipeline schedule's metadata
+        pass), so that it takes no random draw or step; nothing to do without a pipeline."""
+        if self.pipeline is not None:
+            self.pipeline.metadata_pass_contexts.append(context_factory)
+
 
 def parallelize(model: nn.Module, dims: ParallelDims, cfg, precision, device: torch.device, micro_batches: int = 1,
                 transforms: list[ModelTransform] | tuple = ()) -> ParallelPlan:

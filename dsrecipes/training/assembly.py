@@ -103,7 +103,7 @@ def build_engine(
                        transforms=transforms)
     strategy = plan.strategy
     assert (client is not None) == (optimizer is not None and strategy.needs_own_optimizer), strategy.name
-    elsewhere = plan.pipeline is not None or plan.expert_parallel is not None  # parameters on other ranks
+    elsewhere = not plan.holds_every_parameter  # stages or experts on other ranks
     if client is not None:
         optimizer = rebuild_client_optimizer(client, strategy.optimizer_module(), allow_missing=elsewhere)
         rebind_lr_scheduler(lr_scheduler, client.original, optimizer)

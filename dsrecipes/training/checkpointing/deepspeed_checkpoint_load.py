@@ -32,7 +32,7 @@ _PREFIX = "module."
 def load_deepspeed_state(engine, ckpt: DeepSpeedCheckpoint, load_optimizer_states: bool = True) -> tuple[Path, dict]:
     """Put `ckpt` into `engine` (every rank calls it); returns (the checkpoint's folder, its client state)."""
     plan, strategy = engine.plan, engine.strategy
-    if plan.pipeline is not None or plan.expert_parallel is not None:
+    if not plan.holds_every_parameter:
         raise ValueError(f"DeepSpeed checkpoint {ckpt.path}: loading into a pipeline- or expert-parallel layout is not "
                          "supported; load it at data parallelism (ZeRO 0-3), save, and resume that checkpoint")
     with strategy.states_in_memory(writes=True):

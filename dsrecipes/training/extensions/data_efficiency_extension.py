@@ -95,9 +95,7 @@ class DataEfficiencyCallback(Callback):
     def on_train_start(self, context: RunContext) -> None:
         if self.ltd is not None:
             self.ltd.reseed(context.data_rank)  # pipeline / tensor-parallel peers draw what their data shard's rank draws
-            pipeline = context.engine.plan.pipeline
-            if pipeline is not None:  # the schedule's shape-inference forward must not take a draw
-                pipeline.metadata_pass_contexts.append(self.ltd.paused)
+            context.engine.plan.outside_shape_inference(self.ltd.paused)  # a shape-inference forward takes no draw
         if self.layer_token_lr:
             self._apply_layer_token_lr(context)
 

@@ -45,7 +45,7 @@ class FlopsProfilerCallback(Callback):
     # ------------------------------------------------------------------ when
     def on_train_start(self, context: RunContext) -> None:
         step = context.engine.global_steps
-        if context.cfg.parallel.pp > 1:
+        if not context.engine.plan.separate_forward_backward:
             get_logger().warning("flops_profiler: not run under pipeline parallelism (parallel.pp=%d): the schedule "
                                  "runs forward and backward as one phase", context.cfg.parallel.pp)
         elif step > self.cfg.profile_step:
@@ -58,7 +58,7 @@ class FlopsProfilerCallback(Callback):
         """step: global_steps after the step; the profiled one is the step after global_steps == profile_step."""
         if self.profiler is not None:
             self._finish(context, step)
-        elif step == self.cfg.profile_step and context.cfg.parallel.pp == 1:
+        elif step == self.cfg.profile_step and context.engine.plan.separate_forward_backward:
             self._start(context)
 
     # ------------------------------------------------------------------ how
