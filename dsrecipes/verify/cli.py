@@ -133,14 +133,13 @@ def _plan(recipe, config):
 
 def _compare_and_report(run_dir: Path, plan, config: VerifyConfig, seconds: dict) -> int:
     from dsrecipes.models import load_exported
-    from dsrecipes.verify.compare import compare_params, compare_steps, read_series, verdict
+    from dsrecipes.verify.compare import judge, read_series
     from dsrecipes.verify.report import group_table, log_to_sinks, step_table, write_reports
 
     series = {role: read_series(run_dir / role / "metrics.jsonl") for role in ("candidate", "reference")}
     params = {role: load_exported(run_dir / role / "export")[0].state_dict() for role in ("candidate", "reference")}
-    steps = compare_steps(series["candidate"], series["reference"], plan.tolerance)
-    groups = compare_params(params["candidate"], params["reference"], plan.tolerance)
-    result = verdict(steps, groups, plan.tolerance, config.steps)
+    result = judge(series["candidate"], series["reference"], params["candidate"], params["reference"], plan.tolerance,
+                   config.steps)
     print()
     print("\n".join(step_table(result)))
     print()

@@ -169,3 +169,11 @@ def verdict(steps: list[StepRow], groups: list[GroupDiff], tolerance: Tolerance,
         parts += notes
         message = "NOT EQUIVALENT: " + "; ".join(p for p in parts if p)
     return Verdict(equivalent, tolerance, steps, groups, first_step, first_group, message, notes)
+
+
+def judge(candidate_series: dict[int, dict], reference_series: dict[int, dict], candidate_params: dict,
+          reference_params: dict, tolerance: Tolerance, expected_steps: int) -> Verdict:
+    """The whole comparison of two runs (per-step series from read_series, final state dicts): what
+    `python -m dsrecipes.verify` decides, and what the suite's layout table asks of every row."""
+    steps = compare_steps(candidate_series, reference_series, tolerance)
+    return verdict(steps, compare_params(candidate_params, reference_params, tolerance), tolerance, expected_steps)

@@ -1,4 +1,4 @@
-"""dsrecipes.training.extensions.base: what a recipe adds to the loop without the Trainer knowing it (model transforms,
+"""dsrecipes.training.extensions: what a recipe adds to the loop without the Trainer knowing it (model transforms,
 loss terms, batch hooks and sources, callbacks; base.py), the recipe's own list (recipe.py) and the extensions and
 callbacks of compression, data efficiency, MoE, profiling, FLOPs, traces and the comms logger."""
 

@@ -72,14 +72,13 @@ def check_row(row: Row, tmp_path_factory) -> None:
 
 
 def assert_verify_verdict(run, reference, tolerance) -> None:
-    """`python -m dsrecipes.verify`'s own verdict on the row's two runs (dsrecipes.verify.compare: per-step loss and
-    lr, max |param diff| per tensor group) at the row's tolerance: equivalent, as the table's assertions found. So
+    """`python -m dsrecipes.verify`'s own verdict on the row's two runs (dsrecipes.verify.compare.judge: per-step loss
+    and lr, max |param diff| per tensor group) at the row's tolerance: equivalent, as the table's assertions found. So
     every row of the table (every supported row of the compatibility matrix) is judged by verify's code too."""
-    from dsrecipes.verify.compare import compare_params, compare_steps, read_series, verdict
+    from dsrecipes.verify.compare import judge, read_series
 
-    steps = compare_steps(read_series(run.run_dir / "metrics.jsonl"), read_series(reference.run_dir / "metrics.jsonl"),
-                          tolerance)
-    result = verdict(steps, compare_params(run.params, reference.params, tolerance), tolerance, STEPS)
+    result = judge(read_series(run.run_dir / "metrics.jsonl"), read_series(reference.run_dir / "metrics.jsonl"),
+                   run.params, reference.params, tolerance, STEPS)
     assert result.equivalent, result.message
 
 
