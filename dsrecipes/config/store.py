@@ -12,6 +12,7 @@ from __future__ import annotations
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from dsrecipes.config.compose_cache import compose_from_merge
 from dsrecipes.config.run_directory import config_subdir, run_dir, run_stamp
 from dsrecipes.config.schema import RootConfig
 from dsrecipes.models.hf_config import register_hf_resolver
@@ -69,7 +70,10 @@ def register_configs() -> None:
 
 
 def compose(overrides: list[str] | None = None, return_hydra_config: bool = False):
-    """Compose conf/config.yaml with command-line style overrides, as `python -m dsrecipes` would."""
+    """Compose conf/config.yaml with command-line style overrides, as `python -m dsrecipes` would.
+
+    Without the hydra node, compositions that choose the same group options share one merge
+    (dsrecipes.config.compose_cache): ~10 ms instead of ~0.2 s."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
@@ -81,4 +85,8 @@ def compose(overrides: list[str] | None = None, return_hydra_config: bool = Fals
     if GlobalHydra.instance().is_initialized():
         GlobalHydra.instance().clear()
     with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
+        if not return_hydra_config:  # value overrides on a cached merge of the same group choices (compose_cache)
+            composed = compose_from_merge("config", overrides, lambda groups: hydra_compose("config", groups))
+            if composed is not None:
+                return composed
         return hydra_compose(config_name="config", overrides=overrides, return_hydra_config=return_hydra_config)

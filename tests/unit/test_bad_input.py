@@ -2,23 +2,20 @@
 and fails with one line naming the key, the value and what would be valid; a key that has no effect
 (its group is off) is a warning naming it.
 
-The table runs in this process: compose the recipe once per set of group options, apply the
-key=value overrides as Hydra does (OmegaConf.update on the typed config), then validate_recipe (or
-the inference checks for mode=generate / serve-bench). A few real-CLI runs (marked slow) check what
+The table runs in this process: compose the recipe (compose() merges each set of group options once and
+applies the key=value overrides with Hydra's own step), then validate_recipe (or the inference checks for
+mode=generate / serve-bench). A few real-CLI runs (marked slow) check what
 the user sees: a multirun refused before its first job, one line and no traceback, no run directory.
 """
 
 from __future__ import annotations
 
-import copy
-import functools
 import warnings
 
 import pytest
 import torch
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import ConfigCompositionException
-from omegaconf import OmegaConf
 
 from dsrecipes.config.inactive import inactive_keys
 from dsrecipes.config.preflight import Preflight, check_inference_job, check_sweep, check_train_job
@@ -33,25 +30,10 @@ _PARSER = OverridesParser.create()
 NO_NCCL = nccl_unavailable_reason() is not None
 
 
-def _is_group_choice(override: str) -> bool:
-    key = override.split("=", 1)[0]
-    return key.lstrip("+") in (*CONFIG_GROUPS, "experiment")
-
-
-@functools.cache
-def _composed(groups: tuple[str, ...]):
-    return compose(list(groups))
-
-
 def recipe(overrides: list[str]):
-    """compose(overrides), composing only once per set of group options: the key=value overrides are applied
-    the way Hydra applies them (OmegaConf.update, merge=True, on the schema-typed config)."""
-    cfg = copy.deepcopy(_composed(tuple(o for o in overrides if _is_group_choice(o))))
-    for text in overrides:
-        if not _is_group_choice(text):
-            override = _PARSER.parse_override(text)
-            OmegaConf.update(cfg, override.key_or_group, override.value(), merge=True)
-    return cfg
+    """compose(overrides): a set of group options is merged once, the key=value overrides applied by Hydra to a copy
+    (dsrecipes.config.compose_cache)."""
+    return compose(list(overrides))
 
 
 def check(overrides: list[str]) -> None:
@@ -238,7 +220,7 @@ def test_every_numeric_key_of_the_schema_has_a_range():
     assert keys - set(RANGES) == set(), "add these keys to dsrecipes.utils.ranges.RANGES"
     assert set(RANGES) - keys == set(), "RANGES names keys the schema does not have"
     check_ranges(RootConfig())  # the schema's defaults are in range
-    check_ranges(to_root(_composed(())))  # so is the default recipe
+    check_ranges(to_root(compose([])))  # so is the default recipe
 
 
 def test_run_directory_under_a_file_is_refused_naming_hydra_run_dir(files, capsys):
@@ -488,6 +470,6 @@ def test_max_restarts_without_spawned_workers_is_a_warning(monkeypatch):
 
 def test_the_shipped_group_options_set_no_key_without_effect():
     """Each group's default option is what a run gets without choosing: it must not warn."""
-    assert inactive_keys(to_root(_composed(()))) == []
+    assert inactive_keys(to_root(compose([]))) == []
     assert inactive_keys(to_root(recipe(["moe=top2", "precision=fp16", "logger=wandb", "lr_scheduler=one_cycle",
                                          "activation_checkpointing=every_k", "compression=prune_heads"]))) == []

@@ -60,6 +60,20 @@ def config_name(path: str) -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "_", Path(path).stem) or "deepspeed"
 
 
+def _register(name: str, node: dict) -> None:
+    """Store the translation as `deepspeed_import/<name>`; an equal one stored before is kept, so the merges
+    compose() cached on it stay valid (dsrecipes.config.compose_cache keys them by the store's nodes)."""
+    from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+
+    store = ConfigStore.instance()
+    stored = store.repo.get(GROUP, {}).get(f"{name}.yaml")
+    if stored is not None and stored.package == "_global_" and \
+            OmegaConf.to_container(stored.node) == OmegaConf.to_container(OmegaConf.create(node)):
+        return
+    store.store(group=GROUP, name=name, node=node, package="_global_")
+
+
 def apply_deepspeed_argument(argv: list[str], compose: Callable, report: bool = True) -> list[str]:
     """argv with `+deepspeed_import=<stem>` after `deepspeed_config=PATH` (registered in the ConfigStore); argv unchanged
     without one. ValueError / FileNotFoundError for a file that cannot be read or honoured.
@@ -82,9 +96,7 @@ def apply_deepspeed_argument(argv: list[str], compose: Callable, report: bool = 
     translation = load_translation(path, name=path, recipe=_recipe_without_the_file(argv, index, compose))
     translation.give_way(_option_picks(argv), "the command line")
     name = config_name(path)
-    from hydra.core.config_store import ConfigStore
-
-    ConfigStore.instance().store(group=GROUP, name=name, node=translation.experiment_node(), package="_global_")
+    _register(name, translation.experiment_node())
     if report:
         print_report(translation, path)
     # recorded as an absolute path: workers re-read it (load_config), whatever their working directory
