@@ -54,7 +54,7 @@ def run(cfg: DictConfig) -> dict | float:
 
     from dsrecipes.config.optimized_metric import check_optimized_metric, optimized_value
     from dsrecipes.config.preflight import check_train_job
-    from dsrecipes.launch import spawn_workers, worker_main
+    from dsrecipes.launch.workers import spawn_workers, worker_main
     from dsrecipes.utils.errors import USER_ERROR_EXIT_CODE, USER_ERRORS, exit_on_user_error
     from dsrecipes.utils.interrupts import exit_code, received_signal, signal_name, stop_on_signals
 
@@ -119,13 +119,13 @@ def main() -> None:
         sys.exit(report_main(sys.argv[2:]))
     from dsrecipes.config.ds_import.cli import apply_deepspeed_argument
     from dsrecipes.config.run_directory import RUN_STAMP_ENV
-    from dsrecipes.distributed.environment import under_launcher
+    from dsrecipes.launch.environment import under_launcher
     from dsrecipes.utils.errors import USER_ERRORS, exit_on_user_error
 
     if under_launcher():  # torchrun, srun: launch and torch.distributed imported only here (`--help` imports no torch)
         import torch.distributed
 
-        from dsrecipes.launch import join_launcher_group
+        from dsrecipes.launch.workers import join_launcher_group
 
         if join_launcher_group():
             stamp = [datetime.now().isoformat()]

@@ -31,8 +31,8 @@ TOOLS = {
     "convert_ds_checkpoint": "a DeepSpeed checkpoint (global_stepN/) as a dsrecipes checkpoint or safetensors",
     "export": "a (sharded) checkpoint as one safetensors file",
     "verify": "the recipe's layout against one process, step by step: equivalent, or where not",
-    "hostfile": "launch on the hosts of a DeepSpeed hostfile",
-    "cluster.slurm": "print an sbatch template",
+    "launch.hostfile": "launch on the hosts of a DeepSpeed hostfile",
+    "launch.slurm": "print an sbatch template",
     "benchmarks.<name>": "side-by-side benchmarks (train_throughput, kernels, communication, inference, ...)",
 }
 

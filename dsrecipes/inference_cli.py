@@ -112,7 +112,7 @@ def run_inference_mode(cfg: DictConfig, run_dir: str, overrides: list[str]) -> d
     import torch.distributed as dist
 
     if dist.is_initialized():  # torchrun's ranks (generate.tp_size > 1): leave the group together, as training does
-        from dsrecipes.launch import leave_group
+        from dsrecipes.launch.workers import leave_group
 
         leave_group()
     return result
@@ -129,7 +129,7 @@ def _run(cfg: DictConfig, run_dir: str, own_dir: Path | None, overrides: list[st
         raise ValueError(f"generate.tp_size={g.tp_size} needs exactly that many processes, but {world} are running; "
                          f"use torchrun --nproc-per-node {g.tp_size} -m dsrecipes mode={cfg.mode} ...")
     if world > 1 and not dist.is_initialized():
-        from dsrecipes.launch import init_distributed
+        from dsrecipes.launch.workers import init_distributed
 
         init_distributed()
     rank = dist.get_rank() if dist.is_initialized() else 0

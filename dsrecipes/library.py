@@ -53,7 +53,7 @@ from dsrecipes.config.loading import load_config
 from dsrecipes.config.validate import data_parallel_world_size, to_root, validate_engine_config
 from dsrecipes.distributed.parallel_dims import ParallelDims, device_type_of
 from dsrecipes.distributed.utils import is_distributed
-from dsrecipes.launch import join_launcher_group
+from dsrecipes.launch.workers import join_launcher_group
 from dsrecipes.training.assembly import build_engine
 from dsrecipes.utils.device import resolve_device
 

@@ -19,7 +19,7 @@ os.environ.pop(VARIABLE, None)  # the kernel tests set it for themselves, in the
 # Workers that `python -m dsrecipes` starts in tests come from a fork server (launcher.start_method's default,
 # see conf/launcher/default.yaml): the test process's own for the commands forked from it (tests/helpers/
 # fork_server.py), else the launch's, which imports torch, Hydra and the trainer once
-# (dsrecipes.launch.FORKSERVER_PRELOAD) instead of once per worker. Not fork: a worker forked from the
+# (dsrecipes.launch.workers.FORKSERVER_PRELOAD) instead of once per worker. Not fork: a worker forked from the
 # launcher while the elastic agent's store thread held glibc's resolver lock waited on it forever at its first
 # connect (stacks taken from CI-like runs, 2026-12-03: a few multi-rank runs per suite hung that way). The
 # restart test in tests/integration/test_distributed.py keeps spawn, users' default.

@@ -45,7 +45,7 @@ def check_train_job(cfg: DictConfig) -> tuple[Any, Any, int, bool]:
     from dsrecipes.config.auto_workers import keep_recipe_batch, workers_the_batch_allows
     from dsrecipes.config.validate import validate_recipe
     from dsrecipes.distributed.config import check_launcher_backend, resolve_nproc, validate_launcher_config
-    from dsrecipes.distributed.environment import under_launcher
+    from dsrecipes.launch.environment import under_launcher
 
     validate_launcher_config(cfg.launcher)
     joined = under_launcher()

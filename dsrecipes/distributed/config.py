@@ -48,7 +48,7 @@ class StartMethod(ConfigEnum):
     """launcher.start_method: how the elastic agent starts local workers (torchrun's --start-method).
 
     spawn (torchrun's default) starts fresh interpreters, safe everywhere. forkserver starts one clean
-    server process per launch that imports torch and the trainer once (dsrecipes.launch.FORKSERVER_PRELOAD)
+    server process per launch that imports torch and the trainer once (dsrecipes.launch.workers.FORKSERVER_PRELOAD)
     and forks every worker from it: one import per node instead of one per worker, and as safe as spawn.
     fork copies the launching process itself, so workers skip every import, but the launcher is already
     running the elastic agent's store threads when it forks: a worker forked while one of them holds a libc

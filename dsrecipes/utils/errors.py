@@ -35,7 +35,7 @@ def user_error_message(error: BaseException) -> str:
 
 def exit_on_user_error(error: BaseException, prefix: str = "", program: str = "dsrecipes") -> None:
     """Print `<program>: error: <message>` on stderr and exit 2 (re-raise when debugging); program names the
-    entry (e.g. dsrecipes.hostfile, whose argparse errors use the same prefix)."""
+    entry (e.g. dsrecipes.launch.hostfile, whose argparse errors use the same prefix)."""
     if debugging():
         raise error
     print(f"{program}: error: {prefix}{user_error_message(error)}", file=sys.stderr, flush=True)

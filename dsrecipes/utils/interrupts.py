@@ -5,7 +5,7 @@ terminal's process group); a scheduler's SIGTERM (SLURM, Kubernetes) reaches the
 process, whose elastic agent passes it on to the workers. `stop_on_signals()` turns SIGTERM into
 the same KeyboardInterrupt Ctrl-C raises and records which signal came, so the Trainer's loop ends
 where it is, its `finally` closes the loggers, and the entry points (dsrecipes.__main__, the
-workers in dsrecipes.launch) exit with 128 + the signal's number and one line instead of a
+workers in dsrecipes.launch.workers) exit with 128 + the signal's number and one line instead of a
 traceback. A rank blocked in a collective whose peer already stopped raises a RuntimeError instead;
 `received_signal()` tells the entry point that the run was being stopped all the same.
 """

@@ -63,7 +63,7 @@ def _error(message: str) -> int:
 
 
 def verify(argv: list[str], runner=None) -> int:
-    from dsrecipes.distributed.environment import under_launcher
+    from dsrecipes.launch.environment import under_launcher
     from dsrecipes.utils.errors import USER_ERRORS, user_error_message
     from dsrecipes.verify.config import parse_arguments
 

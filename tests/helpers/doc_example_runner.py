@@ -11,7 +11,7 @@ PLAN.json: [{"id", "kind", "argv", "log", "cwd"}, ...] with kind
   * "module": `python -m MODULE ARGV` (argv[0] is the module), run here with runpy as `-m` would;
   * "dsrecipes-validate": the same, up to the point where the CLI would start its worker processes:
     composition, recipe validation at the workers' world size and the run directory happen, then
-    `dsrecipes.launch.spawn_workers` is replaced by a stub that logs "spawn_workers: N workers not
+    `dsrecipes.launch.workers.spawn_workers` is replaced by a stub that logs "spawn_workers: N workers not
     started" (for recipes whose worker count the test machine cannot afford);
   * "process": any other command line (torchrun, a Python script), run as a subprocess; "{free_port}" in
     a value of its "env" becomes a port that is free at launch.
@@ -84,7 +84,7 @@ def run_step(step: dict) -> int:
     os.chdir(step["cwd"])
     if step["kind"] in ("dsrecipes", "dsrecipes-validate"):
         import dsrecipes.__main__ as cli
-        import dsrecipes.launch as launch
+        import dsrecipes.launch.workers as launch
 
         sys.argv = ["dsrecipes", *argv]
         if step["kind"] == "dsrecipes":

@@ -31,7 +31,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from dsrecipes.launch import FORKSERVER_PRELOAD
+from dsrecipes.launch.workers import FORKSERVER_PRELOAD
 from tests.helpers.environment import subprocess_env
 from tests.helpers.paths import REPO
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dsrecipes.cluster.ssh_launch import run_parallel
+from dsrecipes.launch.ssh_launch import run_parallel
 from tests.helpers.environment import subprocess_env
 from tests.unit.test_hostfile import TWO_BY_FOUR, write
 
@@ -45,7 +45,7 @@ def fake_ssh(tmp_path) -> Path:
 def run_hostfile_cli(args: list[str], cwd: Path, bin_dir: Path, timeout: int = 120) -> subprocess.CompletedProcess:
     env = subprocess_env({k: v for k, v in os.environ.items() if k not in ("DSRECIPES_DEBUG", "HYDRA_FULL_ERROR")})
     env.update(PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}", OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, "-m", "dsrecipes.hostfile", *args], cwd=cwd, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "dsrecipes.launch.hostfile", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
 
@@ -77,7 +77,7 @@ def test_bad_input_is_one_line_and_status_2_before_anything_runs(case, tmp_path,
     result = run_hostfile_cli(["hosts", "--launch", "ssh", *args, "model=gpt_debug"], tmp_path, fake_ssh)
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("dsrecipes.hostfile: error: "), result.stderr
+    assert len(lines) == 1 and lines[0].startswith("dsrecipes.launch.hostfile: error: "), result.stderr
     for fragment in fragments:
         assert fragment in lines[0]
     assert not (tmp_path / "ssh_calls").exists()
@@ -86,11 +86,11 @@ def test_bad_input_is_one_line_and_status_2_before_anything_runs(case, tmp_path,
 def test_launch_pdsh_without_pdsh_says_so(tmp_path, fake_ssh):
     write(tmp_path / "hosts", TWO_BY_FOUR)
     env = {"PATH": str(fake_ssh), "HOME": str(tmp_path)}  # no pdsh on this PATH
-    result = subprocess.run([sys.executable, "-m", "dsrecipes.hostfile", "hosts", "--launch", "pdsh"], cwd=tmp_path, env=env,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-m", "dsrecipes.launch.hostfile", "hosts", "--launch", "pdsh"], cwd=tmp_path,
+                            env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
-    assert result.stderr.strip() == ("dsrecipes.hostfile: error: --launch pdsh but pdsh is not installed here (not on PATH); "
-                                     "install it, or use --launch ssh")
+    assert result.stderr.strip() == ("dsrecipes.launch.hostfile: error: --launch pdsh but pdsh is not installed here "
+                                     "(not on PATH); install it, or use --launch ssh")
 
 
 def test_a_layout_that_does_not_fit_the_slots_stops_before_ssh(tmp_path, fake_ssh):
@@ -98,8 +98,8 @@ def test_a_layout_that_does_not_fit_the_slots_stops_before_ssh(tmp_path, fake_ss
     result = run_hostfile_cli(["hosts", "--launch", "ssh", "model=gpt_debug", "parallel.tp=4"], tmp_path, fake_ssh)
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip().splitlines() == [
-        "dsrecipes.hostfile: error: hostfile hosts gives 2 slots (worker-0: 1, worker-1: 1): parallel.tp=4 x parallel.sp=1 "
-        "x parallel.pp=1 = 4 does not divide the world size 2; the product must be one of: 1, 2"]
+        "dsrecipes.launch.hostfile: error: hostfile hosts gives 2 slots (worker-0: 1, worker-1: 1): parallel.tp=4 x "
+        "parallel.sp=1 x parallel.pp=1 = 4 does not divide the world size 2; the product must be one of: 1, 2"]
     assert not (tmp_path / "ssh_calls").exists() and not (tmp_path / "outputs").exists()
 
 

@@ -5,7 +5,7 @@ the first attempt's process group (each rank's gloo address) are still there whe
 workers join, so without a per-attempt namespace a restarted rank 0 that reads rank 1's key before the
 new rank 1 rewrote it connects to the dead worker ("connectFullMesh ... connection refused"). Delaying
 rank 1 on the restart makes that ordering certain instead of a 1-in-3 race on busy cores: this test
-fails every time with torch's plain env:// init and passes with dsrecipes.launch.init_distributed.
+fails every time with torch's plain env:// init and passes with dsrecipes.launch.workers.init_distributed.
 """
 
 import os
@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from dsrecipes.launch import init_distributed
+from dsrecipes.launch.workers import init_distributed
 
 
 def _worker() -> tuple[int, float]:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from dsrecipes.cluster.slurm import template_text
+from dsrecipes.launch.slurm import template_text
 from dsrecipes.models import load_exported
 from tests.helpers.cli import run_cli
 from tests.helpers.equivalence import STEPS, assert_matches_single_process, common
@@ -63,7 +63,7 @@ def losses_and_export(run_dir: Path) -> tuple[list[float], dict]:
 
 
 def test_an_unknown_template_is_one_line_naming_the_choices():
-    result = subprocess.run([sys.executable, "-m", "dsrecipes.cluster.slurm", "mpirun"], capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-m", "dsrecipes.launch.slurm", "mpirun"], capture_output=True, text=True)
     assert result.returncode == 2
     assert result.stderr == "dsrecipes: error: unknown SLURM template 'mpirun'; choose one of: torchrun, srun\n"
     assert result.stdout == ""

@@ -71,7 +71,7 @@ def test_the_cli_prints_its_own_help_without_composing(flag, capsys, monkeypatch
 def test_every_tool_is_found():
     tools = _tool_modules()
     assert {"dsrecipes.estimate", "dsrecipes.autotune", "dsrecipes.export", "dsrecipes.report",
-            "dsrecipes.convert_ds_config", "dsrecipes.hostfile", "dsrecipes.cluster.slurm"} <= set(tools)
+            "dsrecipes.convert_ds_config", "dsrecipes.launch.hostfile", "dsrecipes.launch.slurm"} <= set(tools)
 
 
 @pytest.mark.parametrize("module", _tool_modules())

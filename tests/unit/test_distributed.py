@@ -16,7 +16,7 @@ import pytest
 
 
 def test_slurm_tasks_join_as_ranks(monkeypatch):
-    from dsrecipes.launch import under_launcher
+    from dsrecipes.launch.workers import under_launcher
 
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         monkeypatch.setenv(key, "placeholder")  # so monkeypatch restores (removes) what the code sets

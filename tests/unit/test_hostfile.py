@@ -1,4 +1,4 @@
-"""python -m dsrecipes.hostfile: DeepSpeed's hostfile, its filters and the torchrun commands made from them.
+"""python -m dsrecipes.launch.hostfile: DeepSpeed's hostfile, its filters and the torchrun commands made from them.
 
 (a) parsing and filtering against written-out results and, where DeepSpeed is installed, against DeepSpeed
 0.19.8's own fetch_hostfile / parse_inclusion_exclusion (parse_resource_filter) / apply_num_nodes_and_gpus;
@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from dsrecipes.cluster.hostfile import Node, parse_hostfile, read_hostfile, select_nodes
-from dsrecipes.cluster.layout import check_layout, split_overrides
-from dsrecipes.cluster.remote_env import forwarded_env, read_env_file
-from dsrecipes.cluster.torchrun_commands import (
+from dsrecipes.launch.hostfile import Node, parse_hostfile, read_hostfile, select_nodes
+from dsrecipes.launch.layout import check_layout, split_overrides
+from dsrecipes.launch.remote_env import forwarded_env, read_env_file
+from dsrecipes.launch.torchrun_commands import (
     Launch,
     node_command,
     pdsh_argv,
@@ -194,10 +194,11 @@ def test_a_bad_deepspeed_env_line_names_file_and_line(tmp_path):
 
 
 def test_launcher_keys_become_torchrun_flags_or_are_refused():
-    with pytest.raises(ValueError, match=r"launcher.nproc_per_node=2: not used under dsrecipes.hostfile: the hostfile's slots"):
+    with pytest.raises(ValueError,
+                       match=r"launcher.nproc_per_node=2: not used under dsrecipes.launch.hostfile: the hostfile's slots"):
         split_overrides(["zero.stage=2", "launcher.nproc_per_node=2"])
     for key in ("nnodes=2", "node_rank=1", "rdzv_endpoint=h:1", "rdzv_id=x", "rdzv_timeout_s=9"):
-        with pytest.raises(ValueError, match=rf"launcher.{key}: not used under dsrecipes.hostfile: the hostfile's hosts"):
+        with pytest.raises(ValueError, match=rf"launcher.{key}: not used under dsrecipes.launch.hostfile: the hostfile's hosts"):
             split_overrides([f"launcher.{key}"])
     nodes = select_nodes([("a", 1), ("b", 1)])
     layout = check_layout(["model=gpt_debug", "zero.stage=2", "launcher.max_restarts=2", "launcher.start_method=forkserver",
@@ -208,7 +209,7 @@ def test_launcher_keys_become_torchrun_flags_or_are_refused():
 
 
 def test_cli_prints_the_commands(tmp_path, monkeypatch, capsys):
-    from dsrecipes.hostfile import default_torchrun, main
+    from dsrecipes.launch.hostfile import default_torchrun, main
 
     for name in list(os.environ):
         if name.startswith(FORWARDED_PREFIXES) or name in ("DS_ENV_FILE", "AISC_JOB_NAME"):
@@ -224,4 +225,4 @@ def test_cli_prints_the_commands(tmp_path, monkeypatch, capsys):
         f"# on worker-{rank} (node {rank}):",
         f"NCCL_DEBUG=INFO CUDA_VISIBLE_DEVICES={slot} {torchrun} --nnodes 2 --node-rank {rank} --nproc-per-node 1 "
         f"--rdzv-backend c10d --rdzv-endpoint worker-0:29611 --rdzv-id dsrecipes -m dsrecipes model=gpt_debug zero.stage=2")]
-    assert "dsrecipes.hostfile: 2 nodes x 1 process(es) = world 2; rendezvous worker-0:29611 (id dsrecipes)" in err
+    assert "dsrecipes.launch.hostfile: 2 nodes x 1 process(es) = world 2; rendezvous worker-0:29611 (id dsrecipes)" in err

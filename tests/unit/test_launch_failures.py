@@ -1,4 +1,4 @@
-"""How a failed job names its root cause (dsrecipes.launch.with_unobserved_failures), on error files written here.
+"""How a failed job names its root cause (dsrecipes.launch.workers.with_unobserved_failures), on error files written here.
 
 When rank 1 raises and rank 0 then fails in the collective rank 1 left, the agent may see rank 0 exit first and
 never report rank 1; the job must still end with rank 1's traceback (its error file is there).
@@ -10,7 +10,7 @@ import json
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
-from dsrecipes.launch import with_unobserved_failures
+from dsrecipes.launch.workers import with_unobserved_failures
 
 
 def _error_file(attempt, local_rank: int, message: str, timestamp: int) -> str:

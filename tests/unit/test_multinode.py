@@ -63,7 +63,7 @@ def test_tensor_parallel_across_nodes_is_warned():
 
 
 def test_rendezvous_settings_map_onto_the_elastic_agent():
-    from dsrecipes.distributed.multinode import rendezvous
+    from dsrecipes.launch.multinode import rendezvous
 
     one = rendezvous({"nnodes": 1})
     assert (one["min_nodes"], one["max_nodes"], one["rdzv_endpoint"]) == (1, 1, "localhost:0")

@@ -1,6 +1,6 @@
 """The SLURM recipes, as far as one machine can run them.
 
-* The shipped sbatch templates (dsrecipes/cluster/*.sbatch) run with bash, as sbatch runs them (the
+* The shipped sbatch templates (dsrecipes/launch/*.sbatch) run with bash, as sbatch runs them (the
   #SBATCH lines are comments to bash), in a pretend two-node allocation whose nodes are both this
   machine (tests/helpers/fake_slurm.py: fake srun and scontrol). The torchrun form at 2 nodes x 2
   workers, ZeRO-3, reproduces the single-process reference run (tests/helpers/equivalence.py); the
@@ -20,7 +20,7 @@ import os
 
 import pytest
 
-from dsrecipes.cluster.slurm import TEMPLATES, main, template_text
+from dsrecipes.launch.slurm import TEMPLATES, main, template_text
 
 
 def test_every_template_ships_and_prints(capsys):
@@ -76,7 +76,7 @@ def test_a_submitit_local_task_is_a_rank_of_its_job(monkeypatch):
     meeting rank 0 on this host at a port derived from the job id (the same in every task of the job)."""
     import socket
 
-    from dsrecipes.distributed.environment import under_launcher
+    from dsrecipes.launch.environment import under_launcher
 
     pytest.importorskip("submitit")
     _clear_launcher_variables(monkeypatch)
@@ -96,7 +96,7 @@ def test_a_submitit_local_task_is_a_rank_of_its_job(monkeypatch):
 
 
 def test_a_submitit_slurm_task_keeps_the_address_its_setup_exported(monkeypatch):
-    from dsrecipes.distributed.environment import under_launcher
+    from dsrecipes.launch.environment import under_launcher
 
     pytest.importorskip("submitit")
     _clear_launcher_variables(monkeypatch)
@@ -113,7 +113,7 @@ def test_a_submitit_slurm_task_keeps_the_address_its_setup_exported(monkeypatch)
 
 
 def test_a_submitit_job_of_one_task_is_not_a_launcher(monkeypatch):
-    from dsrecipes.distributed.environment import under_launcher
+    from dsrecipes.launch.environment import under_launcher
 
     pytest.importorskip("submitit")
     _clear_launcher_variables(monkeypatch)

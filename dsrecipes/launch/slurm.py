@@ -1,10 +1,10 @@
 """Print one of the sbatch templates that ship with dsrecipes, to adapt and submit.
 
-    python -m dsrecipes.cluster.slurm torchrun > job.sbatch   # srun: one torchrun per node, one worker per GPU
-    python -m dsrecipes.cluster.slurm srun > job.sbatch       # srun: one task per GPU, each task a rank
+    python -m dsrecipes.launch.slurm torchrun > job.sbatch   # srun: one torchrun per node, one worker per GPU
+    python -m dsrecipes.launch.slurm srun > job.sbatch       # srun: one task per GPU, each task a rank
     sbatch job.sbatch +experiment=gpt_zero3 zero.stage=2      # the script's arguments are dsrecipes overrides
 
-The templates are package data (dsrecipes/cluster/*.sbatch), so a pip install has them without a
+The templates are package data (dsrecipes/launch/*.sbatch), so a pip install has them without a
 checkout of the repository. Edit the #SBATCH lines (nodes, GPUs, time, partition) for your cluster.
 """
 
@@ -20,7 +20,7 @@ def template_text(name: str) -> str:
     """The text of the template `name` (a key of TEMPLATES); a ValueError naming the valid choices otherwise."""
     if name not in TEMPLATES:
         raise ValueError(f"unknown SLURM template {name!r}; choose one of: {', '.join(TEMPLATES)}")
-    return files("dsrecipes.cluster").joinpath(TEMPLATES[name]).read_text()
+    return files("dsrecipes.launch").joinpath(TEMPLATES[name]).read_text()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if len(args) != 1:
             raise ValueError(f"expected one template name ({' | '.join(TEMPLATES)}), got {len(args)} arguments: "
-                             "python -m dsrecipes.cluster.slurm torchrun > job.sbatch")
+                             "python -m dsrecipes.launch.slurm torchrun > job.sbatch")
         sys.stdout.write(template_text(args[0]))
     except USER_ERRORS as error:
         exit_on_user_error(error)

@@ -24,8 +24,11 @@ from __future__ import annotations
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from dsrecipes.cluster.hostfile import Node
+if TYPE_CHECKING:  # the hostfile module imports this one: the type only, for annotations
+    from dsrecipes.launch.hostfile import Node
+
 
 _NODES_FROM_HOSTFILE = ("the hostfile's hosts are the nodes, and the commands set torchrun's --nnodes, --node-rank "
                         "and --rdzv-endpoint (--master_addr/--master_port, --rdzv_id); drop it")
@@ -58,7 +61,7 @@ def split_overrides(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
     for override in overrides:
         key = override_key(override)
         if key in REFUSED:
-            raise ValueError(f"{override}: not used under dsrecipes.hostfile: {REFUSED[key]}")
+            raise ValueError(f"{override}: not used under dsrecipes.launch.hostfile: {REFUSED[key]}")
         if key in TORCHRUN_FLAGS and "=" in override and not override.startswith("~"):
             mapped.append(key)
         else:
@@ -92,7 +95,7 @@ def check_layout(overrides: Sequence[str], nodes: Sequence[Node], source: str) -
     world = sum(len(node.slot_ids) for node in nodes)
     cfg = compose_recipe(overrides)
     if str(cfg.mode) != "train":
-        raise ValueError(f"mode={cfg.mode}: dsrecipes.hostfile launches training (mode=train); start inference "
+        raise ValueError(f"mode={cfg.mode}: dsrecipes.launch.hostfile launches training (mode=train); start inference "
                          f"with torchrun on the nodes directly")
     from dsrecipes.config.validate import validate_recipe
 

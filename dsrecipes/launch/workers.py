@@ -28,15 +28,15 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure, record
 
-from dsrecipes.distributed.environment import adopt_slurm_environment, under_launcher  # noqa: F401 (re-exported)
-from dsrecipes.distributed.multinode import NodeReports, remove_unused_run_dir, rendezvous, rendezvous_error
+from dsrecipes.launch.environment import adopt_slurm_environment, under_launcher  # noqa: F401 (re-exported)
+from dsrecipes.launch.multinode import NodeReports, remove_unused_run_dir, rendezvous, rendezvous_error
 
 RUN_DIR_KEY = "run_dir"  # what workers without rank 0 return: the run directory the job used
 # launcher.start_method=forkserver: the modules the fork server imports once, so the workers it forks start with
 # torch, Hydra and the trainer imported (Python's default preloads only __main__, which imports none of them).
 # torch._dynamo too: torch imports it lazily the first time a worker builds an optimizer, an nn.Embedding or a
 # DTensor layout, so every worker would otherwise pay it (about 0.6 s of CPU each).
-FORKSERVER_PRELOAD = ("dsrecipes.launch", "dsrecipes.training.trainer", "torch._dynamo")
+FORKSERVER_PRELOAD = ("dsrecipes.launch.workers", "dsrecipes.training.trainer", "torch._dynamo")
 
 
 def backend_for(configured: str) -> str:

@@ -7,7 +7,7 @@ process joins a group:
 * a task of a submitit job (Hydra's hydra/launcher=slurm or slurm_local): submitit's own
   TorchDistributedEnvironment reads its job environment, SLURM_* on a cluster and SUBMITIT_LOCAL_*
   under the local executor (which sets no SLURM_* variable at all);
-* a task that srun started (an sbatch script, dsrecipes/cluster/slurm_srun.sbatch): SLURM_PROCID,
+* a task that srun started (an sbatch script, dsrecipes/launch/slurm_srun.sbatch): SLURM_PROCID,
   SLURM_NTASKS, SLURM_LOCALID; the script exports MASTER_ADDR and MASTER_PORT.
 
 A process whose RANK is set already (torchrun, also inside a SLURM job) is left alone, and so is a job

@@ -8,7 +8,7 @@ Node i (hostfile order) runs
 torchrun starts the same number of processes on every node, so the nodes' slot counts must be equal.
 CUDA_VISIBLE_DEVICES is set where the filters picked particular slots of a host (DeepSpeed's launch.py
 sets it from the same slot ids), so local rank k runs on the k-th picked GPU. The forwarded variables
-(dsrecipes.cluster.remote_env) come first on the line, so torchrun and its workers inherit them.
+(dsrecipes.launch.remote_env) come first on the line, so torchrun and its workers inherit them.
 
     ssh HOST 'cd CWD && <node command>'                     one per node (--launch ssh)
     PDSH_RCMD_TYPE=ssh pdsh -S -f 1024 -w H0,H1 'export KEY=VALUE; cd CWD; <node command with --node-rank %n>'
@@ -23,9 +23,12 @@ import ipaddress
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from dsrecipes.cluster.hostfile import Node
-from dsrecipes.cluster.remote_env import assignments
+from dsrecipes.launch.remote_env import assignments
+
+if TYPE_CHECKING:  # the hostfile module imports this one: the type only, for annotations
+    from dsrecipes.launch.hostfile import Node
 
 DEFAULT_MASTER_PORT = 29500  # torch.distributed's default, DeepSpeed's --master_port default
 DEFAULT_RDZV_ID = "dsrecipes"
@@ -71,7 +74,7 @@ def check_endpoint(addr: str, nodes: Sequence[Node]) -> None:
 class Launch:
     """Everything the commands are made of.
 
-    torchrun_args: extra torchrun flags (e.g. --max-restarts from launcher.max_restarts, dsrecipes.cluster.layout).
+    torchrun_args: extra torchrun flags (e.g. --max-restarts from launcher.max_restarts, dsrecipes.launch.layout).
     torchrun: the program's words; the CLI gives the torchrun beside its own interpreter, or that interpreter with
     `-m torch.distributed.run` (every node is assumed to have the same installation at the same path, as DeepSpeed
     assumes for its sys.executable).
