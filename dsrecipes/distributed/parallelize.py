@@ -92,6 +92,36 @@ class ParallelPlan:
         pipeline schedule interleaves the micro-batches' forwards and backwards."""
         return self.pipeline is None
 
+    @property
+    def holds_every_layer(self) -> bool:
+        """Whether this rank's module has every layer: not under pipeline parallelism, where a stage loads its own
+        part of a checkpoint that holds the whole model."""
+        return self.pipeline is None
+
+    def full_model_state(self) -> dict:
+        """The whole model's weights at full precision on CPU, under the single-process model's names.
+
+        A collective where parameters are sharded or split (FSDP2, experts, pipeline stages): every rank calls it.
+        """
+        strategy, experts = self.strategy, self.expert_parallel
+        if self.pipeline is not None:  # every stage's tensors (fp32 masters where kept; experts gathered first)
+            masters = strategy.masters
+            local = masters.master_state_dict(strategy.unwrapped) if masters is not None else None
+            gather = (lambda state: experts.gather_full(state, strategy.unwrapped)) if experts is not None else None
+            return self.pipeline.full_state_dict(local, gather_local=gather)
+        with strategy.states_in_memory(writes=False):
+            state = strategy.full_state_dict()
+        if experts is not None:
+            state = experts.gather_full(state, strategy.unwrapped)
+        return state
+
+    def to_checkpoint(self, model_state: dict, optimizer_state: dict) -> tuple[dict, dict]:
+        """(model, optimizer) state dicts under the names and shapes a sharded (DCP) checkpoint stores: experts as
+        global DTensor views of this rank's shards (any stored expert-parallel degree loads); unchanged otherwise."""
+        if self.expert_parallel is not None:
+            return self.expert_parallel.to_checkpoint(model_state, optimizer_state)
+        return model_state, optimizer_state
+
     def outside_shape_inference(self, context_factory: Callable) -> None:
         """Run `context_factory()` around every forward that only infers shapes (a pipeline schedule's metadata
         pass), so that it takes no random draw or step; nothing to do without a pipeline."""

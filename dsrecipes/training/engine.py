@@ -221,7 +221,7 @@ class Engine:
         A collective under FSDP2, expert and pipeline parallelism: every rank must call it; the values
         land on CPU on every rank.
         """
-        return engine_checkpoint.full_model_state(self)
+        return self.plan.full_model_state()
 
     def counters_state(self, client_state: dict | None) -> dict:
         """Counters, LR schedule and loss scaler: what engine.pt holds."""

@@ -63,31 +63,11 @@ def _single_process_dcp_quiet():
         yield
 
 
-def full_model_state(engine) -> dict:
-    """The whole model's weights at full precision on CPU, under the single-process model's names.
-
-    A collective where parameters are sharded or split (FSDP2, experts, pipeline stages): every rank calls it.
-    """
-    plan = engine.plan
-    if plan.pipeline is not None:  # every stage's tensors (fp32 masters where kept; experts gathered first)
-        masters, experts = engine.strategy.masters, plan.expert_parallel
-        local = masters.master_state_dict(engine.strategy.unwrapped) if masters is not None else None
-        gather = (lambda state: experts.gather_full(state, engine.strategy.unwrapped)) if experts is not None else None
-        return plan.pipeline.full_state_dict(local, gather_local=gather)
-    with engine.strategy.states_in_memory(writes=False):
-        state = engine.strategy.full_state_dict()
-    if plan.expert_parallel is not None:
-        state = plan.expert_parallel.gather_full(state, engine.strategy.unwrapped)
-    return state
-
-
 def _sharded_state(engine) -> tuple[dict, dict]:
     """(model, optimizer) state dicts as DCP stores them (experts as global DTensors)."""
     model_state, optimizer_state = get_state_dict(engine.strategy.state_module, engine.optimizer,
                                                   options=SHARDED_OPTIONS)
-    if engine.plan.expert_parallel is not None:
-        return engine.plan.expert_parallel.to_checkpoint(model_state, optimizer_state)
-    return model_state, optimizer_state
+    return engine.plan.to_checkpoint(model_state, optimizer_state)
 
 
 def save(engine, save_dir: str | os.PathLike, tag: str, client_state: dict | None) -> Path:
@@ -117,7 +97,7 @@ def _write_states(engine, tmp: Path) -> None:
     strategy = engine.strategy
     if strategy.uses_full_state_checkpoints:
         strategy.prepare_full_save()
-        model_state = full_model_state(engine)
+        model_state = engine.plan.full_model_state()
         experts = engine.plan.expert_parallel
         # every rank holds its experts' moments: gathered whole on every rank (a collective)
         optimizer_state = experts.full_optimizer_state(strategy.optimizer_state_for_save(), engine.optimizer) \
@@ -180,7 +160,7 @@ def load(engine, load_dir: str | os.PathLike, tag: str | None, load_optimizer_st
 
 def _load_full(engine, path: Path, load_optimizer_states: bool) -> None:
     model_state = read_checkpoint(path, "model.pt")
-    check_state_dict_matches(full_model_state(engine), model_state, path / "model.pt")
+    check_state_dict_matches(engine.plan.full_model_state(), model_state, path / "model.pt")
     experts = engine.plan.expert_parallel
     if experts is not None:  # the files hold every expert whole; keep this rank's
         model_state = experts.local_model_state(model_state)
@@ -207,11 +187,9 @@ def _load_sharded(engine, path: Path, load_optimizer_states: bool) -> None:
     loaded = {k[len("model."):]: v for k, v in stored.items() if k.startswith("model.")}
     # Expert tensors load through DTensor views of the local shards (any stored EP degree works);
     # the views share storage, so the plain dicts below receive the values too.
-    global_model, global_optimizer = model_state, optimizer_state
-    if engine.plan.expert_parallel is not None:
-        global_model, global_optimizer = engine.plan.expert_parallel.to_checkpoint(model_state, optimizer_state)
+    global_model, global_optimizer = engine.plan.to_checkpoint(model_state, optimizer_state)
     # a pipeline stage loads its own part of a checkpoint that holds the whole model
-    check_state_dict_matches(global_model, loaded, path / DCP_DIR, allow_extra=engine.plan.pipeline is not None)
+    check_state_dict_matches(global_model, loaded, path / DCP_DIR, allow_extra=not engine.plan.holds_every_layer)
     to_load = {"model": global_model}
     fresh: set[str] = set()
     if load_optimizer_states:
