@@ -92,6 +92,14 @@ class ParallelPlan:
         pipeline schedule interleaves the micro-batches' forwards and backwards."""
         return self.pipeline is None
 
+    def describe_model_parallel(self, tp_sequence_parallel: bool) -> list[str]:
+        """The layout line's model-parallel parts (dsrecipes.training.layout): the pipeline's schedule, and how tensor
+        parallelism holds the activations between blocks (tp_sequence_parallel: parallel.tp_sequence_parallel)."""
+        parts = [self.pipeline.describe()] if self.pipeline is not None else []
+        if self.dims.tp > 1:
+            parts.append(f"tensor parallel: {'sequence-parallel' if tp_sequence_parallel else 'replicated'} activations")
+        return parts
+
     @property
     def holds_every_layer(self) -> bool:
         """Whether this rank's module has every layer: not under pipeline parallelism, where a stage loads its own

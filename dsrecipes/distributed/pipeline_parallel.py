@@ -85,6 +85,26 @@ def local_stage_ids(pp_rank: int, pp_size: int, schedule: str) -> list[int]:
     return [pp_rank + k * pp_size for k in range(stages_per_rank(schedule))]
 
 
+def describe_pipeline(schedule: str, micro_batches: int, partition: str) -> str:
+    """The layout line's pipeline part: schedule, micro-batches per step, partition."""
+    return f"pipeline: {schedule}, {micro_batches} micro-batches per step, partition by {partition}"
+
+
+def build_gpt_for_rank(model_cfg, moe, dims, parallel, device: torch.device) -> GPT:
+    """The GPT this rank trains from scratch: the whole model on `device`, or under pipeline parallelism
+    (dims.pp > 1) only this rank's stages, initialised as the single process's (materialize_pipeline_rank).
+
+    model_cfg / moe / parallel: the recipe's model, moe and parallel groups; dims: the run's ParallelDims."""
+    if dims.pp == 1:
+        with torch.device(device):
+            return GPT(model_cfg, moe=moe)
+    with torch.device("meta"):
+        gpt = GPT(model_cfg, moe=moe)
+    materialize_pipeline_rank(gpt, dims.get_mesh("pp").get_local_rank(), dims.pp, parallel.pp_schedule,
+                              parallel.pp_partition, device)
+    return gpt
+
+
 @torch.no_grad()
 def materialize_pipeline_rank(gpt: GPT, pp_rank: int, pp_size: int, schedule: str, partition: str,
                               device: torch.device) -> list[int]:
@@ -216,6 +236,7 @@ class PipelineParallel:
         if schedule not in PP_SCHEDULES:
             raise ValueError(f"parallel.pp_schedule={schedule!r} is not valid; choose one of: {', '.join(PP_SCHEDULES)}")
         self.group, self.device = group, device
+        self.schedule_name, self.partition = schedule, partition
         self.size, self.rank = dist.get_world_size(group), dist.get_rank(group)
         per_rank = stages_per_rank(schedule)
         num_stages = self.size * per_rank
@@ -260,6 +281,10 @@ class PipelineParallel:
                 tied = dist.new_group(sorted({ranks[self.first_rank], ranks[self.last_rank]}))
                 if me in (ranks[self.first_rank], ranks[self.last_rank]):
                     self.tied_group = tied
+
+    def describe(self) -> str:
+        """The run's layout line's pipeline part (describe_pipeline)."""
+        return describe_pipeline(self.schedule_name, self.n_microbatches, self.partition)
 
     def set_loss_terms(self, terms: list) -> StageLossTerms:
         """Evaluate stage-local loss terms (MoE auxiliary losses) in every stage of this rank; their gradients

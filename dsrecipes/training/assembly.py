@@ -123,7 +123,7 @@ def build_engine(
         lr_scheduler = build_lr_scheduler(cfg.lr_scheduler, optimizer, cfg.trainer.max_steps)
     elif callable(lr_scheduler) and not hasattr(lr_scheduler, "step"):
         lr_scheduler = lr_scheduler(optimizer)
-    layout = describe_layout(plan, cfg, precision, micro_batches=batch.gradient_accumulation_steps)
+    layout = describe_layout(plan, cfg, precision)
     log.info("layout: %s", layout)
     engine = Engine(
         plan,

@@ -16,17 +16,12 @@ from __future__ import annotations
 LAYOUT_KEY = "run/layout"
 
 
-def describe_layout(plan, cfg, precision, micro_batches: int = 1) -> str:
+def describe_layout(plan, cfg, precision) -> str:
     """One line for the run log; plan: the ParallelPlan, cfg: the RootConfig, precision: the run's Precision."""
     parts = [_axes(plan.dims)]
     if plan.dims.nodes > 1:
         parts.append(f"nodes: {plan.dims.describe_nodes()}")
-    if plan.dims.pp > 1:
-        parts.append(f"pipeline: {cfg.parallel.pp_schedule}, {micro_batches} micro-batches per step, "
-                     f"partition by {cfg.parallel.pp_partition}")
-    if plan.dims.tp > 1:
-        activations = "sequence-parallel" if cfg.parallel.tp_sequence_parallel else "replicated"
-        parts.append(f"tensor parallel: {activations} activations")
+    parts += plan.describe_model_parallel(cfg.parallel.tp_sequence_parallel)
     strategy = plan.strategy
     parts.append(f"data parallel: {strategy.name}: {strategy.describe()}")
     parts.append(f"offload: {_offload(cfg)}")

@@ -24,9 +24,8 @@ from rich.table import Table
 
 from dsrecipes.data import BatchIterator, eval_batches, prepare_data
 from dsrecipes.distributed.parallel_dims import ParallelDims, device_type_of
-from dsrecipes.distributed.pipeline_parallel import materialize_pipeline_rank
+from dsrecipes.distributed.pipeline_parallel import build_gpt_for_rank
 from dsrecipes.distributed.utils import is_distributed, maybe_inject_failure, mean_over_ranks, rank_zero_first
-from dsrecipes.models import GPT
 from dsrecipes.models.config import padded_vocab_size
 from dsrecipes.models.hf_export import export_model
 from dsrecipes.models.hf_import import gpt_from_hf, tokenizer_for_training
@@ -116,15 +115,8 @@ class Trainer:
         if model_cfg.path:  # model=hf: start from a Hugging Face checkpoint's weights
             self.gpt = gpt_from_hf(model_cfg, self.device, moe=cfg.moe)
             self.log.info("model: weights from %s, tokenizer %s", model_cfg.path, cfg.data.tokenizer)
-        elif self.dims.pp > 1:  # this rank allocates only its stages, initialised as the single process's
-            with torch.device("meta"):
-                self.gpt = GPT(model_cfg, moe=cfg.moe)
-            par = cfg.parallel
-            materialize_pipeline_rank(self.gpt, self.dims.get_mesh("pp").get_local_rank(), self.dims.pp,
-                                      par.pp_schedule, par.pp_partition, self.device)
-        else:
-            with torch.device(self.device):
-                self.gpt = GPT(model_cfg, moe=cfg.moe)
+        else:  # under pipeline parallelism this rank allocates only its stages, initialised as one process's
+            self.gpt = build_gpt_for_rank(model_cfg, cfg.moe, self.dims, cfg.parallel, self.device)
         config_yaml = OmegaConf.to_yaml(to_dictconfig(cfg))
         self.engine = build_engine(self.gpt, cfg, self.batch, self.dims, config_yaml=config_yaml,
                                    transforms=self.extensions.model_transforms)

@@ -18,6 +18,8 @@ from dsrecipes.config.store import compose
 from dsrecipes.distributed.data_parallel import STRATEGIES, choose_strategy
 from dsrecipes.distributed.data_parallel.fsdp2 import FSDP2Strategy
 from dsrecipes.distributed.parallel_dims import ParallelDims
+from dsrecipes.distributed.parallelize import ParallelPlan
+from dsrecipes.distributed.pipeline_parallel import describe_pipeline
 from dsrecipes.training.layout import describe_layout
 from dsrecipes.training.precision import Precision
 from dsrecipes.training.reporting.throughput import ThroughputMeter
@@ -35,8 +37,12 @@ def layout_of(overrides: list[str], world: int, applied=()) -> str:
         strategy = FSDP2Strategy(dims, root.zero, precision, torch.device("cpu"))
     else:
         strategy = SimpleNamespace(name=name, describe=lambda: STRATEGIES[name].description)
-    plan = SimpleNamespace(dims=dims, strategy=strategy, applied=list(applied))
-    return describe_layout(plan, root, precision, micro_batches=batch.gradient_accumulation_steps)
+    par = root.parallel  # a pipeline's description without its process groups
+    pipeline = SimpleNamespace(describe=lambda: describe_pipeline(par.pp_schedule, batch.gradient_accumulation_steps,
+                                                                  par.pp_partition))
+    plan = ParallelPlan(module=None, dims=dims, strategy=strategy, pipeline=pipeline if dims.pp > 1 else None,
+                        applied=list(applied))
+    return describe_layout(plan, root, precision)
 
 
 def test_layout_line_of_gpt_3d_names_every_axis_and_the_schedule():
