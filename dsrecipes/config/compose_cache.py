@@ -20,7 +20,7 @@ from __future__ import annotations
 import copy
 from collections import OrderedDict
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 CACHED_MERGES = 64  # group-choice sets kept per process (a merged recipe is a few hundred kB)
 _merges: OrderedDict[tuple, DictConfig] = OrderedDict()
@@ -81,6 +81,9 @@ def compose_from_merge(config_name: str, overrides: list[str], compose_groups) -
     except Exception:  # noqa: BLE001 - Hydra's full composition raises the same error with its own message
         return None
     config = copy.deepcopy(_merges[key])
+    # resolvers with a cache (Hydra's `now`, run_stamp) keep it per config: a copy starts with none, as a new
+    # composition would, instead of the first composition's times
+    OmegaConf.clear_cache(config)
     ConfigLoaderImpl._apply_overrides_to_config(values, config)  # Hydra's own step: its errors are Hydra's
     return config
 

@@ -4,6 +4,7 @@ the same flags, the same errors, and a fresh merge when the ConfigStore changes.
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from hydra import compose as hydra_compose
@@ -106,3 +107,12 @@ def test_a_deepspeed_config_edited_between_two_compositions_is_read_again(tmp_pa
     for stage in (2, 1, 1):  # the unchanged file keeps its stored translation, and its cached merge
         path.write_text(json.dumps({"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": stage}}))
         assert compose([f"deepspeed_config={path}"]).zero.stage == stage
+
+
+def test_a_cached_merge_does_not_hand_on_its_resolved_times():
+    """Resolver caches are per config (Hydra's `now`, run_stamp): a later composition resolves its own time."""
+    first = compose(["name=at_${now:%H-%M-%S}"])
+    first_name = first.name
+    time.sleep(1.02 - time.time() % 1)  # into the next second
+    second = compose(["name=at_${now:%H-%M-%S}"])
+    assert second.name != first_name and first.name == first_name
