@@ -19,6 +19,7 @@ launcher.max_restarts > 0 restarts the workers, which resume from the run's newe
 
 from __future__ import annotations
 
+import atexit
 import gc
 import logging
 import os
@@ -85,11 +86,26 @@ def init_distributed(backend: str = "auto", timeout_s: int = 600) -> None:
 
 def join_launcher_group(backend: str = "auto", timeout_s: int = 600) -> bool:
     """Under a launcher (torchrun, srun) that started more than one process: join its group (a group that
-    exists already is kept). Returns whether this process is in a multi-process group."""
+    exists already is kept). Returns whether this process is in a multi-process group.
+
+    A group joined here that the caller has not destroyed by the time the interpreter exits (a user's script
+    after dsrecipes.initialize) is destroyed at exit (destroy_group_at_exit)."""
     if not under_launcher() or int(os.environ["WORLD_SIZE"]) <= 1:
         return False
-    init_distributed(backend, timeout_s)
+    if not dist.is_initialized():
+        init_distributed(backend, timeout_s)
+        atexit.register(destroy_group_at_exit)
     return True
+
+
+def destroy_group_at_exit() -> None:
+    """Destroy the process group, if one is left, before the interpreter tears down: a process whose gloo group
+    is still alive then can abort in the group's destructor (`terminate called without an active exception`,
+    exit -6) after its work is done (seen under load in a CI-like run, 2026-12-04). No barrier: a rank that
+    leaves on an error must not wait for the others, and the launcher then stops them."""
+    if dist.is_initialized():
+        gc.collect()
+        dist.destroy_process_group()
 
 
 @record
