@@ -9,10 +9,11 @@ applies the value overrides to a copy with Hydra's own ConfigLoaderImpl._apply_o
 verify, estimate, the benchmarks and the tests compose hundreds of recipes that differ only in values.
 
 Anything outside that split composes through Hydra as before: overrides of `hydra.*` (a search path can add
-groups), sweeps, and any call where the shortcut raises, so every error a user sees is Hydra's own message.
-A cached merge is keyed by the group overrides and by the identity of every ConfigStore node, so a DeepSpeed
-import registered again under the same name (dsrecipes.config.ds_import) is merged afresh; the packaged YAML
-files are taken not to change while a process runs.
+groups), sweeps, and group choices that do not merge; a bad value override raises from Hydra's own step on the
+same config. So every error a user sees is Hydra's own message. A cached merge is keyed by the group overrides
+and by the identity of every ConfigStore node, so a DeepSpeed import stored again with other contents
+(dsrecipes.config.ds_import) is merged afresh; the packaged YAML files are taken not to change while a process
+runs. Each call gets its own copy, with no resolver cache (Hydra's `now` resolves at the copy's own time).
 """
 
 from __future__ import annotations
