@@ -23,7 +23,7 @@ from collections import OrderedDict
 
 from omegaconf import DictConfig, OmegaConf
 
-CACHED_MERGES = 64  # group-choice sets kept per process (a merged recipe is a few hundred kB)
+CACHED_MERGES = 64  # group-choice sets kept per process (gpt_3d_moe's merge pickles to about 37 kB)
 _merges: OrderedDict[tuple, DictConfig] = OrderedDict()
 
 

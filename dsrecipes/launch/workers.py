@@ -89,23 +89,16 @@ def join_launcher_group(backend: str = "auto", timeout_s: int = 600) -> bool:
     exists already is kept). Returns whether this process is in a multi-process group.
 
     A group joined here that the caller has not destroyed by the time the interpreter exits (a user's script
-    after dsrecipes.initialize) is destroyed at exit (destroy_group_at_exit)."""
+    after dsrecipes.initialize) is destroyed at exit (leave_group without waiting)."""
     if not under_launcher() or int(os.environ["WORLD_SIZE"]) <= 1:
         return False
     if not dist.is_initialized():
         init_distributed(backend, timeout_s)
-        atexit.register(destroy_group_at_exit)
+        # left to the interpreter's teardown, a live gloo group can abort the process after its work is done (seen
+        # under load in a CI-like run, 2026-12-04); no barrier then: a rank that leaves on an error must not wait
+        # for the others, and the launcher stops them
+        atexit.register(leave_group, wait=False)
     return True
-
-
-def destroy_group_at_exit() -> None:
-    """Destroy the process group, if one is left, before the interpreter tears down: a process whose gloo group
-    is still alive then can abort in the group's destructor (`terminate called without an active exception`,
-    exit -6) after its work is done (seen under load in a CI-like run, 2026-12-04). No barrier: a rank that
-    leaves on an error must not wait for the others, and the launcher then stops them."""
-    if dist.is_initialized():
-        gc.collect()
-        dist.destroy_process_group()
 
 
 @record
@@ -158,13 +151,14 @@ def worker_main(config: dict, run_dir: str, overrides: list[str], sweep_name: st
             leave_group()
 
 
-def leave_group() -> None:
-    """After a clean finish: wait for every rank, then destroy the process group. A process that exits with its
-    gloo group alive can abort in the group's destructor (`terminate called without an active exception`, exit
-    -6) after its work is done."""
+def leave_group(wait: bool = True) -> None:
+    """Destroy the process group, if one is left; after a clean finish, first wait for every rank (`wait`). A
+    process that exits with its gloo group alive can abort in the group's destructor (`terminate called without
+    an active exception`, exit -6) after its work is done."""
     if dist.is_initialized():
         gc.collect()
-        dist.barrier()
+        if wait:
+            dist.barrier()
         dist.destroy_process_group()
 
 

@@ -30,16 +30,10 @@ _PARSER = OverridesParser.create()
 NO_NCCL = nccl_unavailable_reason() is not None
 
 
-def recipe(overrides: list[str]):
-    """compose(overrides): a set of group options is merged once, the key=value overrides applied by Hydra to a copy
-    (dsrecipes.config.compose_cache)."""
-    return compose(list(overrides))
-
-
 def check(overrides: list[str]) -> None:
     """What the CLI runs before any run directory exists, for a train or an inference mode (world size: the
     recipe's launcher.nproc_per_node, 1 for auto)."""
-    cfg = recipe(overrides)
+    cfg = compose(overrides)
     nproc = str(cfg.launcher.nproc_per_node)
     if cfg.mode == "train":
         validate_recipe(cfg, dp_world_size=int(nproc) if nproc.isdigit() else 1)
@@ -455,7 +449,7 @@ INACTIVE = [
 def test_a_key_without_effect_is_a_warning_naming_it(overrides, fragment):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        validate_recipe(recipe(overrides), dp_world_size=1)  # valid: it returns
+        validate_recipe(compose(overrides), dp_world_size=1)  # valid: it returns
     messages = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
     assert any(fragment in m for m in messages), messages
 
@@ -464,12 +458,12 @@ def test_max_restarts_without_spawned_workers_is_a_warning(monkeypatch):
     for name in ("RANK", "WORLD_SIZE", "SLURM_PROCID"):
         monkeypatch.delenv(name, raising=False)
     with pytest.warns(UserWarning, match=r"launcher.max_restarts=2 has no effect with one process"):
-        _, _, nproc, joined = check_train_job(recipe(["launcher.nproc_per_node=1", "launcher.max_restarts=2"]))
+        _, _, nproc, joined = check_train_job(compose(["launcher.nproc_per_node=1", "launcher.max_restarts=2"]))
     assert (nproc, joined) == (1, False)
 
 
 def test_the_shipped_group_options_set_no_key_without_effect():
     """Each group's default option is what a run gets without choosing: it must not warn."""
     assert inactive_keys(to_root(compose([]))) == []
-    assert inactive_keys(to_root(recipe(["moe=top2", "precision=fp16", "logger=wandb", "lr_scheduler=one_cycle",
+    assert inactive_keys(to_root(compose(["moe=top2", "precision=fp16", "logger=wandb", "lr_scheduler=one_cycle",
                                          "activation_checkpointing=every_k", "compression=prune_heads"]))) == []
