@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from datasets import Dataset
+
 from dsrecipes.data_efficiency import (
     DataAnalyzer,
     load_metric_index,

@@ -2,7 +2,8 @@
 
 A unit test may not fork, start a subprocess or a multiprocessing process, or join a process group: each of those
 fails the test here, naming what it started and where such a test belongs (tests/integration). Library probes
-that shell out to find a shared library (ctypes.util.find_library runs ldconfig or the C compiler) are allowed.
+that shell out to find a shared library (ctypes.util.find_library runs ldconfig or the C compiler) are allowed, and
+so is matplotlib's font discovery (fc-list), which runs once per machine, the first time a loss curve is drawn.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ import subprocess
 
 import pytest
 
-# what ctypes.util.find_library may run (the NVMe offload's libaio probe, Triton's libcuda lookup)
-_LIBRARY_PROBES = {"ldconfig", "gcc", "cc", "ld", "objdump"}
+# what ctypes.util.find_library may run (the NVMe offload's libaio probe, Triton's libcuda lookup), and what
+# matplotlib's font manager runs when it builds its font cache on a fresh machine (~/.cache/matplotlib absent)
+_LIBRARY_PROBES = {"ldconfig", "gcc", "cc", "ld", "objdump", "fc-list"}
 
 
 def _refuse(what: str):

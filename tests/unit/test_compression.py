@@ -7,6 +7,8 @@ import math
 import numpy as np
 import pytest
 import torch
+from torch import nn
+
 from dsrecipes.compression import (
     QuantizationAwareTraining,
     SparsePruner,
@@ -18,7 +20,6 @@ from dsrecipes.compression import (
     fake_quantize,
 )
 from dsrecipes.kernels.quantization import dequantize_int8_reference, quantize_int8_reference
-from torch import nn
 
 W = torch.tensor([[0.5, -1.0, 0.25, 0.8], [2.2, -0.3, 0.1, -4.0]])
 

@@ -3,6 +3,7 @@ masked / fake-quantized model computed; the export loads back for inference."""
 
 import pytest
 import torch
+
 from dsrecipes.compression import (
     QuantizedLinear,
     dequantize_codes,
@@ -14,7 +15,6 @@ from dsrecipes.compression import (
     unpack_int4,
 )
 from dsrecipes.compression.config import CompressionConfig
-
 from dsrecipes.models import GPT, ModelConfig
 from dsrecipes.models.compressed_export import export_compressed, load_compressed
 

@@ -16,6 +16,7 @@ weights (DTensor shards gathered), so the sharded runs make the decisions one pr
 
 import pytest
 import torch
+
 from dsrecipes.compression.compress import Compressor
 from dsrecipes.compression.pruning import SparsePruningConfig
 

@@ -2,6 +2,8 @@
 
 import pytest
 import torch
+from torch import nn
+
 from dsrecipes.compression import (
     ActivationQuantConfig,
     ActivationQuantization,
@@ -17,8 +19,6 @@ from dsrecipes.compression import (
 from dsrecipes.compression.activation_quantization import batch_range, fake_quantize_range
 from dsrecipes.compression.config import CompressionConfig
 from dsrecipes.kernels.quantization import dequantize_int8_reference, quantize_int8_reference
-from torch import nn
-
 from dsrecipes.models import GPT, ModelConfig
 
 

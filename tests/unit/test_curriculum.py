@@ -6,6 +6,7 @@ import warnings
 
 import pytest
 import torch
+
 from dsrecipes.data_efficiency import CurriculumConfig, CurriculumScheduler, SeqlenCurriculum
 
 

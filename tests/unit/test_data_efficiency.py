@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from datasets import Dataset
+
 from dsrecipes.data_efficiency import (
     CurriculumConfig,
     CurriculumLearningConfig,
@@ -23,7 +24,6 @@ from dsrecipes.data_efficiency import (
     layer_token_equivalent_step,
     validate_data_efficiency_config,
 )
-
 from dsrecipes.models import GPT
 from dsrecipes.models.config import ModelConfig
 from dsrecipes.models.layers import Block, apply_rope, rope_tables

@@ -15,8 +15,8 @@ embedding's gradient summed across stages).
 from __future__ import annotations
 
 import torch
-from dsrecipes.data_efficiency import RandomLTD, RandomLTDScheduler
 
+from dsrecipes.data_efficiency import RandomLTD, RandomLTDScheduler
 from dsrecipes.models import GPT, ModelConfig
 
 

@@ -49,10 +49,10 @@ import torch
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 deepspeed = pytest.importorskip("deepspeed")
 
-from dsrecipes.compression import fake_quantize, quantize_codes  # noqa: E402
-from dsrecipes.data_efficiency import CurriculumConfig, CurriculumScheduler  # noqa: E402
 from packaging.version import Version  # noqa: E402  (a DeepSpeed dependency)
 
+from dsrecipes.compression import fake_quantize, quantize_codes  # noqa: E402
+from dsrecipes.data_efficiency import CurriculumConfig, CurriculumScheduler  # noqa: E402
 from dsrecipes.models.moe_dispatch import combine_weights  # noqa: E402
 from dsrecipes.models.moe_gating import top1_gating  # noqa: E402
 from tests.helpers.deepspeed_batch import deepspeed_batch  # noqa: E402

@@ -18,8 +18,8 @@ from tests.helpers.paths import REPO
 tomllib = pytest.importorskip("tomllib") if sys.version_info >= (3, 11) else pytest.importorskip("tomli")
 
 ROOT = REPO
-SOURCES = ("dsrecipes", "kernels", "compression", "data_efficiency")
-OURS = {"dsrecipes", "kernels", "compression", "data_efficiency", "tests"}
+SOURCES = ("dsrecipes",)
+OURS = {"dsrecipes", "tests"}
 
 
 def _requirement_names(requirements: list[str]) -> set[str]:
@@ -88,8 +88,18 @@ def test_the_package_is_typed():
     assert "py.typed" in package_data["dsrecipes"]
 
 
+def test_no_top_level_folder_of_the_checkout_shadows_another_module():
+    """Every process started in the checkout (pytest, `python -m dsrecipes`) has the checkout first on sys.path: a
+    top-level package there named like an installed or standard module hides it. A top-level kernels/ hid PyPI's
+    `kernels`, which transformers >= 5.25 imports on `import transformers`; compression/ would hide Python 3.14's."""
+    packages = sorted(p.parent.name for p in ROOT.glob("*/__init__.py"))
+    # conf/ holds Hydra's YAML only (a package so that it installs as dsrecipes.conf); nothing imports it as `conf`
+    assert packages == ["conf", "dsrecipes", "tests"], (
+        f"top-level Python packages {packages}: put the code under dsrecipes/ (only conf, dsrecipes and tests live there)")
+
+
 def test_every_sub_package_is_listed_for_installation():
-    """pyproject lists packages by hand (kernels/, compression/, ... install under dsrecipes.*): a package
+    """pyproject lists packages by hand (conf/ installs as dsrecipes.conf): a package
     missing there works in an editable checkout and is absent from a real install."""
     setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     directories = {name: Path(path) for name, path in setuptools["package-dir"].items()}

@@ -27,19 +27,18 @@ def test_a_test_outside_the_kernel_tests_sees_no_interpreter():
 
 @pytest.mark.skipif(not __import__("importlib").util.find_spec("triton"), reason="needs triton")
 def test_the_interpreted_copy_leaves_modules_environment_and_config_store_as_they_were():
-    from dsrecipes.kernels import layer_norm as ours
     from hydra.core.config_store import ConfigStore
 
     from dsrecipes.config.store import SCHEMA_NAME, compose
+    from dsrecipes.kernels import layer_norm as ours
 
     compose([])  # our schemas are in the store
     schema = ConfigStore.instance().repo[f"{SCHEMA_NAME}.yaml"]
     with InterpretedModules().active():
         assert os.environ[VARIABLE] == "1"
+        from dsrecipes.config.store import compose as copied_compose
         from dsrecipes.kernels import layer_norm as copied
         from dsrecipes.kernels._utils import kernel_is_interpreted
-
-        from dsrecipes.config.store import compose as copied_compose
 
         assert copied is not ours and kernel_is_interpreted(copied._layer_norm_fwd_kernel)
         copied_compose([])  # the copy stores schemas of its own classes

@@ -1,9 +1,9 @@
 """Flash attention and cross-entropy kernels against their pure-torch references.
 
-CPU tier: fp32 under the Triton interpreter (TRITON_INTERPRET=1, set by tests/kernels/conftest.py when
+CPU tier: fp32 under the Triton interpreter (TRITON_INTERPRET=1, set by tests/unit/kernels/conftest.py when
 CUDA is absent) on tiny, odd shapes so every mask path runs; on a CUDA machine the same tests run the
 compiled kernels in fp32. GPU tier (`@pytest.mark.gpu`): bf16 at real shapes against an fp32 reference.
-Tolerances are the rows of tests/kernels/TOLERANCES.md (read by conftest.py's `tolerance` fixture).
+Tolerances are the rows of tests/unit/kernels/TOLERANCES.md (read by conftest.py's `tolerance` fixture).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import warnings
 
 import pytest
 import torch
+
 from dsrecipes.kernels.cross_entropy import (
     cross_entropy,
     cross_entropy_reference,

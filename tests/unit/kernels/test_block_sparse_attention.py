@@ -1,6 +1,6 @@
 """Block-sparse attention kernels (and the gathered torch path) against the dense masked reference.
 
-CPU tier: fp32 under the Triton interpreter (TRITON_INTERPRET=1, set by tests/kernels/conftest.py) at
+CPU tier: fp32 under the Triton interpreter (TRITON_INTERPRET=1, set by tests/unit/kernels/conftest.py) at
 tiny shapes: T of 2-4 blocks, per-head layouts, GQA, causal and bidirectional, an empty layout row.
 GPU tier (`gpu`): bf16 at a real shape against an fp32 reference. Tolerances: TOLERANCES.md rows
 `block_sparse_attention (...)`.
@@ -12,12 +12,12 @@ import warnings
 
 import pytest
 import torch
+
 from dsrecipes.kernels.block_sparse_attention import (
     block_sparse_attention,
     block_sparse_attention_gathered,
     block_sparse_attention_reference,
 )
-
 from dsrecipes.models.sparsity_config import BigBirdSparsityConfig, FixedSparsityConfig, VariableSparsityConfig
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -18,9 +18,8 @@ from dsrecipes.models import GPT, ModelConfig
 
 @pytest.mark.parametrize("b,h,hkv,s,d", [(2, 4, 4, 37, 16), (3, 4, 2, 70, 24), (1, 8, 1, 5, 64), (2, 2, 2, 1, 32)])
 def test_decode_attention_matches_reference(b, h, hkv, s, d):
-    from dsrecipes.kernels._utils import triton_unavailable_reason
-
     from dsrecipes.inference.decode_attention import _decode_attention_kernel, decode_attention, decode_attention_reference
+    from dsrecipes.kernels._utils import triton_unavailable_reason
 
     torch.manual_seed(0)
     cache_k = torch.randn(2, b, hkv, s + 9, d)  # a view of a bigger cache, as the engine passes it

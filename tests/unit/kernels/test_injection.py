@@ -153,9 +153,8 @@ class UserModel(torch.nn.Module):
 def test_initialize_applies_kernels_and_checkpointing_to_a_user_module():
     """dsrecipes.initialize goes through parallelize: the user's LayerNorms become FusedLayerNorm, every
     block is checkpointed, and the engine trains exactly like the plain module (fp32, SGD)."""
-    from dsrecipes.kernels.layer_norm import FusedLayerNorm
-
     import dsrecipes
+    from dsrecipes.kernels.layer_norm import FusedLayerNorm
 
     torch.manual_seed(0)
     plain = UserModel()

@@ -1,12 +1,12 @@
 """MoE permute/unpermute Triton kernels vs their torch references, and through an MoE layer.
 
-Tolerances: tests/kernels/TOLERANCES.md, row moe_permute.
+Tolerances: tests/unit/kernels/TOLERANCES.md, row moe_permute.
 """
 
 import pytest
 import torch
-from dsrecipes.kernels.moe_permute import permute_rows, permute_rows_reference, unpermute_rows, unpermute_rows_reference
 
+from dsrecipes.kernels.moe_permute import permute_rows, permute_rows_reference, unpermute_rows, unpermute_rows_reference
 from dsrecipes.models import ModelConfig
 from dsrecipes.models.moe import MoELayer
 from dsrecipes.models.moe_config import MoEConfig

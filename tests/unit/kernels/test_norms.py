@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
+
 from dsrecipes.kernels.layer_norm import FusedLayerNorm, layer_norm, layer_norm_reference
 from dsrecipes.kernels.rms_norm import FusedRMSNorm, rms_norm, rms_norm_reference
-from torch import nn
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 F32 = torch.float32

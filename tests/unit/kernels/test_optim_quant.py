@@ -14,6 +14,7 @@ import copy
 
 import pytest
 import torch
+
 from dsrecipes.kernels.fused_adamw import FusedAdamW, fused_adamw_reference, fused_adamw_step
 from dsrecipes.kernels.int8_matmul import int8_weight_only_matmul, int8_weight_only_matmul_reference
 from dsrecipes.kernels.quantization import (

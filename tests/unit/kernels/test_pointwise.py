@@ -15,6 +15,7 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
+
 from dsrecipes.kernels.activations import bias_gelu, bias_gelu_reference, swiglu, swiglu_reference
 from dsrecipes.kernels.rope import rope, rope_reference
 from dsrecipes.kernels.softmax import softmax, softmax_reference

@@ -21,6 +21,7 @@ warning) and `int8_weight_only_matmul_reference` (dequantize in fp32, then torch
 from __future__ import annotations
 
 import torch
+
 from dsrecipes.kernels._utils import GPU_DTYPES, check_float_dtype, jit, tl, triton, use_triton
 from dsrecipes.kernels.quantization import _check_dequantize, dequantize_int8_reference
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch import nn
+
 from dsrecipes.compression.activation_quantization import ActivationQuantConfig, ActivationQuantization
 from dsrecipes.compression.pruning import SparsePruner, SparsePruningConfig
 from dsrecipes.compression.quantization import QuantizationAwareTraining, WeightQuantConfig
@@ -29,8 +31,6 @@ from dsrecipes.compression.structured_pruning import (
     RowPruningConfig,
     StructuredPruner,
 )
-from torch import nn
-
 from dsrecipes.utils.dtensors import mask_
 
 __all__ = ["Compressor", "init_compression"]

@@ -22,10 +22,11 @@ import logging
 import math
 
 import torch
+from torch import nn
+
 from dsrecipes.compression.quantization import _PATCH_ATTR
 from dsrecipes.compression.quantized_linear import QuantizedLinear
 from dsrecipes.compression.structured_pruning import StructuredPruner
-from torch import nn
 
 __all__ = ["redundancy_clean", "state_dict_bytes"]
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 
 import torch
+
 from dsrecipes.kernels._utils import GPU_DTYPES, check_float_dtype, jit, tl, triton, use_triton
 
 OP = "fused_adamw"

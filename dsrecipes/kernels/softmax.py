@@ -17,6 +17,7 @@ Public: `softmax(x, causal=False)`, `softmax_reference`, `SoftmaxFunction`.
 from __future__ import annotations
 
 import torch
+
 from dsrecipes.kernels._utils import check_float_dtype, check_max_cols, jit, row_tile, tl, triton, use_triton
 
 OP = "softmax"

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+
 from dsrecipes.kernels._utils import (
     cdiv,
     check_float_dtype,
@@ -32,7 +34,6 @@ from dsrecipes.kernels._utils import (
     tl,
     use_triton,
 )
-from torch import nn
 
 OP = "layer_norm"
 

@@ -29,6 +29,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+
 from dsrecipes.kernels._utils import (
     check_float_dtype,
     jit,

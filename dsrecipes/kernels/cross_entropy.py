@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
 from dsrecipes.kernels._utils import check_float_dtype, jit, next_power_of_2, tl, use_triton
 
 __all__ = [

@@ -34,6 +34,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+
 from dsrecipes.kernels._utils import jit, tl, use_triton, warn_fallback
 from dsrecipes.kernels.flash_attention import (
     _attn_bwd_preprocess,

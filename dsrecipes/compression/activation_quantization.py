@@ -32,8 +32,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
-from dsrecipes.compression.quantization import deepspeed_group_kwargs, match_module_names
 from torch import nn
+
+from dsrecipes.compression.quantization import deepspeed_group_kwargs, match_module_names
 
 __all__ = ["ActivationQuantConfig", "ActivationQuantization", "fake_quantize_range"]
 

@@ -29,6 +29,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+
 from dsrecipes.kernels._utils import check_float_dtype, jit, tl, triton, use_triton
 
 __all__ = ["flash_attention", "flash_attention_reference", "FlashAttentionFunction", "SUPPORTED_HEAD_DIMS"]

@@ -1,4 +1,4 @@
-"""dsrecipes.kernels: Triton kernels with pure-torch references (installed from the top-level kernels/).
+"""dsrecipes.kernels: Triton kernels with pure-torch references.
 
 Import as `dsrecipes.kernels`, never as `kernels`. Depends on torch and triton only. One op per
 file, each with its torch reference (`<op>_reference`) beside it: layer_norm, rms_norm, activations

@@ -1,4 +1,4 @@
-"""dsrecipes.data_efficiency: curriculum learning, data analysis, random-LTD (installed from data_efficiency/).
+"""dsrecipes.data_efficiency: curriculum learning, data analysis, random-LTD.
 
 Import as `dsrecipes.data_efficiency`. A plain Python library usable without Hydra (torch, numpy; the data
 analyzer and the sampler take a Hugging Face ``datasets.Dataset``).

@@ -19,6 +19,8 @@ either way.
 from __future__ import annotations
 
 import torch
+from torch import nn
+
 from dsrecipes.kernels._utils import (
     cdiv,
     check_float_dtype,
@@ -29,7 +31,6 @@ from dsrecipes.kernels._utils import (
     tl,
     use_triton,
 )
-from torch import nn
 
 OP = "rms_norm"
 

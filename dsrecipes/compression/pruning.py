@@ -45,9 +45,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
-from dsrecipes.compression.quantization import deepspeed_group_kwargs, match_module_names
 from torch import nn
 
+from dsrecipes.compression.quantization import deepspeed_group_kwargs, match_module_names
 from dsrecipes.utils.dtensors import mask_, whole
 
 __all__ = ["SparsePruningConfig", "SparsePruner", "dense_ratio_at", "compute_mask", "parse_block_pattern"]

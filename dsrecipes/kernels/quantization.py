@@ -25,6 +25,7 @@ one-time warning per op), `quantize_int8_reference`, `dequantize_int8_reference`
 from __future__ import annotations
 
 import torch
+
 from dsrecipes.kernels._utils import (
     GPU_DTYPES,
     MAX_FUSED_COLS,

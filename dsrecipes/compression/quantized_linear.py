@@ -28,9 +28,10 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+
 from dsrecipes.compression.activation_quantization import batch_range, fake_quantize_range
 from dsrecipes.compression.quantization import quantize_codes
-from torch import nn
 
 __all__ = ["QuantizedLinear", "pack_int4", "unpack_int4"]
 

@@ -1,5 +1,5 @@
 """dsrecipes.compression: quantization-aware training, pruning, layer reduction with distillation, and
-redundancy clean (installed from compression/).
+redundancy clean.
 
 Import as `dsrecipes.compression`. A plain Python library usable without Hydra; pure torch on CPU,
 dsrecipes.kernels' int8 weight-only matmul for exported layers where it runs. DeepSpeed's `compression_training`

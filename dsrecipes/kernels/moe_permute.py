@@ -23,6 +23,7 @@ one-time warning), `permute_rows_reference`, `unpermute_rows_reference`.
 from __future__ import annotations
 
 import torch
+
 from dsrecipes.kernels._utils import check_float_dtype, jit, next_power_of_2, tl, triton, use_triton
 
 OP = "moe_permute"
