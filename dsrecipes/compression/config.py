@@ -28,6 +28,18 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from dsrecipes.utils.config_enum import ConfigEnum, config_enum
+from dsrecipes.utils.ranges import (
+    COUNT,
+    NON_NEGATIVE,
+    POSITIVE,
+    POSITIVE_INT,
+    SEED_MAX,
+    Range,
+    at_least,
+    between,
+    in_range,
+    ranged,
+)
 
 # The library's configs are imported in the functions that build them: their modules import torch, and the
 # recipe schema (RootConfig's `compression` field) imports this module when `python -m dsrecipes --help` composes.
@@ -76,26 +88,27 @@ class PruningRamp(ConfigEnum):
 @dataclass
 class WeightQuantizationSection:
     enabled: bool = False
-    start_bits: int = 8
-    target_bits: int = 8  # <= start_bits; bits drop by one every quantization_period steps
-    quantization_period: int = 1
-    schedule_offset: int = 0
+    start_bits: int = ranged(8, between(2, 16))
+    target_bits: int = ranged(8, between(2, 16))  # <= start_bits; bits drop by one every quantization_period steps
+    quantization_period: int = ranged(1, COUNT)  # 0: target_bits at once
+    schedule_offset: int = ranged(0, COUNT)
     quantization_type: QuantizationType = QuantizationType.symmetric  # symmetric | asymmetric
     rounding: Rounding = Rounding.nearest  # nearest | stochastic
-    quantize_groups: int = 1  # 1 = per tensor; out_features = per channel; more = per group
+    quantize_groups: int = ranged(1, POSITIVE_INT)  # 1 = per tensor; out_features = per channel; more = per group
     modules: list[str] = field(default_factory=lambda: ["blocks.*"])
     excluded_modules: list[str] = field(default_factory=list)
-    seed: int | None = None  # stochastic rounding generator seed
+    # stochastic rounding generator seed
+    seed: int | None = ranged(None, Range(low=0, high=SEED_MAX, nullable=True, null_means="unseeded"))
 
 
 @dataclass
 class ActivationQuantizationSection:
     enabled: bool = False
-    bits: int = 8
+    bits: int = ranged(8, between(4, 16))
     quantization_type: QuantizationType = QuantizationType.symmetric  # symmetric | asymmetric
     range_calibration: RangeCalibration = RangeCalibration.dynamic  # dynamic | static (DeepSpeed's code default: dynamic)
-    schedule_offset: int = 1000
-    momentum: float = 0.1  # static range EMA
+    schedule_offset: int = ranged(1000, COUNT)
+    momentum: float = ranged(0.1, between(0, 1, low_open=True))  # static range EMA
     modules: list[str] = field(default_factory=lambda: ["blocks.*"])
     excluded_modules: list[str] = field(default_factory=list)
 
@@ -104,10 +117,11 @@ class ActivationQuantizationSection:
 class SparsePruningSection:
     enabled: bool = False
     method: PruningMethod = PruningMethod.l1  # l1 | topk
-    dense_ratio: float = 0.1  # fraction kept, in (0, 1]
-    schedule_offset: int = 1000
-    schedule_offset_end: int | None = None  # null = schedule_offset (one shot)
-    schedule_offset_stride: int = 1
+    dense_ratio: float = ranged(0.1, between(0, 1, low_open=True))  # fraction kept, in (0, 1]
+    schedule_offset: int = ranged(1000, COUNT)
+    # null = schedule_offset (one shot)
+    schedule_offset_end: int | None = ranged(None, at_least(0, nullable=True, null_means="schedule_offset"))
+    schedule_offset_stride: int = ranged(1, POSITIVE_INT)
     block_pattern: str = "4x1"  # 1x1 | NxM | N:M
     ramp: PruningRamp = PruningRamp.linear  # linear | cubic
     modules: list[str] = field(default_factory=lambda: ["blocks.*"])
@@ -118,8 +132,8 @@ class SparsePruningSection:
 class RowPruningSection:
     enabled: bool = False
     method: PruningMethod = PruningMethod.l1  # l1 | topk
-    dense_ratio: float = 0.5
-    schedule_offset: int = 1000
+    dense_ratio: float = ranged(0.5, between(0, 1, low_open=True))
+    schedule_offset: int = ranged(1000, COUNT)
     modules: list[str] = field(default_factory=lambda: ["*mlp.fc_in"])
     excluded_modules: list[str] = field(default_factory=list)
     related_modules: list[str] = field(default_factory=lambda: ["fc_out"])  # consumers: columns pruned
@@ -130,9 +144,9 @@ class RowPruningSection:
 class HeadPruningSection:
     enabled: bool = False
     method: PruningMethod = PruningMethod.topk  # l1 | topk
-    dense_ratio: float = 0.5
-    schedule_offset: int = 1000
-    num_heads: int | None = None  # null = model.n_head
+    dense_ratio: float = ranged(0.5, between(0, 1, low_open=True))
+    schedule_offset: int = ranged(1000, COUNT)
+    num_heads: int | None = ranged(None, at_least(1, nullable=True, null_means="model.n_head"))  # null = model.n_head
     modules: list[str] = field(default_factory=lambda: ["*attn.out_proj"])
     excluded_modules: list[str] = field(default_factory=list)
     related_modules: list[str] = field(default_factory=lambda: ["q_proj", "kv_proj"])
@@ -142,8 +156,8 @@ class HeadPruningSection:
 class ChannelPruningSection:
     enabled: bool = False
     method: PruningMethod = PruningMethod.l1  # l1 | topk
-    dense_ratio: float = 0.5
-    schedule_offset: int = 1000
+    dense_ratio: float = ranged(0.5, between(0, 1, low_open=True))
+    schedule_offset: int = ranged(1000, COUNT)
     modules: list[str] = field(default_factory=lambda: ["*"])
     excluded_modules: list[str] = field(default_factory=list)
     related_modules: list[str] = field(default_factory=list)
@@ -152,14 +166,14 @@ class ChannelPruningSection:
 @dataclass
 class LayerReductionSection:
     enabled: bool = False
-    keep_number_layer: int | None = None
-    teacher_layer: list[int] = field(default_factory=list)
+    keep_number_layer: int | None = ranged(None, at_least(1, nullable=True))
+    teacher_layer: list[int] = field(default_factory=list, metadata=in_range(COUNT))
     module_name_prefix: str = "blocks"
     other_module_name: list[str] = field(default_factory=list)
     teacher_path: str | None = None  # dsrecipes export dir of the trained teacher (required when enabled)
-    temperature: float = 2.0  # distillation: KL at temperature T, scaled by T^2
-    kd_weight: float = 1.0  # 0 = no logit distillation (layer reduction alone)
-    hidden_weight: float = 0.0  # > 0 adds MSE between student layer i and teacher layer teacher_layer[i]
+    temperature: float = ranged(2.0, POSITIVE)  # distillation: KL at temperature T, scaled by T^2
+    kd_weight: float = ranged(1.0, NON_NEGATIVE)  # 0 = no logit distillation (layer reduction alone)
+    hidden_weight: float = ranged(0.0, NON_NEGATIVE)  # > 0 adds MSE between student layer i and teacher layer teacher_layer[i]
 
 
 @dataclass

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from dsrecipes.data.files import check_data_sources
 from dsrecipes.utils.config_enum import ConfigEnum, enum_values
+from dsrecipes.utils.ranges import POSITIVE_INT, SEED, at_least, between, ranged
 
 
 class DataSource(ConfigEnum):
@@ -64,12 +65,12 @@ class DataConfig:
     hub_split: str = "train"
     text_field: str = "text"
     tokenizer: str = "byte"
-    block_size: int = 128
-    val_fraction: float = 0.05
-    max_bytes: int | None = None
-    num_proc: int | None = None
+    block_size: int = ranged(128, POSITIVE_INT)
+    val_fraction: float = ranged(0.05, between(0, 0.5, low_open=True))
+    max_bytes: int | None = ranged(None, at_least(1, nullable=True, null_means="no cap"))
+    num_proc: int | None = ranged(None, at_least(1, nullable=True, null_means="one process"))
     cache_dir: str | None = None
-    split_seed: int = 1234
+    split_seed: int = ranged(1234, SEED)
 
 
 def validate_data_config(cfg) -> None:

@@ -34,6 +34,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from dsrecipes.utils.config_enum import config_enum
+from dsrecipes.utils.ranges import POSITIVE_INT, SEED, Range, above, at_least, ranged
 
 from .curriculum import (
     DIFFICULTY_TYPES,
@@ -73,31 +74,33 @@ class CurriculumLearningConfig:
     metric: str = "seqlen"  # seqlen (cut batches) | vocab_rarity | an import path "pkg.mod:fn(tokens) -> float"
     seqlen_mode: SeqlenMode = SeqlenMode.truncate  # metric=seqlen: truncate | pack
     difficulty_type: DifficultyType = DifficultyType.value  # metric curriculum: value | percentile
-    min_difficulty: int | None = None
-    max_difficulty: int | None = None  # metric=seqlen: null = data.block_size
+    min_difficulty: int | None = ranged(None, Range(nullable=True))
+    # metric=seqlen: null = data.block_size
+    max_difficulty: int | None = ranged(None, Range(nullable=True, null_means="data.block_size for seqlen"))
     schedule_type: ScheduleType = ScheduleType.fixed_linear  # fixed_linear | fixed_root | fixed_discrete | custom
-    total_curriculum_step: int | None = None
-    difficulty_step: int | None = None
-    root_degree: float | None = None
-    difficulty: list[int] | None = None
-    max_step: list[int] | None = None
+    total_curriculum_step: int | None = ranged(None, at_least(1, nullable=True))
+    difficulty_step: int | None = ranged(None, at_least(1, nullable=True))
+    root_degree: float | None = ranged(None, above(0, nullable=True))
+    difficulty: list[int] | None = ranged(None, Range(nullable=True))
+    max_step: list[int] | None = ranged(None, at_least(0, nullable=True))
     custom_fn: Any = None  # "pkg.mod:fn" or {_target_: pkg.mod.fn, ...kwargs}
 
 
 @dataclass
 class RandomLTDConfig:
     enabled: bool = False
-    random_ltd_layer_id: list[int] | None = None  # null = every layer but the first and the last
-    min_value: int = 32  # kept tokens per sequence at step 0
-    max_value: int | None = None  # null = data.block_size
-    require_steps: int = 200  # steps to grow from min_value to max_value
-    seq_per_step: int = 16  # kept length is a multiple of this
+    random_ltd_layer_id: list[int] | None = ranged(
+        None, at_least(0, nullable=True, null_means="every layer but the first and last"))
+    min_value: int = ranged(32, POSITIVE_INT)  # kept tokens per sequence at step 0
+    max_value: int | None = ranged(None, at_least(1, nullable=True, null_means="data.block_size"))  # null = data.block_size
+    require_steps: int = ranged(200, POSITIVE_INT)  # steps to grow from min_value to max_value
+    seq_per_step: int = ranged(16, POSITIVE_INT)  # kept length is a multiple of this
     layer_token_lr_schedule: bool = False  # drive the LR schedule by consumed layer-tokens
 
 
 @dataclass
 class DataEfficiencyConfig:
-    seed: int = 1234
+    seed: int = ranged(1234, SEED)
     curriculum_learning: CurriculumLearningConfig = field(default_factory=CurriculumLearningConfig)
     random_ltd: RandomLTDConfig = field(default_factory=RandomLTDConfig)
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from dsrecipes.utils.config_enum import ConfigEnum, enum_values
+from dsrecipes.utils.ranges import POSITIVE_INT, ranged
 
 # torch is imported in the functions that use it: the recipe schema imports ActivationCheckpointConfig from
 # here, and composing a recipe (`python -m dsrecipes --help`) must not import torch.
@@ -36,7 +37,7 @@ AC_MODES = enum_values(ACMode)
 @dataclass
 class ActivationCheckpointConfig:
     mode: ACMode = ACMode.none  # none | full | every_k
-    every_k: int = 2  # with mode=every_k: checkpoint blocks 0, k, 2k, ...
+    every_k: int = ranged(2, POSITIVE_INT)  # with mode=every_k: checkpoint blocks 0, k, 2k, ...
     cpu_offload: bool = False  # keep what checkpointed blocks save on the CPU
 
 

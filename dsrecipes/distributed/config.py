@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dsrecipes.utils.config_enum import ConfigEnum, config_enum, enum_values
+from dsrecipes.utils.ranges import COUNT, POSITIVE_INT, Range, at_least, between, ranged
 
 ZERO_STAGES = (0, 1, 2, 3)  # zero.stage stays an int, checked by validate_zero_config
 
@@ -72,9 +73,9 @@ class AioConfig:
     """zero.aio: DeepSpeed's `aio` block (its keys and defaults) for NVMe offload's swap-file I/O
     (dsrecipes.distributed.offload.aio says how each maps onto the thread pool)."""
 
-    block_size: int = 1048576  # bytes per block (a multiple of 4096: O_DIRECT's alignment)
-    queue_depth: int = 8  # blocks per vectored read/write call
-    thread_count: int = 1  # I/O threads
+    block_size: int = ranged(1048576, at_least(4096))  # bytes per block (a multiple of 4096: O_DIRECT's alignment)
+    queue_depth: int = ranged(8, between(1, 1024))  # blocks per vectored read/write call
+    thread_count: int = ranged(1, at_least(1))  # I/O threads
     single_submit: bool = False  # true: one block per call
     overlap_events: bool = True  # false: wait for every read/write at once (no prefetch, no write-behind)
 
@@ -106,18 +107,18 @@ class ZeroConfig:
         `node` = the ranks of one node (DeepSpeed's advice: hpZ partition size = GPUs per node).
     """
 
-    stage: int = 0
+    stage: int = ranged(0, Range(choices=(0, 1, 2, 3)))
     offload_optimizer: OffloadDevice = OffloadDevice.none
     offload_param: OffloadDevice = OffloadDevice.none
-    hybrid_shard_size: int | str = 0  # or "node" (PER_NODE)
+    hybrid_shard_size: int | str = ranged(0, COUNT)  # or "node" (PER_NODE)
     zero_quantized_weights: bool = False
     zero_quantized_gradients: bool = False
-    zero_quantized_gradients_bits: int = 8  # 8 | 4 (dsrecipes' key, not DeepSpeed's)
-    zero_hpz_partition_size: int | str = 1  # or "node" (PER_NODE)
+    zero_quantized_gradients_bits: int = ranged(8, Range(choices=(8, 4)))  # 8 | 4 (dsrecipes' key, not DeepSpeed's)
+    zero_hpz_partition_size: int | str = ranged(1, COUNT)  # or "node" (PER_NODE)
     nvme_path: str | None = None  # directory for NVMe offload's swap files (scratch: removed at exit)
-    buffer_count: int = 4  # optimizer-state pool buffers (>= 2 x state tensors per parameter to overlap I/O)
-    param_buffer_count: int = 5  # parameter pool buffers
-    buffer_size: int = 100_000_000  # elements per pool buffer (>= the largest parameter shard)
+    buffer_count: int = ranged(4, at_least(1))  # optimizer-state pool buffers (>= 2 x state tensors per parameter to overlap I/O)
+    param_buffer_count: int = ranged(5, at_least(1))  # parameter pool buffers
+    buffer_size: int = ranged(100_000_000, at_least(1))  # elements per pool buffer (>= the largest parameter shard)
     pin_memory: bool = True  # pinned pools on CUDA (ignored on CPU)
     aio: AioConfig = field(default_factory=AioConfig)
 
@@ -135,10 +136,10 @@ class ParallelConfig:
     sp: Ulysses sequence parallelism; pp: pipeline parallelism (see the compatibility matrix in docs/model-parallelism.md).
     """
 
-    tp: int = 1
+    tp: int = ranged(1, POSITIVE_INT)
     tp_sequence_parallel: bool = True
-    pp: int = 1
-    sp: int = 1
+    pp: int = ranged(1, POSITIVE_INT)
+    sp: int = ranged(1, POSITIVE_INT)
     pp_schedule: PPSchedule = PPSchedule["1f1b"]  # gpipe | 1f1b | interleaved_1f1b (two stages per rank)
     pp_partition: PPPartition = PPPartition.uniform  # uniform (equal block counts) | parameters (balanced parameter counts)
 
@@ -158,17 +159,18 @@ class LauncherConfig:
     """
 
     nproc_per_node: str = "auto"
-    max_restarts: int = 0  # > 0: restart failed workers, which resume from the newest checkpoint
-    collective_timeout_s: int = 600
+    max_restarts: int = ranged(0, COUNT)  # > 0: restart failed workers, which resume from the newest checkpoint
+    collective_timeout_s: int = ranged(600, POSITIVE_INT)
     backend: LauncherBackend = LauncherBackend.auto  # auto (nccl on CUDA, gloo on CPU) | nccl | gloo
     # spawn | fork | forkserver (StartMethod). conf/launcher/default.yaml reads the default from the
     # DSRECIPES_START_METHOD environment variable (spawn when unset); the test suite sets forkserver.
     start_method: StartMethod = StartMethod.spawn
-    nnodes: int = 1
-    node_rank: int = 0
+    nnodes: int = ranged(1, POSITIVE_INT)
+    node_rank: int = ranged(0, COUNT)
     rdzv_endpoint: str = ""  # HOST:PORT of node 0's rendezvous; needed when nnodes > 1
     rdzv_id: str = "dsrecipes"  # the job's rendezvous id, the same on every node
-    rdzv_timeout_s: int = 600  # how long a node waits at the rendezvous for the others (torch's join_timeout)
+    # how long a node waits at the rendezvous for the others (torch's join_timeout)
+    rdzv_timeout_s: int = ranged(600, POSITIVE_INT)
 
 
 def validate_zero_config(cfg: ZeroConfig, prefix: str = "zero") -> None:

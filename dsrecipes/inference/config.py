@@ -18,7 +18,18 @@ from dataclasses import dataclass, field
 
 from dsrecipes.utils.config_enum import ConfigEnum, config_enum, enum_values
 from dsrecipes.utils.dtypes import DTYPE_NAMES
-from dsrecipes.utils.ranges import check_section
+from dsrecipes.utils.ranges import (
+    COUNT,
+    NON_NEGATIVE,
+    POSITIVE,
+    POSITIVE_INT,
+    SEED,
+    at_least,
+    between,
+    check_section,
+    in_range,
+    ranged,
+)
 
 # the root `mode` ("serve-bench" is no identifier: the functional form names each member by its value)
 RecipeMode = config_enum("RecipeMode", ("train", "generate", "serve-bench"), __name__)
@@ -59,28 +70,29 @@ class GenerateConfig:
     checkpoint: str | None = None  # run dir, checkpoints folder, checkpoints/step_N or safetensors export
     prompt: str | None = None  # one prompt (text)
     prompts_file: str | None = None  # one prompt per line (empty lines skipped), generated in batches
-    batch_size: int = 8  # prompts per batch from prompts_file
-    max_new_tokens: int = 64
-    temperature: float = 0.0  # 0 = greedy
-    top_k: int = 0  # 0 = off
-    top_p: float = 1.0  # 1 = off
-    repetition_penalty: float = 1.0  # 1 = off
-    stop_tokens: list[int] | None = None  # None = the tokenizer's end-of-sequence id
-    seed: int = 0
+    batch_size: int = ranged(8, POSITIVE_INT)  # prompts per batch from prompts_file
+    max_new_tokens: int = ranged(64, COUNT)
+    temperature: float = ranged(0.0, NON_NEGATIVE)  # 0 = greedy
+    top_k: int = ranged(0, COUNT)  # 0 = off
+    top_p: float = ranged(1.0, between(0, 1, low_open=True))  # 1 = off
+    repetition_penalty: float = ranged(1.0, POSITIVE)  # 1 = off
+    # None = the tokenizer's end-of-sequence id
+    stop_tokens: list[int] | None = ranged(None, at_least(0, nullable=True, null_means="the tokenizer's end-of-sequence id"))
+    seed: int = ranged(0, SEED)
     stream: bool = True  # print a single prompt's tokens as they are generated
     # also write {"prompt", "completion", "finish_reason"} JSON lines here (relative: to the directory the command runs in)
     output_file: str | None = None
     dtype: GenerateDtype = GenerateDtype.fp32  # fp32 | bf16 | fp16 | int8 (fp16/bf16 activations + int8 weights)
     kernel_inject: bool = False  # fused kernels (needs CUDA; on CPU they fall back to torch references)
     quant: QuantMode = QuantMode.none  # none | int8 | int4 weight-only
-    quant_group_size: int = 0  # 0 = per output channel (int8); int4 defaults to 64 when 0
-    tp_size: int = 1  # tensor-parallel degree: run under torchrun --nproc-per-node tp_size
+    quant_group_size: int = ranged(0, COUNT)  # 0 = per output channel (int8); int4 defaults to 64 when 0
+    tp_size: int = ranged(1, POSITIVE_INT)  # tensor-parallel degree: run under torchrun --nproc-per-node tp_size
     cuda_graph: bool = False  # replay the decode step as a CUDA graph (CUDA, tp_size 1, dense models)
     # serve-bench
-    bench_batch_sizes: list[int] = field(default_factory=lambda: [1, 8])
-    bench_prompt_len: int = 32
-    bench_new_tokens: int = 32
-    bench_repeats: int = 3
+    bench_batch_sizes: list[int] = field(default_factory=lambda: [1, 8], metadata=in_range(POSITIVE_INT))
+    bench_prompt_len: int = ranged(32, POSITIVE_INT)
+    bench_new_tokens: int = ranged(32, POSITIVE_INT)
+    bench_repeats: int = ranged(3, POSITIVE_INT)
     bench_impls: list[BenchImpl] = field(default_factory=lambda: list(BenchImpl))
 
 
@@ -91,7 +103,7 @@ def validate_generate_config(cfg: GenerateConfig, mode: str, prefix: str = "gene
     if mode == "train":
         return
 
-    check_section(cfg, "generate", prefix)  # every numeric key: batch sizes >= 1, temperature / top_k >= 0, ...
+    check_section(cfg, prefix)  # every numeric key: batch sizes >= 1, temperature / top_k >= 0, ...
     if cfg.dtype not in DTYPE_CHOICES:
         raise ValueError(f"{prefix}.dtype={cfg.dtype!r} is not valid; choose one of: {', '.join(DTYPE_CHOICES)}")
     if cfg.quant not in QUANT_CHOICES:

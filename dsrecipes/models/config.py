@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 
 from dsrecipes.utils.config_enum import ConfigEnum, enum_values
-from dsrecipes.utils.ranges import check_section
+from dsrecipes.utils.ranges import POSITIVE, POSITIVE_INT, at_least, between, check_section, ranged
 
 
 class ModelStyle(ConfigEnum):
@@ -44,20 +44,23 @@ class ModelConfig:
 
     name: str = "custom"
     style: ModelStyle = ModelStyle.gpt2
-    n_layer: int = 4
-    n_head: int = 4
-    n_kv_head: int | None = None  # None = n_head (multi-head); fewer = grouped-query attention
-    d_model: int = 128
-    d_ff: int | None = None  # None = 4*d_model (gpt2) or ~8/3*d_model rounded to 64 (llama)
-    vocab_size: int | None = None  # None = taken from the tokenizer by the recipe
-    max_seq_len: int = 128
-    dropout: float = 0.0
+    n_layer: int = ranged(4, POSITIVE_INT)
+    n_head: int = ranged(4, POSITIVE_INT)
+    # None = n_head (multi-head); fewer = grouped-query attention
+    n_kv_head: int | None = ranged(None, at_least(1, nullable=True, null_means="model.n_head"))
+    d_model: int = ranged(128, POSITIVE_INT)
+    # None = 4*d_model (gpt2) or ~8/3*d_model rounded to 64 (llama)
+    d_ff: int | None = ranged(None, at_least(1, nullable=True, null_means="4*d_model, or SwiGLU's 8/3*d_model for llama"))
+    # None = taken from the tokenizer by the recipe
+    vocab_size: int | None = ranged(None, at_least(1, nullable=True, null_means="the tokenizer's"))
+    max_seq_len: int = ranged(128, POSITIVE_INT)
+    dropout: float = ranged(0.0, between(0, 1, high_open=True))
     bias: bool = True
     qkv_bias: bool | None = None  # None = bias
-    norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
+    norm_eps: float = ranged(1e-5, POSITIVE)
+    rope_theta: float = ranged(10000.0, POSITIVE)
     tie_embeddings: bool = True
-    init_std: float = 0.02
+    init_std: float = ranged(0.02, POSITIVE)
     path: str | None = None  # model=hf: the Hugging Face checkpoint the weights come from
 
     @property
@@ -89,7 +92,7 @@ def validate_model_config(cfg: ModelConfig, prefix: str = "model") -> None:
         raise ValueError(f"{prefix}.style={cfg.style!r} is not valid; choose one of: {', '.join(MODEL_STYLES)}")
     # every numeric field: n_layer, n_head, d_model, max_seq_len, d_ff, vocab_size >= 1 (or null), dropout in
     # [0, 1), norm_eps, rope_theta, init_std > 0 (finite)
-    check_section(cfg, "model", prefix)
+    check_section(cfg, prefix)
     if cfg.d_model % cfg.n_head:
         raise ValueError(
             f"{prefix}.d_model={cfg.d_model} must be divisible by {prefix}.n_head={cfg.n_head}"

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from dsrecipes.models.config import ModelConfig
 from dsrecipes.utils.config_enum import ConfigEnum, enum_values
+from dsrecipes.utils.ranges import COUNT, NON_NEGATIVE, POSITIVE, POSITIVE_INT, at_least, in_range, ranged
 
 
 class NoisyGatePolicy(ConfigEnum):
@@ -46,11 +47,11 @@ DISPATCH_BACKENDS = enum_values(MoEDispatch)
 
 @dataclass
 class MoEConfig:
-    num_experts: int = 0  # 0 = dense model, no MoE layers
-    k: int = 1  # experts per token: 1 (Switch), 2 (GShard), or more (top-k)
-    capacity_factor: float = 1.0  # training capacity per expert = ceil(tokens/E * capacity_factor * k)
-    eval_capacity_factor: float = 1.0  # the same at evaluation
-    min_capacity: int = 4  # capacity never below this (DeepSpeed's MoE passes 4)
+    num_experts: int = ranged(0, COUNT)  # 0 = dense model, no MoE layers
+    k: int = ranged(1, POSITIVE_INT)  # experts per token: 1 (Switch), 2 (GShard), or more (top-k)
+    capacity_factor: float = ranged(1.0, POSITIVE)  # training capacity per expert = ceil(tokens/E * capacity_factor * k)
+    eval_capacity_factor: float = ranged(1.0, POSITIVE)  # the same at evaluation
+    min_capacity: int = ranged(4, COUNT)  # capacity never below this (DeepSpeed's MoE passes 4)
     drop_tokens: bool = True  # false: capacity = the busiest expert's load, nothing is dropped
     use_rts: bool = True  # top-1: random token selection decides who is dropped (else: first come)
     drop_policy: DropPolicy = DropPolicy.probs  # top-k (k>2): keep the highest-gate tokens ("probs") or the first ("position")
@@ -58,12 +59,13 @@ class MoEConfig:
     # none | jitter (noise on the gate input) | rsample (Gumbel, top-1 only)
     noisy_gate_policy: NoisyGatePolicy = NoisyGatePolicy.none
     use_residual: bool = False  # PR-MoE: dense MLP + experts mixed by a learned coefficient
-    expert_interval: int = 1  # MoE in every k-th block (blocks k-1, 2k-1, ...); 1 = every block
-    layers: list[int] = field(default_factory=list)  # explicit block indices; overrides expert_interval
-    d_ff: int | None = None  # expert hidden size; None = the model's MLP size
-    aux_loss_coef: float = 0.01  # load-balancing loss coefficient (added to the LM loss by the trainer)
-    z_loss_coef: float = 0.0  # router z-loss coefficient (ST-MoE); 0 = off
-    ep_size: int = 1  # expert-parallel degree: experts sharded over this many ranks
+    expert_interval: int = ranged(1, POSITIVE_INT)  # MoE in every k-th block (blocks k-1, 2k-1, ...); 1 = every block
+    layers: list[int] = field(default_factory=list, metadata=in_range(COUNT))  # explicit block indices; overrides expert_interval
+    # expert hidden size; None = the model's MLP size
+    d_ff: int | None = ranged(None, at_least(1, nullable=True, null_means="the model's MLP size"))
+    aux_loss_coef: float = ranged(0.01, NON_NEGATIVE)  # load-balancing loss coefficient (added to the LM loss by the trainer)
+    z_loss_coef: float = ranged(0.0, NON_NEGATIVE)  # router z-loss coefficient (ST-MoE); 0 = off
+    ep_size: int = ranged(1, POSITIVE_INT)  # expert-parallel degree: experts sharded over this many ranks
     dispatch: MoEDispatch = MoEDispatch.torch  # torch (index permute) | triton (fused gather kernels) | einsum (dense reference)
 
     @property

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING
 
 from dsrecipes.models.sparsity_config import ATTENTION_TYPES, LAYOUT_CLASSES, SparsityConfig
 from dsrecipes.utils.config_enum import ConfigEnum, config_enum, enum_values, plain
+from dsrecipes.utils.ranges import COUNT, POSITIVE_INT, SEED, at_least, in_range, ranged
 
 # torch is imported in the methods that use it: the recipe schema imports SparseAttentionConfig from here, and
 # composing a recipe (`python -m dsrecipes --help`) must not import torch.
@@ -76,21 +77,22 @@ class SparseAttentionConfig:
     """
 
     mode: SparseMode = SparseMode.none  # none | dense | fixed | variable | bigbird | bslongformer | sliding_window
-    block: int = 16  # tokens per layout block side; data.block_size must be a multiple
+    block: int = ranged(16, POSITIVE_INT)  # tokens per layout block side; data.block_size must be a multiple
     impl: SparseImpl = SparseImpl.auto  # auto | triton | gathered | reference
     different_layout_per_head: bool = False
     # unidirectional (causal) | bidirectional (layouts only; the model is causal)
     attention: SparseAttentionType = SparseAttentionType.unidirectional
-    num_local_blocks: int = 4  # fixed
-    num_global_blocks: int = 1  # fixed, bigbird
+    num_local_blocks: int = ranged(4, POSITIVE_INT)  # fixed
+    num_global_blocks: int = ranged(1, COUNT)  # fixed, bigbird
     horizontal_global_attention: bool = False  # fixed, variable (bidirectional only)
-    num_different_global_patterns: int = 1  # fixed
-    num_random_blocks: int = 0  # variable, bigbird (conf/sparse_attention/bigbird.yaml sets BigBird's 1)
-    local_window_blocks: list[int] = field(default_factory=lambda: [4])  # variable
-    global_block_indices: list[int] = field(default_factory=lambda: [0])  # variable, bslongformer
-    global_block_end_indices: list[int] | None = None  # variable, bslongformer
-    num_sliding_window_blocks: int = 3  # bigbird, bslongformer, sliding_window
-    seed: int = 0  # random blocks (variable, bigbird): same layout on every rank and after resume
+    num_different_global_patterns: int = ranged(1, POSITIVE_INT)  # fixed
+    num_random_blocks: int = ranged(0, COUNT)  # variable, bigbird (conf/sparse_attention/bigbird.yaml sets BigBird's 1)
+    local_window_blocks: list[int] = field(default_factory=lambda: [4], metadata=in_range(POSITIVE_INT))  # variable
+    global_block_indices: list[int] = field(default_factory=lambda: [0], metadata=in_range(COUNT))  # variable, bslongformer
+    # variable, bslongformer
+    global_block_end_indices: list[int] | None = ranged(None, at_least(1, nullable=True, null_means="one block per start"))
+    num_sliding_window_blocks: int = ranged(3, POSITIVE_INT)  # bigbird, bslongformer, sliding_window
+    seed: int = ranged(0, SEED)  # random blocks (variable, bigbird): same layout on every rank and after resume
 
 
 def build_sparsity_config(cfg: SparseAttentionConfig, num_heads: int, prefix: str = "sparse_attention") -> SparsityConfig:

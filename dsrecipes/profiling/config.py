@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dsrecipes.utils.ranges import COUNT, NON_NEGATIVE, POSITIVE_INT, at_least, ranged
+
 
 @dataclass
 class FlopsProfilerConfig:
@@ -26,15 +28,15 @@ class FlopsProfilerConfig:
     """
 
     enabled: bool = False
-    profile_step: int = 1  # the step starting at global_steps == profile_step (0 = the first)
-    module_depth: int = -1  # deepest module level in the per-module table; -1 = every level
-    top_modules: int = 1  # the top N modules by forward FLOPs and by latency at each depth
+    profile_step: int = ranged(1, COUNT)  # the step starting at global_steps == profile_step (0 = the first)
+    module_depth: int = ranged(-1, at_least(-1))  # deepest module level in the per-module table; -1 = every level
+    top_modules: int = ranged(1, POSITIVE_INT)  # the top N modules by forward FLOPs and by latency at each depth
     detailed: bool = True  # print the per-module table (the totals are always printed)
     output_file: str | None = None  # null = <run dir>/flops_profile.md; relative paths are inside the run dir
     # extra forward passes recomputed in backward (activation checkpointing) counted into the
     # fwd+bwd FLOPs of DeepSpeed's estimate, 2 x fwd for backward; dsrecipes counts backward's FLOPs
     # itself, recomputation included, and reports this estimate beside the measured figure
-    recompute_fwd_factor: float = 0.0
+    recompute_fwd_factor: float = ranged(0.0, NON_NEGATIVE)
 
 
 @dataclass
@@ -50,15 +52,15 @@ class ProfilerConfig:
     """
 
     enabled: bool = False
-    wait: int = 1
-    warmup: int = 1
-    active: int = 2
-    repeat: int = 1
+    wait: int = ranged(1, COUNT)
+    warmup: int = ranged(1, COUNT)
+    active: int = ranged(2, POSITIVE_INT)
+    repeat: int = ranged(1, COUNT)
     record_shapes: bool = False
     profile_memory: bool = False
     with_stack: bool = False
     memory_snapshot: bool = False
-    memory_snapshot_max_entries: int = 100_000  # allocation events kept by _record_memory_history
+    memory_snapshot_max_entries: int = ranged(100_000, POSITIVE_INT)  # allocation events kept by _record_memory_history
 
 
 def validate_profiling_config(flops: FlopsProfilerConfig, profiler: ProfilerConfig, max_steps: int) -> None:

@@ -24,6 +24,20 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from dsrecipes.utils.config_enum import ConfigEnum, config_enum
 from dsrecipes.utils.dtypes import DTYPE_NAMES
+from dsrecipes.utils.ranges import (
+    ANY,
+    COUNT,
+    NON_NEGATIVE,
+    POSITIVE,
+    POSITIVE_INT,
+    SEED,
+    UNIT,
+    above,
+    at_least,
+    between,
+    in_range,
+    ranged,
+)
 
 
 @dataclass
@@ -39,26 +53,28 @@ class TrainerConfig:
     and no accumulation (DeepSpeed asserts); gradient_accumulation_steps alone is a ValueError.
     """
 
-    max_steps: int = 600
-    train_batch_size: int | None = None
-    train_micro_batch_size_per_gpu: int | None = None  # null + no other batch key = 16
-    gradient_accumulation_steps: int | None = None
-    gradient_clipping: float = 1.0  # global-norm clip; 0 disables (DeepSpeed's default is 1.0)
-    log_interval: int = 10
-    eval_interval: int = 100  # 0 = only at the end
-    eval_batches: int = 16  # validation micro-batches per evaluation; 0 = the whole split
-    seed: int = 1234
+    max_steps: int = ranged(600, POSITIVE_INT)
+    train_batch_size: int | None = ranged(None, at_least(1, nullable=True, null_means="from the other batch keys"))
+    # null + no other batch key = 16
+    train_micro_batch_size_per_gpu: int | None = ranged(None, at_least(1, nullable=True, null_means="from the other batch keys"))
+    gradient_accumulation_steps: int | None = ranged(None, at_least(1, nullable=True, null_means="from the other batch keys"))
+    gradient_clipping: float = ranged(1.0, NON_NEGATIVE)  # global-norm clip; 0 disables (DeepSpeed's default is 1.0)
+    log_interval: int = ranged(10, POSITIVE_INT)
+    eval_interval: int = ranged(100, COUNT)  # 0 = only at the end
+    eval_batches: int = ranged(16, COUNT)  # validation micro-batches per evaluation; 0 = the whole split
+    seed: int = ranged(1234, SEED)
     device: str = "auto"  # auto (cuda when present, else cpu) | cpu | cuda | cuda:N
     resume: str | None = None  # null = fresh start | auto = newest complete checkpoint if any | a path
-    peak_tflops: float | None = None  # for perf/mfu; null = known GPUs detected, else not logged
+    # for perf/mfu; null = known GPUs detected, else not logged
+    peak_tflops: float | None = ranged(None, above(0, nullable=True, null_means="known GPUs detected, else MFU not logged"))
     # DeepSpeed's wall_clock_breakdown: perf/{data,forward,backward,grad_reduce,optimizer}_s per log interval
     # (dsrecipes.profiling.wall_clock); synchronises the device at every phase, so off by default
     wall_clock_breakdown: bool = False
     progress_bar: bool = True
     sample_prompt: str = "def "
-    sample_tokens: int = 200  # 0 = no text sample at the end
-    sample_temperature: float = 0.8
-    sample_top_k: int = 40
+    sample_tokens: int = ranged(200, COUNT)  # 0 = no text sample at the end
+    sample_temperature: float = ranged(0.8, NON_NEGATIVE)
+    sample_top_k: int = ranged(40, COUNT)
     loss_curve: bool = True  # draw <run dir>/loss_curve.png at the end (needs matplotlib: the charts extra)
 
 
@@ -166,8 +182,8 @@ class OptimizerConfig:
 
     name: str = MISSING
     _target_: str = MISSING
-    lr: float = 1e-3
-    weight_decay: float = 0.1
+    lr: float = ranged(1e-3, POSITIVE)
+    weight_decay: float = ranged(0.1, NON_NEGATIVE)
     impl: OptimizerImpl = OptimizerImpl.auto
     no_decay_bias_and_norm: bool = True
 
@@ -178,8 +194,8 @@ class AdamWConfig(OptimizerConfig):
 
     name: str = "adamw"
     _target_: str = "torch.optim.AdamW"
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
-    eps: float = 1e-8
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95], metadata=in_range(between(0, 1, high_open=True)))
+    eps: float = ranged(1e-8, NON_NEGATIVE)
     amsgrad: bool = False
 
 
@@ -190,8 +206,8 @@ class AdamConfig(OptimizerConfig):
 
     name: str = "adam"
     _target_: str = "dsrecipes.training.optim.optimizers.adam"
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
-    eps: float = 1e-8
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95], metadata=in_range(between(0, 1, high_open=True)))
+    eps: float = ranged(1e-8, NON_NEGATIVE)
     adam_w_mode: bool = True
     amsgrad: bool = False
 
@@ -202,7 +218,7 @@ class SGDConfig(OptimizerConfig):
 
     name: str = "sgd"
     _target_: str = "torch.optim.SGD"
-    momentum: float = 0.0
+    momentum: float = ranged(0.0, NON_NEGATIVE)
     nesterov: bool = False
 
 
@@ -212,8 +228,8 @@ class AdagradConfig(OptimizerConfig):
 
     name: str = "adagrad"
     _target_: str = "torch.optim.Adagrad"
-    lr_decay: float = 0.0
-    eps: float = 1e-8
+    lr_decay: float = ranged(0.0, NON_NEGATIVE)
+    eps: float = ranged(1e-8, NON_NEGATIVE)
 
 
 @dataclass
@@ -222,10 +238,10 @@ class LambConfig(OptimizerConfig):
 
     name: str = "lamb"
     _target_: str = "dsrecipes.training.optim.lamb.Lamb"
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
-    eps: float = 1e-8
-    max_coeff: float = 10.0
-    min_coeff: float = 0.01
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95], metadata=in_range(between(0, 1, high_open=True)))
+    eps: float = ranged(1e-8, NON_NEGATIVE)
+    max_coeff: float = ranged(10.0, NON_NEGATIVE)
+    min_coeff: float = ranged(0.01, NON_NEGATIVE)
     bias_correction: bool = True
 
 
@@ -235,7 +251,7 @@ class LionConfig(OptimizerConfig):
 
     name: str = "lion"
     _target_: str = "dsrecipes.training.optim.lion.Lion"
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95], metadata=in_range(between(0, 1, high_open=True)))
 
 
 @dataclass
@@ -246,10 +262,10 @@ class OneBitAdamConfig(OptimizerConfig):
 
     name: str = "onebitadam"
     _target_: str = "dsrecipes.training.optim.onebit_adam.OneBitAdam"
-    weight_decay: float = 0.0
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    eps: float = 1e-8
-    freeze_step: int = 100000
+    weight_decay: float = ranged(0.0, NON_NEGATIVE)
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999], metadata=in_range(between(0, 1, high_open=True)))
+    eps: float = ranged(1e-8, NON_NEGATIVE)
+    freeze_step: int = ranged(100000, POSITIVE_INT)  # at least one uncompressed warm-up update
     bias_correction: bool = False
 
 
@@ -261,13 +277,13 @@ class ZeroOneAdamConfig(OptimizerConfig):
 
     name: str = "zerooneadam"
     _target_: str = "dsrecipes.training.optim.zero_one_adam.ZeroOneAdam"
-    weight_decay: float = 0.0
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    eps: float = 1e-8
-    var_freeze_step: int = 100000
-    var_update_scaler: int = 16
-    local_step_scaler: int = 32678
-    local_step_clipper: int = 16
+    weight_decay: float = ranged(0.0, NON_NEGATIVE)
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999], metadata=in_range(between(0, 1, high_open=True)))
+    eps: float = ranged(1e-8, NON_NEGATIVE)
+    var_freeze_step: int = ranged(100000, COUNT)
+    var_update_scaler: int = ranged(16, POSITIVE_INT)
+    local_step_scaler: int = ranged(32678, POSITIVE_INT)
+    local_step_clipper: int = ranged(16, POSITIVE_INT)
     bias_correction: bool = False
 
 
@@ -279,16 +295,16 @@ class OneBitLambConfig(OptimizerConfig):
 
     name: str = "onebitlamb"
     _target_: str = "dsrecipes.training.optim.onebit_lamb.OneBitLamb"
-    weight_decay: float = 0.0
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    eps: float = 1e-8
-    freeze_step: int = 100000
-    max_coeff: float = 10.0
-    min_coeff: float = 0.01
-    coeff_beta: float = 0.9
-    factor_max: float = 4.0
-    factor_min: float = 0.5
-    factor_threshold: float = 0.1
+    weight_decay: float = ranged(0.0, NON_NEGATIVE)
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999], metadata=in_range(between(0, 1, high_open=True)))
+    eps: float = ranged(1e-8, NON_NEGATIVE)
+    freeze_step: int = ranged(100000, POSITIVE_INT)  # at least one uncompressed warm-up update
+    max_coeff: float = ranged(10.0, NON_NEGATIVE)
+    min_coeff: float = ranged(0.01, NON_NEGATIVE)
+    coeff_beta: float = ranged(0.9, between(0, 1, high_open=True))
+    factor_max: float = ranged(4.0, POSITIVE)
+    factor_min: float = ranged(0.5, POSITIVE)
+    factor_threshold: float = ranged(0.1, between(0, 1, high_open=True))
     bias_correction: bool = False
     refresh_scaling: bool = True  # recompute the momentum scaling coefficients every compressed step (False: DeepSpeed's)
 
@@ -299,10 +315,10 @@ class RMSpropConfig(OptimizerConfig):
 
     name: str = "rmsprop"
     _target_: str = "torch.optim.RMSprop"
-    weight_decay: float = 0.0
-    alpha: float = 0.99
-    eps: float = 1e-8
-    momentum: float = 0.0
+    weight_decay: float = ranged(0.0, NON_NEGATIVE)
+    alpha: float = ranged(0.99, NON_NEGATIVE)
+    eps: float = ranged(1e-8, NON_NEGATIVE)
+    momentum: float = ranged(0.0, NON_NEGATIVE)
     centered: bool = False
 
 
@@ -316,7 +332,7 @@ class CustomOptimizerConfig(ExtraArguments, OptimizerConfig):
     """
 
     name: str = "custom"
-    weight_decay: float = 0.0
+    weight_decay: float = ranged(0.0, NON_NEGATIVE)
     extra_arguments: dict[str, Any] = _extra_arguments_field()
 
 
@@ -368,7 +384,7 @@ class WarmupKeys(LRSchedulerConfig):
     N = max(2, warmup_num_steps), so 1 behaves as 2.
     """
 
-    warmup_num_steps: int = 1000
+    warmup_num_steps: int = ranged(1000, POSITIVE_INT)
     warmup_type: WarmupType = WarmupType.log
 
 
@@ -378,8 +394,8 @@ class WarmupLRConfig(WarmupKeys):
 
     name: str = "warmup_lr"
     _target_: str = "dsrecipes.training.optim.lr_schedules.WarmupLR"
-    warmup_min_lr: float = 0.0
-    warmup_max_lr: float | None = None
+    warmup_min_lr: float = ranged(0.0, NON_NEGATIVE)
+    warmup_max_lr: float | None = ranged(None, above(0, nullable=True, null_means="the optimizer's lr"))
 
 
 @dataclass
@@ -396,7 +412,7 @@ class WarmupDecayLRConfig(WarmupLRConfig):
 
     name: str = "warmup_decay_lr"
     _target_: str = "dsrecipes.training.optim.lr_schedules.WarmupDecayLR"
-    total_num_steps: int | None = None
+    total_num_steps: int | None = ranged(None, at_least(1, nullable=True, null_means="trainer.max_steps"))
 
 
 @dataclass
@@ -409,9 +425,9 @@ class WarmupCosineConfig(WarmupKeys):
 
     name: str = "warmup_cosine"
     _target_: str = "dsrecipes.training.optim.lr_schedules.WarmupCosineLR"
-    total_num_steps: int | None = None
-    warmup_min_ratio: float = 0.0
-    cos_min_ratio: float = 0.0001
+    total_num_steps: int | None = ranged(None, at_least(1, nullable=True, null_means="trainer.max_steps"))
+    warmup_min_ratio: float = ranged(0.0, UNIT)
+    cos_min_ratio: float = ranged(0.0001, UNIT)
 
 
 @dataclass
@@ -430,18 +446,18 @@ class OneCycleConfig(LRSchedulerConfig):
 
     name: str = "one_cycle"
     _target_: str = "dsrecipes.training.optim.lr_schedules.OneCycle"
-    cycle_min_lr: float | None = None  # required
-    cycle_max_lr: float | None = None  # required
-    decay_lr_rate: float = 0.0
-    cycle_first_step_size: int = 2000
-    cycle_second_step_size: int | None = None
-    cycle_first_stair_count: int = 0
-    cycle_second_stair_count: int | None = None
-    decay_step_size: int = 0
+    cycle_min_lr: float | None = ranged(None, at_least(0, nullable=True, null_means="unset; one_cycle requires it"))  # required
+    cycle_max_lr: float | None = ranged(None, at_least(0, nullable=True, null_means="unset; one_cycle requires it"))  # required
+    decay_lr_rate: float = ranged(0.0, NON_NEGATIVE)
+    cycle_first_step_size: int = ranged(2000, POSITIVE_INT)
+    cycle_second_step_size: int | None = ranged(None, at_least(0, nullable=True, null_means="cycle_first_step_size"))
+    cycle_first_stair_count: int = ranged(0, COUNT)
+    cycle_second_stair_count: int | None = ranged(None, at_least(0, nullable=True, null_means="cycle_first_stair_count"))
+    decay_step_size: int = ranged(0, COUNT)
     cycle_momentum: bool = True
-    cycle_min_mom: float = 0.8
-    cycle_max_mom: float = 0.9
-    decay_mom_rate: float = 0.0
+    cycle_min_mom: float = ranged(0.8, between(0, 1, high_open=True))
+    cycle_max_mom: float = ranged(0.9, between(0, 1, high_open=True))
+    decay_mom_rate: float = ranged(0.0, ANY)  # checked against the run length by the one_cycle validator
 
 
 @dataclass
@@ -450,9 +466,9 @@ class LRRangeTestConfig(LRSchedulerConfig):
 
     name: str = "lr_range_test"
     _target_: str = "dsrecipes.training.optim.lr_schedules.LRRangeTest"
-    lr_range_test_min_lr: float = 1e-3
-    lr_range_test_step_size: int = 2000
-    lr_range_test_step_rate: float = 1.0
+    lr_range_test_min_lr: float = ranged(1e-3, POSITIVE)
+    lr_range_test_step_size: int = ranged(2000, POSITIVE_INT)
+    lr_range_test_step_rate: float = ranged(1.0, NON_NEGATIVE)
     lr_range_test_staircase: bool = False
 
 
@@ -462,8 +478,8 @@ class TorchStepConfig(LRSchedulerConfig):
 
     name: str = "torch_step"
     _target_: str = "torch.optim.lr_scheduler.StepLR"
-    step_size: int = MISSING
-    gamma: float = 0.1
+    step_size: int = ranged(MISSING, POSITIVE_INT)
+    gamma: float = ranged(0.1, POSITIVE)
 
 
 @dataclass
@@ -567,12 +583,12 @@ class PrecisionConfig:
 
     dtype: PrecisionDtype = PrecisionDtype.fp32  # fp32 | bf16 | fp16 | auto (bf16 where the device is fast at it)
     master_weights: bool = False
-    loss_scale: float = 0.0
-    initial_scale_power: int = 16
-    loss_scale_window: int = 1000
-    hysteresis: int = 2
+    loss_scale: float = ranged(0.0, NON_NEGATIVE)
+    initial_scale_power: int = ranged(16, between(0, 127))  # 2**power must be a finite fp32 number
+    loss_scale_window: int = ranged(1000, POSITIVE_INT)
+    hysteresis: int = ranged(2, POSITIVE_INT)
     consecutive_hysteresis: bool = False
-    min_loss_scale: float = 1.0
+    min_loss_scale: float = ranged(1.0, POSITIVE)
     raise_error_at_min_scale: bool = True
     nonfinite_grads: NonfiniteGrads = NonfiniteGrads.error  # error | skip (fp32/bf16)
     # DeepSpeed's fp16.auto_cast (dtype fp16 only): the engine casts the floating tensors its forward is given to
@@ -585,8 +601,8 @@ class CheckpointConfig:
     """Where and when the engine saves. Checkpoints go to <run dir>/<dirname>/step_N/."""
 
     dirname: str = "checkpoints"
-    interval: int = 0  # save every N optimizer steps; 0 = only the final checkpoint
-    keep_last: int = 3  # keep the newest K complete checkpoints; 0 = keep all
+    interval: int = ranged(0, COUNT)  # save every N optimizer steps; 0 = only the final checkpoint
+    keep_last: int = ranged(3, COUNT)  # keep the newest K complete checkpoints; 0 = keep all
     save_final: bool = True
     export_safetensors: bool = True  # also export the final model to <run dir>/export/ (safetensors + config)
 

@@ -24,7 +24,7 @@ from dsrecipes.config.store import compose
 from dsrecipes.config.validate import to_root, validate_recipe
 from dsrecipes.distributed.config import nccl_unavailable_reason
 from dsrecipes.utils.paths import check_writable_dir
-from dsrecipes.utils.ranges import RANGES, check_ranges, numeric_keys
+from dsrecipes.utils.ranges import check_ranges, numeric_keys, schema_ranges
 
 _PARSER = OverridesParser.create()
 NO_NCCL = nccl_unavailable_reason() is not None
@@ -211,8 +211,9 @@ def test_every_numeric_key_of_the_schema_has_a_range():
     from dsrecipes.training.config import OPTION_SCHEMAS
 
     keys = numeric_keys(RootConfig, OPTION_SCHEMAS)
-    assert keys - set(RANGES) == set(), "add these keys to dsrecipes.utils.ranges.RANGES"
-    assert set(RANGES) - keys == set(), "RANGES names keys the schema does not have"
+    ranges = schema_ranges(RootConfig, OPTION_SCHEMAS)
+    assert keys - set(ranges) == set(), "declare these fields' ranges: `ranged(default, rule)` (dsrecipes.utils.ranges)"
+    assert set(ranges) - keys == set(), "ranges declared on fields that are not numbers"
     check_ranges(RootConfig())  # the schema's defaults are in range
     check_ranges(to_root(compose([])))  # so is the default recipe
 
