@@ -25,9 +25,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from dsrecipes.utils.config_enum import ConfigEnum, config_enum
+from dsrecipes.utils.inactive_rules import Inactive, switched_off
 from dsrecipes.utils.ranges import (
     COUNT,
     NON_NEGATIVE,
@@ -87,6 +88,10 @@ class PruningRamp(ConfigEnum):
 
 @dataclass
 class WeightQuantizationSection:
+    INACTIVE: ClassVar[tuple[Inactive, ...]] = (
+        switched_off(),
+    )
+
     enabled: bool = False
     start_bits: int = ranged(8, between(2, 16))
     target_bits: int = ranged(8, between(2, 16))  # <= start_bits; bits drop by one every quantization_period steps
@@ -103,6 +108,10 @@ class WeightQuantizationSection:
 
 @dataclass
 class ActivationQuantizationSection:
+    INACTIVE: ClassVar[tuple[Inactive, ...]] = (
+        switched_off(),
+    )
+
     enabled: bool = False
     bits: int = ranged(8, between(4, 16))
     quantization_type: QuantizationType = QuantizationType.symmetric  # symmetric | asymmetric
@@ -115,6 +124,10 @@ class ActivationQuantizationSection:
 
 @dataclass
 class SparsePruningSection:
+    INACTIVE: ClassVar[tuple[Inactive, ...]] = (
+        switched_off(),
+    )
+
     enabled: bool = False
     method: PruningMethod = PruningMethod.l1  # l1 | topk
     dense_ratio: float = ranged(0.1, between(0, 1, low_open=True))  # fraction kept, in (0, 1]
@@ -130,6 +143,10 @@ class SparsePruningSection:
 
 @dataclass
 class RowPruningSection:
+    INACTIVE: ClassVar[tuple[Inactive, ...]] = (
+        switched_off(),
+    )
+
     enabled: bool = False
     method: PruningMethod = PruningMethod.l1  # l1 | topk
     dense_ratio: float = ranged(0.5, between(0, 1, low_open=True))
@@ -142,6 +159,10 @@ class RowPruningSection:
 
 @dataclass
 class HeadPruningSection:
+    INACTIVE: ClassVar[tuple[Inactive, ...]] = (
+        switched_off(),
+    )
+
     enabled: bool = False
     method: PruningMethod = PruningMethod.topk  # l1 | topk
     dense_ratio: float = ranged(0.5, between(0, 1, low_open=True))
@@ -154,6 +175,10 @@ class HeadPruningSection:
 
 @dataclass
 class ChannelPruningSection:
+    INACTIVE: ClassVar[tuple[Inactive, ...]] = (
+        switched_off(),
+    )
+
     enabled: bool = False
     method: PruningMethod = PruningMethod.l1  # l1 | topk
     dense_ratio: float = ranged(0.5, between(0, 1, low_open=True))
@@ -165,6 +190,10 @@ class ChannelPruningSection:
 
 @dataclass
 class LayerReductionSection:
+    INACTIVE: ClassVar[tuple[Inactive, ...]] = (
+        switched_off(),
+    )
+
     enabled: bool = False
     keep_number_layer: int | None = ranged(None, at_least(1, nullable=True))
     teacher_layer: list[int] = field(default_factory=list, metadata=in_range(COUNT))
@@ -178,6 +207,12 @@ class LayerReductionSection:
 
 @dataclass
 class CompressionConfig:
+    INACTIVE: ClassVar[tuple[Inactive, ...]] = (
+        # not `export`: compression=none itself sets it false
+        Inactive(lambda root, c: not c.enabled, lambda root, path: "no compression technique is enabled",
+                 keys=("export_dirname",)),
+    )
+
     weight_quantization: WeightQuantizationSection = field(default_factory=WeightQuantizationSection)
     activation_quantization: ActivationQuantizationSection = field(default_factory=ActivationQuantizationSection)
     sparse_pruning: SparsePruningSection = field(default_factory=SparsePruningSection)

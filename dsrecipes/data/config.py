@@ -12,9 +12,11 @@ before any expensive work starts.
 
 import os
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from dsrecipes.data.files import check_data_sources
 from dsrecipes.utils.config_enum import ConfigEnum, enum_values
+from dsrecipes.utils.inactive_rules import Inactive
 from dsrecipes.utils.ranges import POSITIVE_INT, SEED, at_least, between, ranged
 
 
@@ -57,6 +59,15 @@ class DataConfig:
         cache_dir: datasets cache directory (``None``: datasets' default).
         split_seed: seed of the deterministic document-level train/validation split.
     """
+
+    INACTIVE: ClassVar[tuple[Inactive, ...]] = (
+        Inactive(lambda root, d: d.source != "files", lambda root, path: f"data.source={root.data.source} (paths are "
+                 "for data=files)", keys=("paths",)),
+        Inactive(lambda root, d: d.source != "hub", lambda root, path: f"data.source={root.data.source} (hub_* keys "
+                 "are for data=hub)", keys=("hub_name", "hub_config", "hub_split")),
+        Inactive(lambda root, d: d.source == "builtin", lambda root, path: "data.source=builtin reads text files (the "
+                 "column name is for json / parquet / hub data)", keys=("text_field",)),
+    )
 
     source: DataSource = DataSource.builtin
     paths: list[str] = field(default_factory=list)

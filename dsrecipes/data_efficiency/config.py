@@ -31,9 +31,10 @@ import functools
 import warnings
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from dsrecipes.utils.config_enum import config_enum
+from dsrecipes.utils.inactive_rules import Inactive, switched_off
 from dsrecipes.utils.ranges import POSITIVE_INT, SEED, Range, above, at_least, ranged
 
 from .curriculum import (
@@ -70,6 +71,10 @@ SeqlenMode = config_enum("SeqlenMode", SEQLEN_MODES, __name__)  # truncate | pac
 
 @dataclass
 class CurriculumLearningConfig:
+    INACTIVE: ClassVar[tuple[Inactive, ...]] = (
+        switched_off(),
+    )
+
     enabled: bool = False
     metric: str = "seqlen"  # seqlen (cut batches) | vocab_rarity | an import path "pkg.mod:fn(tokens) -> float"
     seqlen_mode: SeqlenMode = SeqlenMode.truncate  # metric=seqlen: truncate | pack
@@ -88,6 +93,10 @@ class CurriculumLearningConfig:
 
 @dataclass
 class RandomLTDConfig:
+    INACTIVE: ClassVar[tuple[Inactive, ...]] = (
+        switched_off(),
+    )
+
     enabled: bool = False
     random_ltd_layer_id: list[int] | None = ranged(
         None, at_least(0, nullable=True, null_means="every layer but the first and last"))
@@ -100,6 +109,11 @@ class RandomLTDConfig:
 
 @dataclass
 class DataEfficiencyConfig:
+    INACTIVE: ClassVar[tuple[Inactive, ...]] = (
+        Inactive(lambda root, d: not (d.curriculum_learning.enabled or d.random_ltd.enabled),
+                 lambda root, path: "no data_efficiency technique is enabled", keys=("seed",)),
+    )
+
     seed: int = ranged(1234, SEED)
     curriculum_learning: CurriculumLearningConfig = field(default_factory=CurriculumLearningConfig)
     random_ltd: RandomLTDConfig = field(default_factory=RandomLTDConfig)

@@ -12,9 +12,10 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from dsrecipes.utils.config_enum import ConfigEnum, enum_values
+from dsrecipes.utils.inactive_rules import Inactive
 from dsrecipes.utils.ranges import POSITIVE_INT, ranged
 
 # torch is imported in the functions that use it: the recipe schema imports ActivationCheckpointConfig from
@@ -36,6 +37,13 @@ AC_MODES = enum_values(ACMode)
 
 @dataclass
 class ActivationCheckpointConfig:
+    INACTIVE: ClassVar[tuple[Inactive, ...]] = (
+        Inactive(lambda root, ac: ac.mode == "none", lambda root, path: "activation_checkpointing.mode=none",
+                 but=("mode",)),
+        Inactive(lambda root, ac: ac.mode == "full", lambda root, path: "activation_checkpointing.mode=full "
+                 "checkpoints every block", keys=("every_k",)),
+    )
+
     mode: ACMode = ACMode.none  # none | full | every_k
     every_k: int = ranged(2, POSITIVE_INT)  # with mode=every_k: checkpoint blocks 0, k, 2k, ...
     cpu_offload: bool = False  # keep what checkpointed blocks save on the CPU

@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
+from typing import ClassVar
+
+from dsrecipes.utils.inactive_rules import Inactive, switched_off
 
 # DeepSpeed's op names, as logged; what counts as a message for each is in comms_logger.OP_TABLE
 COMM_OPS: tuple[str, ...] = (
@@ -36,6 +39,12 @@ class CommsLoggerConfig:
     Logged ops are made blocking (waited on, and the device synchronised) so their latency is their
     own, as DeepSpeed does: turn it on to measure, not for the fastest run.
     """
+
+    INACTIVE: ClassVar[tuple[Inactive, ...]] = (
+        switched_off(hint=" (choose comms_logger=enabled)"),
+        Inactive(lambda root, c: c.prof_all, lambda root, path: "comms_logger.prof_all=true logs every op",
+                 keys=("prof_ops",)),
+    )
 
     enabled: bool = False
     verbose: bool = False  # print every logged op as it completes (rank 0), as DeepSpeed

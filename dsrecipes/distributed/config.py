@@ -10,8 +10,10 @@ Keys DeepSpeed has and dsrecipes does not are rejected by the schema.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from dsrecipes.utils.config_enum import ConfigEnum, config_enum, enum_values
+from dsrecipes.utils.inactive_rules import Inactive
 from dsrecipes.utils.ranges import COUNT, POSITIVE_INT, Range, at_least, between, ranged
 
 ZERO_STAGES = (0, 1, 2, 3)  # zero.stage stays an int, checked by validate_zero_config
@@ -107,6 +109,13 @@ class ZeroConfig:
         `node` = the ranks of one node (DeepSpeed's advice: hpZ partition size = GPUs per node).
     """
 
+    INACTIVE: ClassVar[tuple[Inactive, ...]] = (
+        Inactive(lambda root, z: z.stage < 2, lambda root, path: f"zero.stage={root.zero.stage} replicates (hybrid "
+                 "sharding is for stages 2 and 3)", keys=("hybrid_shard_size",)),
+        Inactive(lambda root, z: not z.zero_quantized_gradients, lambda root, path: "zero.zero_quantized_gradients="
+                 "false (the bit width is qgZ's)", keys=("zero_quantized_gradients_bits",)),
+    )
+
     stage: int = ranged(0, Range(choices=(0, 1, 2, 3)))
     offload_optimizer: OffloadDevice = OffloadDevice.none
     offload_param: OffloadDevice = OffloadDevice.none
@@ -135,6 +144,13 @@ class ParallelConfig:
         false keeps them replicated on every tp rank.
     sp: Ulysses sequence parallelism; pp: pipeline parallelism (see the compatibility matrix in docs/model-parallelism.md).
     """
+
+    INACTIVE: ClassVar[tuple[Inactive, ...]] = (
+        Inactive(lambda root, p: p.pp == 1, lambda root, path: "parallel.pp=1 (no pipeline)",
+                 keys=("pp_schedule", "pp_partition")),
+        Inactive(lambda root, p: p.tp == 1, lambda root, path: "parallel.tp=1 (no tensor parallelism)",
+                 keys=("tp_sequence_parallel",)),
+    )
 
     tp: int = ranged(1, POSITIVE_INT)
     tp_sequence_parallel: bool = True

@@ -31,9 +31,10 @@ from __future__ import annotations
 import os
 import shutil
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from dsrecipes.utils.config_enum import ConfigEnum, enum_values
+from dsrecipes.utils.inactive_rules import Inactive
 
 # torch is imported in the functions that use it: the recipe schema imports CompileConfig from here, and
 # composing a recipe (`python -m dsrecipes --help`) must not import torch.
@@ -57,6 +58,13 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 @dataclass
 class CompileConfig:
     """The `compile` group: which part of the model torch.compile sees, and torch.compile's own keys."""
+
+    INACTIVE: ClassVar[tuple[Inactive, ...]] = (
+        Inactive(lambda root, c: c.scope == "none", lambda root, path: "compile.scope=none (choose compile=blocks or "
+                 "compile=full)", but=("scope",)),
+        Inactive(lambda root, c: c.scope == "full", lambda root, path: "compile=full compiles the loss with the whole "
+                 "model", keys=("loss",)),
+    )
 
     scope: CompileScope = CompileScope.none  # none | blocks | full
     backend: str = "inductor"  # any installed torch.compile backend (torch._dynamo.list_backends())

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from dsrecipes.utils.config_enum import ConfigEnum, config_enum, enum_values
 from dsrecipes.utils.dtypes import DTYPE_NAMES
+from dsrecipes.utils.inactive_rules import Inactive
 from dsrecipes.utils.ranges import (
     COUNT,
     NON_NEGATIVE,
@@ -67,6 +69,14 @@ BENCH_IMPLS = enum_values(BenchImpl)
 
 @dataclass
 class GenerateConfig:
+    INACTIVE: ClassVar[tuple[Inactive, ...]] = (
+        Inactive(lambda root, g: root.mode == "train", lambda root, path: "mode=train (the generate group is read by "
+                 "mode=generate and mode=serve-bench)"),
+        Inactive(lambda root, g: root.mode == "generate", lambda root, path: "mode=generate (bench_* keys are for "
+                 "mode=serve-bench)", keys=("bench_batch_sizes", "bench_prompt_len", "bench_new_tokens",
+                                            "bench_repeats", "bench_impls")),
+    )
+
     checkpoint: str | None = None  # run dir, checkpoints folder, checkpoints/step_N or safetensors export
     prompt: str | None = None  # one prompt (text)
     prompts_file: str | None = None  # one prompt per line (empty lines skipped), generated in batches

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 from dsrecipes.utils.config_enum import ConfigEnum, enum_values
+from dsrecipes.utils.inactive_rules import Inactive
 from dsrecipes.utils.ranges import POSITIVE, POSITIVE_INT, at_least, between, check_section, ranged
 
 
@@ -41,6 +43,11 @@ class ModelConfig:
     path: a Hugging Face checkpoint directory (or hub name) whose weights the Trainer starts from;
           conf/model/hf.yaml fills the other fields from its config.json (dsrecipes.models.hf_config).
     """
+
+    INACTIVE: ClassVar[tuple[Inactive, ...]] = (
+        Inactive(lambda root, m: m.style != "llama", lambda root, path: f"model.style={root.model.style} has learned "
+                 "positions (rotary embeddings are llama's)", keys=("rope_theta",)),
+    )
 
     name: str = "custom"
     style: ModelStyle = ModelStyle.gpt2

@@ -11,9 +11,11 @@ use_residual, ep_size, top2_2nd_expert_sampling); the layer placement keys follo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from dsrecipes.models.config import ModelConfig
 from dsrecipes.utils.config_enum import ConfigEnum, enum_values
+from dsrecipes.utils.inactive_rules import Inactive
 from dsrecipes.utils.ranges import COUNT, NON_NEGATIVE, POSITIVE, POSITIVE_INT, at_least, in_range, ranged
 
 
@@ -47,6 +49,11 @@ DISPATCH_BACKENDS = enum_values(MoEDispatch)
 
 @dataclass
 class MoEConfig:
+    INACTIVE: ClassVar[tuple[Inactive, ...]] = (
+        Inactive(lambda root, moe: not moe.enabled, lambda root, path: "moe is off (moe.num_experts=0); choose an moe "
+                 "option (e.g. moe=top2) or set moe.num_experts", but=("num_experts",)),
+    )
+
     num_experts: int = ranged(0, COUNT)  # 0 = dense model, no MoE layers
     k: int = ranged(1, POSITIVE_INT)  # experts per token: 1 (Switch), 2 (GShard), or more (top-k)
     capacity_factor: float = ranged(1.0, POSITIVE)  # training capacity per expert = ceil(tokens/E * capacity_factor * k)

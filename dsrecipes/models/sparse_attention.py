@@ -35,10 +35,11 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from dsrecipes.models.sparsity_config import ATTENTION_TYPES, LAYOUT_CLASSES, SparsityConfig
 from dsrecipes.utils.config_enum import ConfigEnum, config_enum, enum_values, plain
+from dsrecipes.utils.inactive_rules import Inactive
 from dsrecipes.utils.ranges import COUNT, POSITIVE_INT, SEED, at_least, in_range, ranged
 
 # torch is imported in the methods that use it: the recipe schema imports SparseAttentionConfig from here, and
@@ -75,6 +76,11 @@ class SparseAttentionConfig:
     DeepSpeed's JSON default is bidirectional), `mode` defaults to none (off), `seed` makes random
     blocks reproducible, `impl` picks the implementation.
     """
+
+    INACTIVE: ClassVar[tuple[Inactive, ...]] = (
+        Inactive(lambda root, s: s.mode == "none", lambda root, path: "sparse_attention.mode=none (dense attention)",
+                 but=("mode",)),
+    )
 
     mode: SparseMode = SparseMode.none  # none | dense | fixed | variable | bigbird | bslongformer | sliding_window
     block: int = ranged(16, POSITIVE_INT)  # tokens per layout block side; data.block_size must be a multiple

@@ -13,7 +13,9 @@ profiler is torch.profiler's schedule (wait / warmup / active / repeat) and its 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
+from dsrecipes.utils.inactive_rules import Inactive, switched_off
 from dsrecipes.utils.ranges import COUNT, NON_NEGATIVE, POSITIVE_INT, at_least, ranged
 
 
@@ -26,6 +28,10 @@ class FlopsProfilerConfig:
     steps done) equals it, so 0 is the first step and the default 1 the second (the first pays
     one-off warm-up costs). It must be < trainer.max_steps.
     """
+
+    INACTIVE: ClassVar[tuple[Inactive, ...]] = (
+        switched_off(hint=" (choose flops_profiler=enabled)"),
+    )
 
     enabled: bool = False
     profile_step: int = ranged(1, COUNT)  # the step starting at global_steps == profile_step (0 = the first)
@@ -50,6 +56,12 @@ class ProfilerConfig:
     and active steps, dumped to <run dir>/profiler/memory_snapshot_rank<R>.pickle
     (open it at https://pytorch.org/memory_viz).
     """
+
+    INACTIVE: ClassVar[tuple[Inactive, ...]] = (
+        switched_off(hint=" (choose profiler=trace)"),
+        Inactive(lambda root, p: not p.memory_snapshot, lambda root, path: "profiler.memory_snapshot=false",
+                 keys=("memory_snapshot_max_entries",)),
+    )
 
     enabled: bool = False
     wait: int = ranged(1, COUNT)

@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from dsrecipes.utils.config_enum import ConfigEnum, config_enum
 from dsrecipes.utils.dtypes import DTYPE_NAMES
+from dsrecipes.utils.inactive_rules import Inactive
 from dsrecipes.utils.ranges import (
     ANY,
     COUNT,
@@ -52,6 +53,13 @@ class TrainerConfig:
     x dp. So the three default to null. Difference from DeepSpeed: none set trains with 16 per rank
     and no accumulation (DeepSpeed asserts); gradient_accumulation_steps alone is a ValueError.
     """
+
+    INACTIVE: ClassVar[tuple[Inactive, ...]] = (
+        Inactive(lambda root, t: t.sample_tokens == 0, lambda root, path: "trainer.sample_tokens=0 (no text sample at "
+                 "the end)", keys=("sample_prompt", "sample_temperature", "sample_top_k")),
+        Inactive(lambda root, t: t.sample_tokens > 0 and t.sample_temperature == 0, lambda root, path:
+                 "trainer.sample_temperature=0 samples greedily", keys=("sample_top_k",)),
+    )
 
     max_steps: int = ranged(600, POSITIVE_INT)
     train_batch_size: int | None = ranged(None, at_least(1, nullable=True, null_means="from the other batch keys"))
@@ -444,6 +452,11 @@ class OneCycleConfig(LRSchedulerConfig):
     (DeepSpeed would run with beta1 >= 1).
     """
 
+    INACTIVE: ClassVar[tuple[Inactive, ...]] = (
+        Inactive(lambda root, s: s.cycle_momentum is False, lambda root, path: "lr_scheduler.cycle_momentum=false "
+                 "(one_cycle)", keys=("cycle_min_mom", "cycle_max_mom", "decay_mom_rate")),
+    )
+
     name: str = "one_cycle"
     _target_: str = "dsrecipes.training.optim.lr_schedules.OneCycle"
     cycle_min_lr: float | None = ranged(None, at_least(0, nullable=True, null_means="unset; one_cycle requires it"))  # required
@@ -567,6 +580,12 @@ class NonfiniteGrads(ConfigEnum):
     skip = "skip"
 
 
+# the keys of DeepSpeed's fp16 block: loss scaling, static or dynamic
+_FP16_KEYS = ("loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis", "consecutive_hysteresis",
+              "min_loss_scale", "raise_error_at_min_scale")
+_DYNAMIC_SCALE_KEYS = _FP16_KEYS[1:]
+
+
 @dataclass
 class PrecisionConfig:
     """Numeric precision. Keys of the fp16 part keep DeepSpeed's names and defaults (its `fp16` block).
@@ -580,6 +599,16 @@ class PrecisionConfig:
     In fp32/bf16, inf/nan gradients stop the run naming the step (nonfinite_grads=error) or skip the
     step (nonfinite_grads=skip). Skipped steps are counted (train/skipped_steps) on every rank together.
     """
+
+    INACTIVE: ClassVar[tuple[Inactive, ...]] = (
+        Inactive(lambda root, p: p.dtype != "fp16", lambda root, path: f"loss scaling is fp16's and "
+                 f"precision.dtype={root.precision.dtype}", keys=_FP16_KEYS),
+        Inactive(lambda root, p: p.dtype == "fp16" and p.loss_scale > 0, lambda root, path: "these tune dynamic loss "
+                 f"scaling and precision.loss_scale={root.precision.loss_scale} is a static scale (0 = dynamic)",
+                 keys=_DYNAMIC_SCALE_KEYS),
+        Inactive(lambda root, p: p.dtype == "fp16", lambda root, path: "fp16 skips overflowing steps through its loss "
+                 "scaler (nonfinite_grads is for fp32/bf16)", keys=("nonfinite_grads",)),
+    )
 
     dtype: PrecisionDtype = PrecisionDtype.fp32  # fp32 | bf16 | fp16 | auto (bf16 where the device is fast at it)
     master_weights: bool = False
@@ -633,6 +662,11 @@ class LoggerConfig:
     W&B runs offline (never touching the network) unless WANDB_API_KEY is set or wandb_mode=online;
     it logs the resolved config, names the run after the recipe's `name` and groups multirun jobs.
     """
+
+    INACTIVE: ClassVar[tuple[Inactive, ...]] = (
+        Inactive(lambda root, logger: not logger.wandb, lambda root, path: "logger.wandb=false (choose logger=wandb or "
+                 "logger=all)", keys=("wandb_project", "wandb_entity", "wandb_mode", "wandb_tags", "wandb_group")),
+    )
 
     jsonl: bool = True
     tensorboard: bool = True
