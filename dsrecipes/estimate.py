@@ -168,7 +168,8 @@ def layout_dims(cfg, world_size: int):
     """The recipe's layout at world_size ranks, checked as the training CLI checks it (the degrees against
     the world size and the model, the compatibility matrix); SystemExit with the same message otherwise."""
     from dsrecipes.config.compatibility import check_compatibility
-    from dsrecipes.config.validate import parallel_dims, validate_pipeline_stages, validate_tensor_parallel_values
+    from dsrecipes.config.validate import parallel_dims
+    from dsrecipes.distributed.parallel_checks import validate_pipeline_stages, validate_tensor_parallel_values
     from dsrecipes.models.moe_config import validate_moe_config
 
     def check():

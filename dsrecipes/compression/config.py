@@ -41,6 +41,7 @@ from dsrecipes.utils.ranges import (
     in_range,
     ranged,
 )
+from dsrecipes.utils.recipe_facts import RecipeFacts
 
 # The library's configs are imported in the functions that build them: their modules import torch, and the
 # recipe schema (RootConfig's `compression` field) imports this module when `python -m dsrecipes --help` composes.
@@ -226,6 +227,10 @@ class CompressionConfig:
     @property
     def enabled(self) -> bool:
         return any(getattr(self, f.name).enabled for f in fields(self) if f.name not in ("export", "export_dirname"))
+
+    def check(self, facts: RecipeFacts) -> None:
+        """The group's own checks, against the model's heads and blocks."""
+        validate_compression_config(self, n_head=facts.root.model.n_head, n_layer=facts.root.model.n_layer)
 
 
 def _library() -> dict[str, type]:

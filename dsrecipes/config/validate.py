@@ -2,8 +2,10 @@
 
 Each check raises ValueError naming the key, its value and what would be valid; schema-level
 problems (unknown keys, wrong types) were already caught by Hydra/OmegaConf at composition.
-Order: every numeric key against its range (dsrecipes.utils.ranges), the names that become paths
-(name, checkpoint.dirname, compression.export_dirname), then each group and the cross-group rules.
+Order: every numeric key against the range its field declares (dsrecipes.utils.ranges), the names that become
+paths (name, checkpoint.dirname, compression.export_dirname), then each group's own `check` in RootConfig's order
+(dsrecipes.utils.recipe_facts: the parallel group's builds the layout), the compatibility matrix, NVMe offload,
+and what the Engine checks (validate_engine_config, which dsrecipes.initialize runs on its own).
 Keys set in a group that is switched off are warned about (dsrecipes.config.inactive), not refused.
 """
 
@@ -15,49 +17,23 @@ import warnings
 
 from omegaconf import DictConfig, OmegaConf
 
-from dsrecipes.compression.config import validate_compression_config
 from dsrecipes.config.compatibility import check_compatibility
 from dsrecipes.config.inactive import warn_inactive_keys
 from dsrecipes.config.never_fires import warn_never_firing
 from dsrecipes.config.nvme_checks import validate_nvme_recipe
-from dsrecipes.config.schema import RootConfig, validate_kernels_config
-from dsrecipes.data.config import validate_data_config
-from dsrecipes.data_efficiency.config import validate_data_efficiency_config
-from dsrecipes.distributed.activation_checkpoint import validate_activation_checkpoint_config
-from dsrecipes.distributed.comms_config import validate_comms_logger_config
-from dsrecipes.distributed.config import (
-    check_launcher_backend,
-    offloads,
-    resolve_node_sized_keys,
-    validate_launcher_config,
-    validate_zero_config,
-)
+from dsrecipes.config.schema import RootConfig
+from dsrecipes.distributed.config import offloads, resolve_node_sized_keys, validate_zero_config
 from dsrecipes.distributed.float8 import check_float8_compatibility, validate_float8_config
 from dsrecipes.distributed.parallel_dims import ParallelDims, ranks_per_node
-from dsrecipes.distributed.sequence_parallel import validate_sequence_parallel_recipe
-from dsrecipes.distributed.torch_compile import validate_compile_config
-from dsrecipes.models.config import validate_model_config
-from dsrecipes.models.moe_config import validate_moe_config
-from dsrecipes.models.sparse_attention import validate_sparse_attention_config
-from dsrecipes.profiling.config import validate_profiling_config
 from dsrecipes.training.batch import BatchSizes, resolve_batch_sizes
-from dsrecipes.training.config import WandbMode
 from dsrecipes.training.optim.lr_schedules import non_closed_form_target, validate_lr_scheduler_config
 from dsrecipes.training.optim.optimizers import validate_optimizer_config
 from dsrecipes.training.precision import resolve_auto_precision, validate_precision_config
-from dsrecipes.utils.config_enum import enum_values
 from dsrecipes.utils.device import resolve_device
 from dsrecipes.utils.ranges import check_ranges
+from dsrecipes.utils.recipe_facts import RecipeFacts, check_groups
 
 log = logging.getLogger("dsrecipes")
-
-WANDB_MODES = enum_values(WandbMode)
-
-
-def _choice(key: str, value, choices) -> None:
-    if value not in choices:
-        raise ValueError(f"{key}={value!r} is not valid; choose one of: {', '.join(map(str, choices))}")
-
 
 def _positive(key: str, value, allow_zero: bool = False) -> None:
     if value < 0 or (value == 0 and not allow_zero):
@@ -161,56 +137,17 @@ def validate_engine_config(cfg: RootConfig, world_size: int) -> BatchSizes:
     return batch
 
 
-def validate_pipeline_values(root: RootConfig, dims: ParallelDims) -> None:
-    """parallel.pp > 1: schedule, partition, stages vs blocks, micro-batches vs stages."""
-    from dsrecipes.distributed.pipeline_parallel import PP_PARTITIONS, PP_SCHEDULES
-
-    par, t = root.parallel, root.trainer
-    _choice("parallel.pp_schedule", par.pp_schedule, PP_SCHEDULES)
-    _choice("parallel.pp_partition", par.pp_partition, PP_PARTITIONS)
-    validate_pipeline_stages(root)
-    gas = resolve_batch_sizes(t.train_batch_size, t.train_micro_batch_size_per_gpu, t.gradient_accumulation_steps,
-                              dims.dp).gradient_accumulation_steps
-    if gas < par.pp:
-        raise ValueError(f"parallel.pp={par.pp} needs at least {par.pp} micro-batches per step (micro-batches = "
-                         f"trainer.gradient_accumulation_steps, as in DeepSpeed); got {gas}")
-    if par.pp_schedule == "interleaved_1f1b" and gas % par.pp:
-        raise ValueError(f"parallel.pp_schedule=interleaved_1f1b needs micro-batches (gradient_accumulation_steps={gas}) "
-                         f"divisible by parallel.pp={par.pp}")
+def _layout(root: RootConfig, world: int, node_size: int) -> ParallelDims:
+    """The run's ParallelDims, warning about what the node layout makes of it."""
+    dims = parallel_dims(root, world, node_size)
+    for message in dims.node_warnings():
+        warnings.warn(message, stacklevel=4)
+    return dims
 
 
-def validate_pipeline_stages(root: RootConfig) -> None:
-    """parallel.pp x the schedule's stages per rank must not exceed the model's blocks."""
-    from dsrecipes.distributed.pipeline_parallel import stages_per_rank
-
-    par = root.parallel
-    stages = par.pp * stages_per_rank(par.pp_schedule)
-    if root.model.n_layer < stages:
-        raise ValueError(f"parallel.pp={par.pp} with pp_schedule={par.pp_schedule} makes {stages} stages, more than "
-                         f"model.n_layer={root.model.n_layer} blocks")
-
-
-def validate_tensor_parallel_values(root: RootConfig, tp: int) -> None:
-    """parallel.tp > 1: whole heads and equal MLP shards per rank, equal sequence shards."""
-    model = root.model
-    for key, value in (("model.n_head", model.n_head), ("model.n_kv_head", model.kv_heads), ("model.d_ff", model.ffn_dim)):
-        if value % tp:
-            raise ValueError(f"parallel.tp={tp} does not divide {key}={value}: "
-                             "every rank must hold whole heads / equal MLP shards")
-    if root.parallel.tp_sequence_parallel and root.data.block_size % tp:
-        raise ValueError(f"parallel.tp={tp} with parallel.tp_sequence_parallel=true needs data.block_size divisible by "
-                         f"{tp} (equal sequence shards); got data.block_size={root.data.block_size}. Change the block "
-                         "size or set parallel.tp_sequence_parallel=false")
-
-
-def validate_parallel_values(root: RootConfig, dims: ParallelDims) -> None:
-    """Model-parallel degrees against the model and the data (what composes is dsrecipes.config.compatibility's)."""
-    if dims.pp > 1:
-        validate_pipeline_values(root, dims)
-    if dims.sp > 1:
-        validate_sequence_parallel_recipe(root)
-    if dims.tp > 1:
-        validate_tensor_parallel_values(root, dims.tp)
+def _batch_sizes(root: RootConfig, dims: ParallelDims) -> BatchSizes:
+    t = root.trainer
+    return resolve_batch_sizes(t.train_batch_size, t.train_micro_batch_size_per_gpu, t.gradient_accumulation_steps, dims.dp)
 
 
 def validate_recipe(cfg: RootConfig | DictConfig, dp_world_size: int | None = None,
@@ -233,29 +170,10 @@ def validate_recipe(cfg: RootConfig | DictConfig, dp_world_size: int | None = No
         log.info(auto_precision)
     check_ranges(root)
     check_run_paths(root)
-    validate_model_config(root.model)
-    validate_data_config(root.data)
-    if root.data.block_size > root.model.max_seq_len:
-        raise ValueError(
-            f"data.block_size={root.data.block_size} exceeds model.max_seq_len={root.model.max_seq_len}"
-        )
-    _choice("logger.wandb_mode", root.logger.wandb_mode, WANDB_MODES)
-    validate_kernels_config(root.kernels)
-    validate_activation_checkpoint_config(root.activation_checkpointing)
-    validate_compile_config(root.compile, device.type)
-    validate_launcher_config(root.launcher)
-    check_launcher_backend(root.launcher, world)
-    dims = parallel_dims(root, world, node_size)
-    for message in dims.node_warnings():
-        warnings.warn(message, stacklevel=2)
-    validate_parallel_values(root, dims)
-    validate_moe_config(root.moe, root.model, world)
-    validate_data_efficiency_config(root.data_efficiency, root.model.n_layer, root.data.block_size,
-                                    lr_scheduler_target=non_closed_form_target(root.lr_scheduler))
-    validate_compression_config(root.compression, n_head=root.model.n_head, n_layer=root.model.n_layer)
-    validate_sparse_attention_config(root.sparse_attention, root.model.n_head, root.data.block_size, root.model.dropout)
-    validate_profiling_config(root.flops_profiler, root.profiler, root.trainer.max_steps)
-    validate_comms_logger_config(root.comms_logger)
+    facts = RecipeFacts(root, world, node_size, device, lr_scheduler_target=lambda: non_closed_form_target(root.lr_scheduler),
+                        layout=lambda: _layout(root, world, node_size), batching=lambda dims: _batch_sizes(root, dims))
+    check_groups(root, facts)  # each group's own `check`, in RootConfig's order
+    dims = facts.dims
     check_compatibility(root, dims)
     validate_nvme_recipe(root, dims)
     batch = validate_engine_config(root, world)

@@ -18,6 +18,7 @@ from dsrecipes.data.files import check_data_sources
 from dsrecipes.utils.config_enum import ConfigEnum, enum_values
 from dsrecipes.utils.inactive_rules import Inactive
 from dsrecipes.utils.ranges import POSITIVE_INT, SEED, at_least, between, ranged
+from dsrecipes.utils.recipe_facts import RecipeFacts
 
 
 class DataSource(ConfigEnum):
@@ -82,6 +83,12 @@ class DataConfig:
     num_proc: int | None = ranged(None, at_least(1, nullable=True, null_means="one process"))
     cache_dir: str | None = None
     split_seed: int = ranged(1234, SEED)
+
+    def check(self, facts: RecipeFacts) -> None:
+        """The group's own checks, and the block against the model's longest sequence."""
+        validate_data_config(self)
+        if self.block_size > facts.root.model.max_seq_len:
+            raise ValueError(f"data.block_size={self.block_size} exceeds model.max_seq_len={facts.root.model.max_seq_len}")
 
 
 def validate_data_config(cfg) -> None:

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from dsrecipes.utils.config_enum import config_enum
 from dsrecipes.utils.inactive_rules import Inactive, switched_off
 from dsrecipes.utils.ranges import POSITIVE_INT, SEED, Range, above, at_least, ranged
+from dsrecipes.utils.recipe_facts import RecipeFacts
 
 from .curriculum import (
     DIFFICULTY_TYPES,
@@ -117,6 +118,11 @@ class DataEfficiencyConfig:
     seed: int = ranged(1234, SEED)
     curriculum_learning: CurriculumLearningConfig = field(default_factory=CurriculumLearningConfig)
     random_ltd: RandomLTDConfig = field(default_factory=RandomLTDConfig)
+
+    def check(self, facts: RecipeFacts) -> None:
+        """The group's own checks, against the model's blocks, the data's block and the lr schedule."""
+        validate_data_efficiency_config(self, facts.root.model.n_layer, facts.root.data.block_size,
+                                        lr_scheduler_target=facts.lr_scheduler_target())
 
 
 def _custom_fn(spec: Any, key: str):

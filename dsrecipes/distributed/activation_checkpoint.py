@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, ClassVar
 from dsrecipes.utils.config_enum import ConfigEnum, enum_values
 from dsrecipes.utils.inactive_rules import Inactive
 from dsrecipes.utils.ranges import POSITIVE_INT, ranged
+from dsrecipes.utils.recipe_facts import RecipeFacts
 
 # torch is imported in the functions that use it: the recipe schema imports ActivationCheckpointConfig from
 # here, and composing a recipe (`python -m dsrecipes --help`) must not import torch.
@@ -47,6 +48,10 @@ class ActivationCheckpointConfig:
     mode: ACMode = ACMode.none  # none | full | every_k
     every_k: int = ranged(2, POSITIVE_INT)  # with mode=every_k: checkpoint blocks 0, k, 2k, ...
     cpu_offload: bool = False  # keep what checkpointed blocks save on the CPU
+
+    def check(self, facts: RecipeFacts) -> None:
+        """The group's own checks (dsrecipes.config.validate walks the groups)."""
+        validate_activation_checkpoint_config(self)
 
 
 def validate_activation_checkpoint_config(cfg: ActivationCheckpointConfig, prefix: str = "activation_checkpointing") -> None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from dsrecipes.utils.inactive_rules import Inactive, switched_off
+from dsrecipes.utils.recipe_facts import RecipeFacts
 
 # DeepSpeed's op names, as logged; what counts as a message for each is in comms_logger.OP_TABLE
 COMM_OPS: tuple[str, ...] = (
@@ -51,6 +52,10 @@ class CommsLoggerConfig:
     prof_all: bool = True  # log every op; false: only those named in prof_ops
     prof_ops: list[str] = field(default_factory=list)  # e.g. [all_reduce, all_gather_into_tensor]
     debug: bool = False  # append the calling function's name to each record (DeepSpeed: "| [Caller Func: f]")
+
+    def check(self, facts: RecipeFacts) -> None:
+        """The group's own checks (dsrecipes.config.validate walks the groups)."""
+        validate_comms_logger_config(self)
 
 
 def canonical_op(name: str) -> str:

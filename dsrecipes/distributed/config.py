@@ -15,6 +15,7 @@ from typing import ClassVar
 from dsrecipes.utils.config_enum import ConfigEnum, config_enum, enum_values
 from dsrecipes.utils.inactive_rules import Inactive
 from dsrecipes.utils.ranges import COUNT, POSITIVE_INT, Range, at_least, between, ranged
+from dsrecipes.utils.recipe_facts import RecipeFacts
 
 ZERO_STAGES = (0, 1, 2, 3)  # zero.stage stays an int, checked by validate_zero_config
 
@@ -159,6 +160,13 @@ class ParallelConfig:
     pp_schedule: PPSchedule = PPSchedule["1f1b"]  # gpipe | 1f1b | interleaved_1f1b (two stages per rank)
     pp_partition: PPPartition = PPPartition.uniform  # uniform (equal block counts) | parameters (balanced parameter counts)
 
+    def check(self, facts: RecipeFacts) -> None:
+        """The degrees against the world size (building the layout), then against the model and the data."""
+        from dsrecipes.distributed.parallel_checks import validate_parallel_values
+
+        dims = facts.dims
+        validate_parallel_values(facts.root, dims, facts.batch.gradient_accumulation_steps if dims.pp > 1 else 0)
+
 
 @dataclass
 class LauncherConfig:
@@ -187,6 +195,11 @@ class LauncherConfig:
     rdzv_id: str = "dsrecipes"  # the job's rendezvous id, the same on every node
     # how long a node waits at the rendezvous for the others (torch's join_timeout)
     rdzv_timeout_s: int = ranged(600, POSITIVE_INT)
+
+    def check(self, facts: RecipeFacts) -> None:
+        """The launcher's keys, and its backend against the run's processes."""
+        validate_launcher_config(self)
+        check_launcher_backend(self, facts.world)
 
 
 def validate_zero_config(cfg: ZeroConfig, prefix: str = "zero") -> None:

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from dsrecipes.utils.config_enum import ConfigEnum, enum_values
 from dsrecipes.utils.inactive_rules import Inactive
+from dsrecipes.utils.recipe_facts import RecipeFacts
 
 # torch is imported in the functions that use it: the recipe schema imports CompileConfig from here, and
 # composing a recipe (`python -m dsrecipes --help`) must not import torch.
@@ -74,6 +75,10 @@ class CompileConfig:
     # blocks: also compile the GPT's final norm + LM head + cross-entropy; null = on CUDA only (on CPU,
     # inductor's cross-entropy measured slower than ATen's: 0.27 vs 0.21 s per gpt_debug step)
     loss: bool | None = None
+
+    def check(self, facts: RecipeFacts) -> None:
+        """The group's own checks, against the run's device."""
+        validate_compile_config(self, facts.device.type)
 
 
 def installed_backends() -> list[str]:

@@ -15,6 +15,7 @@ from typing import ClassVar
 from dsrecipes.utils.config_enum import ConfigEnum, enum_values
 from dsrecipes.utils.inactive_rules import Inactive
 from dsrecipes.utils.ranges import POSITIVE, POSITIVE_INT, at_least, between, check_section, ranged
+from dsrecipes.utils.recipe_facts import RecipeFacts
 
 
 class ModelStyle(ConfigEnum):
@@ -90,6 +91,10 @@ class ModelConfig:
         if self.style == "llama":
             return 64 * ((int(8 * self.d_model / 3) + 63) // 64)
         return 4 * self.d_model
+
+    def check(self, facts: RecipeFacts) -> None:
+        """The group's own checks (dsrecipes.config.validate walks the groups)."""
+        validate_model_config(self)
 
 
 def validate_model_config(cfg: ModelConfig, prefix: str = "model") -> None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from dsrecipes.utils.config_enum import ConfigEnum, enum_values
+from dsrecipes.utils.recipe_facts import RecipeFacts
 
 if TYPE_CHECKING:
     import torch
@@ -35,6 +36,10 @@ KERNEL_BACKENDS = enum_values(KernelBackend)
 class KernelsConfig:
     # torch (the default until the injected path is measured on a GPU) | triton | auto
     backend: KernelBackend = KernelBackend.torch
+
+    def check(self, facts: RecipeFacts) -> None:
+        """The group's own checks (dsrecipes.config.validate walks the groups)."""
+        validate_kernels_config(self)
 
 
 def validate_kernels_config(cfg: KernelsConfig) -> None:

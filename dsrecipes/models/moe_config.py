@@ -17,6 +17,7 @@ from dsrecipes.models.config import ModelConfig
 from dsrecipes.utils.config_enum import ConfigEnum, enum_values
 from dsrecipes.utils.inactive_rules import Inactive
 from dsrecipes.utils.ranges import COUNT, NON_NEGATIVE, POSITIVE, POSITIVE_INT, at_least, in_range, ranged
+from dsrecipes.utils.recipe_facts import RecipeFacts
 
 
 class NoisyGatePolicy(ConfigEnum):
@@ -86,6 +87,10 @@ class MoEConfig:
         if self.layers:
             return sorted(set(self.layers))
         return [i for i in range(n_layer) if (i + 1) % self.expert_interval == 0]
+
+    def check(self, facts: RecipeFacts) -> None:
+        """The group's own checks, against the model and the world size."""
+        validate_moe_config(self, facts.root.model, facts.world)
 
 
 def _choice(key: str, value, choices) -> None:

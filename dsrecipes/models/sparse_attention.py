@@ -41,6 +41,7 @@ from dsrecipes.models.sparsity_config import ATTENTION_TYPES, LAYOUT_CLASSES, Sp
 from dsrecipes.utils.config_enum import ConfigEnum, config_enum, enum_values, plain
 from dsrecipes.utils.inactive_rules import Inactive
 from dsrecipes.utils.ranges import COUNT, POSITIVE_INT, SEED, at_least, in_range, ranged
+from dsrecipes.utils.recipe_facts import RecipeFacts
 
 # torch is imported in the methods that use it: the recipe schema imports SparseAttentionConfig from here, and
 # composing a recipe (`python -m dsrecipes --help`) must not import torch.
@@ -99,6 +100,11 @@ class SparseAttentionConfig:
     global_block_end_indices: list[int] | None = ranged(None, at_least(1, nullable=True, null_means="one block per start"))
     num_sliding_window_blocks: int = ranged(3, POSITIVE_INT)  # bigbird, bslongformer, sliding_window
     seed: int = ranged(0, SEED)  # random blocks (variable, bigbird): same layout on every rank and after resume
+
+    def check(self, facts: RecipeFacts) -> None:
+        """The group's own checks, against the model's heads and dropout and the data's block."""
+        model = facts.root.model
+        validate_sparse_attention_config(self, model.n_head, facts.root.data.block_size, model.dropout)
 
 
 def build_sparsity_config(cfg: SparseAttentionConfig, num_heads: int, prefix: str = "sparse_attention") -> SparsityConfig:

@@ -17,6 +17,7 @@ from typing import ClassVar
 
 from dsrecipes.utils.inactive_rules import Inactive, switched_off
 from dsrecipes.utils.ranges import COUNT, NON_NEGATIVE, POSITIVE_INT, at_least, ranged
+from dsrecipes.utils.recipe_facts import RecipeFacts
 
 
 @dataclass
@@ -43,6 +44,10 @@ class FlopsProfilerConfig:
     # fwd+bwd FLOPs of DeepSpeed's estimate, 2 x fwd for backward; dsrecipes counts backward's FLOPs
     # itself, recomputation included, and reports this estimate beside the measured figure
     recompute_fwd_factor: float = ranged(0.0, NON_NEGATIVE)
+
+    def check(self, facts: RecipeFacts) -> None:
+        """The profiled step against trainer.max_steps."""
+        validate_flops_profiler_config(self, facts.root.trainer.max_steps)
 
 
 @dataclass
@@ -74,15 +79,23 @@ class ProfilerConfig:
     memory_snapshot: bool = False
     memory_snapshot_max_entries: int = ranged(100_000, POSITIVE_INT)  # allocation events kept by _record_memory_history
 
+    def check(self, facts: RecipeFacts) -> None:
+        """The traced steps against trainer.max_steps."""
+        validate_profiler_config(self, facts.root.trainer.max_steps)
 
-def validate_profiling_config(flops: FlopsProfilerConfig, profiler: ProfilerConfig, max_steps: int) -> None:
-    """Cross-field checks against trainer.max_steps (ranges are dsrecipes.utils.ranges')."""
+
+def validate_flops_profiler_config(flops: FlopsProfilerConfig, max_steps: int) -> None:
+    """The profiled step must be a step of the run (ranges are checked on the fields)."""
     if flops.enabled and flops.profile_step >= max_steps:
         raise ValueError(
             f"flops_profiler.profile_step={flops.profile_step} is beyond trainer.max_steps={max_steps}: the profiled "
             f"step starts at global step {flops.profile_step} (DeepSpeed's counting: 0 = the first step) and would "
             f"never run; choose a profile_step in [0, {max_steps - 1}] or raise trainer.max_steps"
         )
+
+
+def validate_profiler_config(profiler: ProfilerConfig, max_steps: int) -> None:
+    """A trace records at least one step, and one of the run's."""
     if profiler.enabled and profiler.active < 1:
         raise ValueError(f"profiler.active={profiler.active} must be >= 1: a trace records `active` steps")
     if profiler.enabled and profiler.wait + profiler.warmup >= max_steps:
@@ -90,3 +103,9 @@ def validate_profiling_config(flops: FlopsProfilerConfig, profiler: ProfilerConf
             f"profiler.wait={profiler.wait} + profiler.warmup={profiler.warmup} leaves no step of "
             f"trainer.max_steps={max_steps} to record; lower them or raise trainer.max_steps"
         )
+
+
+def validate_profiling_config(flops: FlopsProfilerConfig, profiler: ProfilerConfig, max_steps: int) -> None:
+    """Both profiling groups against trainer.max_steps."""
+    validate_flops_profiler_config(flops, max_steps)
+    validate_profiler_config(profiler, max_steps)

@@ -39,6 +39,7 @@ from dsrecipes.utils.ranges import (
     in_range,
     ranged,
 )
+from dsrecipes.utils.recipe_facts import RecipeFacts
 
 
 @dataclass
@@ -677,6 +678,12 @@ class LoggerConfig:
     wandb_tags: list[str] = field(default_factory=list)
     wandb_group: str | None = None  # null = the multirun sweep's name for sweep jobs, else none
     level: LogLevel = LogLevel.INFO  # the `dsrecipes` logger's level (console and logs/rank<R>.log)
+
+    def check(self, facts: RecipeFacts) -> None:
+        """wandb_mode against its choices (a dict given to dsrecipes.initialize skips the Enum's check)."""
+        modes = [m.value for m in WandbMode]
+        if self.wandb_mode not in modes:
+            raise ValueError(f"logger.wandb_mode={self.wandb_mode!r} is not valid; choose one of: {', '.join(modes)}")
 
 
 def to_dictconfig(root: Any) -> DictConfig:
