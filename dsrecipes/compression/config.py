@@ -23,10 +23,12 @@ users may set plain strings on the sections, which the library configs check.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from dsrecipes.utils.compatibility_rows import Refusal, Supported
 from dsrecipes.utils.config_enum import ConfigEnum, config_enum
 from dsrecipes.utils.inactive_rules import Inactive, switched_off
 from dsrecipes.utils.ranges import (
@@ -206,12 +208,49 @@ class LayerReductionSection:
     hidden_weight: float = ranged(0.0, NON_NEGATIVE)  # > 0 adds MSE between student layer i and teacher layer teacher_layer[i]
 
 
+def compression_enabled(root) -> list[str]:
+    """The compression sections a recipe (a RootConfig) enables."""
+    return [k for k, v in vars(root.compression).items() if getattr(v, "enabled", False)]
+
+
+def _pp(cond: Callable, key: str) -> Callable:
+    """A pipeline refusal: parallel.pp > 1 together with `key`."""
+    def message(root, dims):
+        if dims.pp > 1 and cond(root):
+            return f"parallel.pp={dims.pp} with {key} is not supported yet"
+        return None
+    return message
+
+
+def _tp_compression(root, dims):
+    comp = root.compression
+    for key in ("activation_quantization", "layer_reduction"):
+        if dims.tp > 1 and getattr(comp, key).enabled:
+            return (f"parallel.tp={dims.tp} with compression.{key}.enabled=true is not supported yet (activation "
+                    "ranges would be read from a row-parallel layer's input shard; the distillation loss from "
+                    "vocab-parallel logits); weight quantization and pruning run under tp")
+    return None
+
+
 @dataclass
 class CompressionConfig:
     INACTIVE: ClassVar[tuple[Inactive, ...]] = (
         # not `export`: compression=none itself sets it false
         Inactive(lambda root, c: not c.enabled, lambda root, path: "no compression technique is enabled",
                  keys=("export_dirname",)),
+    )
+
+    # how the group composes with the layouts and the other groups (dsrecipes.config.compatibility)
+    COMPATIBILITY: ClassVar[tuple[Refusal | Supported, ...]] = (
+        Refusal("pp with compression", "not implemented yet", _pp(lambda r: bool(compression_enabled(r)), "compression")),
+        Refusal("tp with activation quantization or layer reduction", "not implemented yet (activation ranges would "
+                "come from a row-parallel input shard; KD from vocab-parallel logits)", _tp_compression),
+        Supported("pruning / QAT with zero.stage 2/3 at dp > 1", "supported: masks and scales from whole weights, masks "
+                  "applied to every copy the strategy holds (ZeRO-2 master shards, FSDP2 shards)",
+                  ("compression-dp2-zero2", "compression-dp2-zero3",
+                   "tests/integration/test_compression_sharded.py::test_dp2_zero2_bf16_master_keeps_pruned_weights_zero")),
+        Supported("tp with weight quantization / pruning", "supported: fake-quant groups and masks of the whole weight, "
+                  "each rank masking its shard", ("compression-tp2", "compression-dp2xtp2-zero3")),
     )
 
     weight_quantization: WeightQuantizationSection = field(default_factory=WeightQuantizationSection)

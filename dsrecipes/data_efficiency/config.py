@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from dsrecipes.utils.compatibility_rows import Refusal, Supported
 from dsrecipes.utils.config_enum import config_enum
 from dsrecipes.utils.inactive_rules import Inactive, switched_off
 from dsrecipes.utils.ranges import POSITIVE_INT, SEED, Range, above, at_least, ranged
@@ -108,11 +109,52 @@ class RandomLTDConfig:
     layer_token_lr_schedule: bool = False  # drive the LR schedule by consumed layer-tokens
 
 
+def _random_ltd(root) -> bool:
+    return bool(root.data_efficiency.random_ltd.enabled)
+
+
+def _seqlen_curriculum(root) -> bool:
+    cl = root.data_efficiency.curriculum_learning
+    return bool(cl.enabled and cl.metric == "seqlen")
+
+
+def _sp_random_ltd(root, dims):
+    if dims.sp > 1 and _random_ltd(root):
+        return (f"data_efficiency.random_ltd.enabled=true is not supported with parallel.sp={dims.sp}: token "
+                "dropping would drop different tokens in each sequence chunk; use parallel.sp=1 or disable random-LTD")
+    return None
+
+
+def _sp_seqlen(root, dims):
+    if dims.sp > 1 and _seqlen_curriculum(root):
+        return (f"data_efficiency.curriculum_learning.metric=seqlen is not supported with parallel.sp={dims.sp}: it "
+                "changes the sequence length per step, which must stay divisible by parallel.sp; use parallel.sp=1")
+    return None
+
+
+def _tp_random_ltd(root, dims):
+    if dims.tp > 1 and _random_ltd(root):
+        return f"parallel.tp={dims.tp} with data_efficiency.random_ltd.enabled=true is not supported yet"
+    return None
+
+
+    return None
+
+
 @dataclass
 class DataEfficiencyConfig:
     INACTIVE: ClassVar[tuple[Inactive, ...]] = (
         Inactive(lambda root, d: not (d.curriculum_learning.enabled or d.random_ltd.enabled),
                  lambda root, path: "no data_efficiency technique is enabled", keys=("seed",)),
+    )
+
+    # how the group composes with the layouts and the other groups (dsrecipes.config.compatibility)
+    COMPATIBILITY: ClassVar[tuple[Refusal | Supported, ...]] = (
+        Refusal("sp with random-LTD", "each sequence chunk would drop different tokens", _sp_random_ltd),
+        Refusal("sp with the sequence-length curriculum", "the length must stay divisible by sp", _sp_seqlen),
+        Refusal("tp with random-LTD", "not implemented yet", _tp_random_ltd),
+        Supported("pp with random-LTD and the sequence-length curriculum", "supported: per-layer random-LTD draws (the "
+                  "schedule's shape inference takes none), one pipeline schedule per batch shape", ("pp2-data_efficiency",)),
     )
 
     seed: int = ranged(1234, SEED)

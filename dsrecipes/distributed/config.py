@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from dsrecipes.utils.compatibility_rows import Refusal, Supported
 from dsrecipes.utils.config_enum import ConfigEnum, config_enum, enum_values
 from dsrecipes.utils.inactive_rules import Inactive
 from dsrecipes.utils.ranges import COUNT, POSITIVE_INT, Range, at_least, between, ranged
@@ -83,6 +84,22 @@ class AioConfig:
     overlap_events: bool = True  # false: wait for every read/write at once (no prefetch, no write-behind)
 
 
+def _nvme_layout(root, dims):
+    zero = root.zero
+    nvme = [key for key in ("offload_optimizer", "offload_param") if getattr(zero, key) == "nvme"]
+    if not nvme:
+        return None
+    for key, on in (("parallel.tp", dims.tp > 1), ("parallel.sp", dims.sp > 1), ("parallel.pp", dims.pp > 1),
+                    ("moe.ep_size", dims.ep > 1), ("zero.hybrid_shard_size", dims.dp_replicate > 1),
+                    ("zero.zero_quantized_weights", zero.zero_quantized_weights),
+                    ("zero.zero_hpz_partition_size", zero.zero_hpz_partition_size > 1)):
+        if on:
+            return (f"zero.{nvme[0]}=nvme with {key} is not supported yet: NVMe offload swaps the shards of plain "
+                    "ZeRO-3 data parallelism (one FSDP2 mesh axis, FSDP2's own all-gather); use "
+                    f"zero.{nvme[0]}=cpu with this layout")
+    return None
+
+
 @dataclass
 class ZeroConfig:
     """stage 0: replicate; 1: shard optimizer states; 2: + gradients; 3: + parameters.
@@ -117,6 +134,18 @@ class ZeroConfig:
                  "false (the bit width is qgZ's)", keys=("zero_quantized_gradients_bits",)),
     )
 
+    # how the group composes with the layouts and the other groups (dsrecipes.config.compatibility)
+    COMPATIBILITY: ClassVar[tuple[Refusal | Supported, ...]] = (
+        Refusal("NVMe offload with tp / sp / pp / ep, hybrid sharding, qwZ or hpZ", "not implemented yet (plain "
+                "ZeRO-3 data parallelism only); CPU offload composes with them", _nvme_layout),
+        Supported("every precision x zero.stage 0-3, dp 2", "supported; fp32 through the CLI at every stage (with ZeRO-3 "
+                  "parameter offload and activation checkpointing), and fp32, bf16, bf16_master, fp16 and fp16_autocast "
+                  "at every stage through dsrecipes.initialize",
+                  ("dp2-zero0", "dp2-zero1", "dp2-zero2", "dp2-zero3", "dp2-zero3-offload_param",
+                   "dp2-zero3-activation_checkpointing",
+                   "tests/integration/test_precision_matrix.py::test_world_2_matches_one_process")),
+    )
+
     stage: int = ranged(0, Range(choices=(0, 1, 2, 3)))
     offload_optimizer: OffloadDevice = OffloadDevice.none
     offload_param: OffloadDevice = OffloadDevice.none
@@ -131,6 +160,37 @@ class ZeroConfig:
     buffer_size: int = ranged(100_000_000, at_least(1))  # elements per pool buffer (>= the largest parameter shard)
     pin_memory: bool = True  # pinned pools on CUDA (ignored on CPU)
     aio: AioConfig = field(default_factory=AioConfig)
+
+
+def _pp_sharded_dp(root, dims):
+    if dims.pp > 1 and dims.dp > 1 and dims.tp > 1 and root.zero.stage >= 1:
+        return (f"parallel.pp={dims.pp} x parallel.tp={dims.tp} with {dims.dp} data-parallel ranks and "
+                f"zero.stage={root.zero.stage} is not supported yet (ZeRO of tensor-parallel pipeline stages is "
+                "untested); use zero.stage=0")
+    return None
+
+
+def _pp_sp_sharded(root, dims):
+    if dims.pp > 1 and dims.sp > 1 and root.zero.stage > 0:
+        return (f"parallel.pp={dims.pp} with parallel.sp={dims.sp} needs zero.stage=0 (each stage's gradients are "
+                f"averaged over its data- and sequence-parallel ranks; ZeRO sharding of stages is not implemented); "
+                f"got zero.stage={root.zero.stage}")
+    return None
+
+
+def _sp_tp_zero1(root, dims):
+    if dims.sp > 1 and dims.tp > 1 and root.zero.stage == 1:
+        return (f"parallel.sp={dims.sp} with parallel.tp={dims.tp} needs zero.stage 0, 2 or 3: ZeRO-1 wraps the model "
+                "in DDP, which cannot take tensor-parallel DTensor parameters (stage 0 all-reduces their local shards "
+                "at the boundary, stages 2/3 shard them with FSDP2 over dp x sp); got zero.stage=1")
+    return None
+
+
+def _tp_replicated_dp(root, dims):
+    if dims.tp > 1 and dims.dp > 1 and root.zero.stage < 2 and dims.pp == 1:
+        return (f"parallel.tp={dims.tp} with {dims.dp} data-parallel ranks needs zero.stage 2 or 3 (FSDP2 composes "
+                f"with tensor-parallel DTensors on the data-parallel axis); got zero.stage={root.zero.stage}")
+    return None
 
 
 @dataclass
@@ -151,6 +211,38 @@ class ParallelConfig:
                  keys=("pp_schedule", "pp_partition")),
         Inactive(lambda root, p: p.tp == 1, lambda root, path: "parallel.tp=1 (no tensor parallelism)",
                  keys=("tp_sequence_parallel",)),
+    )
+
+    # how the group composes with the layouts and the other groups (dsrecipes.config.compatibility)
+    COMPATIBILITY: ClassVar[tuple[Refusal | Supported, ...]] = (
+        Refusal("pp x tp x dp with zero.stage >= 1", "ZeRO of tensor-parallel pipeline stages is untested (pp x dp "
+                "and pp x tp x dp at zero.stage 0 run)", _pp_sharded_dp),
+        Refusal("pp x sp with zero.stage > 0", "ZeRO sharding of pipeline stages is not implemented yet", _pp_sp_sharded),
+        Refusal("sp x tp with zero.stage 1", "ZeRO-1 wraps the model in DDP, which cannot take tensor-parallel DTensors: "
+                "use zero.stage 0 (boundary all-reduce) or 2/3 (FSDP2)", _sp_tp_zero1),
+        Refusal("tp x dp with zero.stage 0/1", "FSDP2 composes with tensor-parallel DTensors; DDP does not: use ZeRO-2/3",
+                _tp_replicated_dp),
+        Supported("tp x dp, zero.stage 2/3", "supported (FSDP2 on dp, TP on tp)", ("dp2xtp2-zero3",)),
+        Supported("tp with dp = 1", "supported, any zero.stage (nothing to shard)", ("tp2",)),
+        Supported("sp x dp, any zero.stage", "supported (gradients reduced over dp x sp)", ("sp2", "sp2-zero3")),
+        Supported("sp x tp, zero.stage 0/2/3 (x dp: 2/3)", "supported: Ulysses splits each tensor-parallel rank's heads over "
+                  "sp (stage 0: boundary all-reduce of the local shards over dp x sp; 2/3: FSDP2 over dp x sp), with "
+                  "sequence-parallel or replicated tp activations", ("sp2xtp2-zero0", "sp2xtp2-zero3-replicated_tp")),
+        Supported("pp x dp, zero.stage 0", "supported; every schedule, both partitions",
+                  ("pp2-gpipe", "pp2-1f1b", "pp2-interleaved_1f1b", "dp2xpp2")),
+        Supported("pp x dp, zero.stage 2/3", "supported: FSDP2 on each stage module (blocks, then the stage as root); "
+                  "the schedule defers the gradient reduce-scatter to the last micro-batch (torchtitan's PP + FSDP)",
+                  ("dp2xpp2-zero2", "dp2xpp2-zero3")),
+        Supported("pp x dp, zero.stage 1", "supported (zero1_boundary: optimizer state partitioned over dp, DCP "
+                  "checkpoints)", ("dp2xpp2-zero1",)),
+        Supported("pp with fp16 loss scaling / fp32 master weights", "supported (the schedule's loss is scaled; masters "
+                  "beside the stage modules, DCP checkpoints of every stage's masters)",
+                  ("pp2-fp16", "dp2xpp2-zero1-bf16_master")),
+        Supported("pp x tp (x dp)", "supported: tensor-parallel stages, vocab-parallel loss on the last one; the layout of "
+                  "`+experiment=gpt_3d`", ("dp2xtp2xpp2",)),
+        Supported("pp x sp (x tp, x dp), zero.stage 0", "supported: every stage runs this rank's sequence chunk at its "
+                  "positions, gradients averaged over dp x sp (gpt2, and Llama with GQA)",
+                  ("sp2xpp2", "sp2xpp2-llama_gqa", "sp2xtp2xpp2")),
     )
 
     tp: int = ranged(1, POSITIVE_INT)

@@ -32,8 +32,10 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
+from dsrecipes.compression.config import compression_enabled
+from dsrecipes.utils.compatibility_rows import Refusal, Supported
 from dsrecipes.utils.config_enum import ConfigEnum, enum_values
 
 # torch is imported in the functions that use it: the recipe schema imports Float8Config from here, and
@@ -57,9 +59,33 @@ MIN_CAPABILITY = (8, 9)  # float8 tensor cores: Ada (8.9) and Hopper (9.0) or ne
 DIVISOR = 16  # torch._scaled_mm needs both matmul dims of the weight to be multiples of 16
 
 
+def _fp8_tp(root, dims):
+    if root.fp8.enabled and dims.tp > 1:
+        return (f"fp8={root.fp8.recipe} with parallel.tp={dims.tp} is not supported: tensor-parallel float8 needs "
+                "torchao's Float8ColwiseParallel / Float8RowwiseParallel styles, which "
+                "dsrecipes.distributed.tensor_parallel does not use; use parallel.tp=1 or fp8=none")
+    return None
+
+
+def _fp8_compression(root, dims):
+    enabled = compression_enabled(root)
+    if root.fp8.enabled and enabled:
+        return (f"fp8={root.fp8.recipe} with compression.{enabled[0]}.enabled=true is not supported: compression "
+                "quantizes and masks the same linear layers through hooks and module swaps that the Float8Linear "
+                "swap would drop; use fp8=none for compression recipes")
+    return None
+
+
 @dataclass
 class Float8Config:
     """Schema of the `fp8` group (conf/fp8/*.yaml); the keys are torchtitan's float8 keys."""
+
+    # how the group composes with the layouts and the other groups (dsrecipes.config.compatibility)
+    COMPATIBILITY: ClassVar[tuple[Refusal | Supported, ...]] = (
+        Refusal("fp8 with tp", "tensor-parallel float8 needs torchao's float8 TP styles (not wired in yet)", _fp8_tp),
+        Refusal("fp8 with compression", "compression's hooks and module swaps sit on the linears Float8Linear replaces",
+                _fp8_compression),
+    )
 
     recipe: Float8Recipe = Float8Recipe.none  # none | tensorwise | rowwise | rowwise_with_gw_hp
     # all-gather FSDP2's parameter shards in float8 instead of bf16 (half the bytes); tensorwise only,

@@ -33,6 +33,7 @@ import shutil
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
+from dsrecipes.utils.compatibility_rows import Refusal, Supported
 from dsrecipes.utils.config_enum import ConfigEnum, enum_values
 from dsrecipes.utils.inactive_rules import Inactive
 from dsrecipes.utils.recipe_facts import RecipeFacts
@@ -56,6 +57,19 @@ COMPILE_SCOPES = enum_values(CompileScope)
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
+def _compile_full_parallel(root, dims):
+    if root.compile.scope != "full":
+        return None
+    for key, degree in (("data parallel (world size / model-parallel degrees)", dims.dp_replicate * dims.dp_shard),
+                        ("parallel.tp", dims.tp), ("parallel.pp", dims.pp), ("parallel.sp", dims.sp),
+                        ("moe.ep_size", dims.ep)):
+        if degree > 1:
+            return (f"compile=full with {key}={degree} is not supported: a whole-model graph would trace the "
+                    "parallel layout's hooks and collectives; use compile=blocks (each block compiled on its own, "
+                    "composes with every layout)")
+    return None
+
+
 @dataclass
 class CompileConfig:
     """The `compile` group: which part of the model torch.compile sees, and torch.compile's own keys."""
@@ -65,6 +79,16 @@ class CompileConfig:
                  "compile=full)", but=("scope",)),
         Inactive(lambda root, c: c.scope == "full", lambda root, path: "compile=full compiles the loss with the whole "
                  "model", keys=("loss",)),
+    )
+
+    # how the group composes with the layouts and the other groups (dsrecipes.config.compatibility)
+    COMPATIBILITY: ClassVar[tuple[Refusal | Supported, ...]] = (
+        Refusal("compile=full with any parallel layout (dp, tp, pp, sp, ep > 1)", "one whole-model graph would trace "
+                "the layout's hooks; compile=blocks composes with every layout", _compile_full_parallel),
+        Supported("compile=blocks with any layout (and compile=full in one process)", "supported: each block compiled on "
+                  "its own (eager names in checkpoints and exports), with DDP, ZeRO-3, tp, activation checkpointing, MoE",
+                  ("compile-blocks", "compile-full", "compile-blocks-activation_checkpointing", "compile-blocks-dp2-zero0",
+                   "compile-blocks-dp2-zero3", "compile-blocks-tp2", "compile-blocks-moe")),
     )
 
     scope: CompileScope = CompileScope.none  # none | blocks | full

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from dsrecipes.models.config import ModelConfig
+from dsrecipes.utils.compatibility_rows import Refusal, Supported
 from dsrecipes.utils.config_enum import ConfigEnum, enum_values
 from dsrecipes.utils.inactive_rules import Inactive
 from dsrecipes.utils.ranges import COUNT, NON_NEGATIVE, POSITIVE, POSITIVE_INT, at_least, in_range, ranged
@@ -48,11 +49,33 @@ DROP_POLICIES = enum_values(DropPolicy)
 DISPATCH_BACKENDS = enum_values(MoEDispatch)
 
 
+def _sp_moe(root, dims):
+    if dims.sp > 1 and root.moe.enabled:
+        return f"parallel.sp={dims.sp} with moe.num_experts={root.moe.num_experts} is not supported yet"
+    return None
+
+
 @dataclass
 class MoEConfig:
     INACTIVE: ClassVar[tuple[Inactive, ...]] = (
         Inactive(lambda root, moe: not moe.enabled, lambda root, path: "moe is off (moe.num_experts=0); choose an moe "
                  "option (e.g. moe=top2) or set moe.num_experts", but=("num_experts",)),
+    )
+
+    # how the group composes with the layouts and the other groups (dsrecipes.config.compatibility)
+    COMPATIBILITY: ClassVar[tuple[Refusal | Supported, ...]] = (
+        Refusal("sp with MoE", "not implemented yet", _sp_moe),
+        Supported("moe.ep_size > 1 x dp, any zero.stage", "supported (stage 1: zero1_boundary, experts partitioned "
+                  "over their expert-data-parallel group)", ("ep2-zero0", "ep2-zero1", "ep2-zero3", "ep2-ungrouped",
+                                                              "dp2xep2")),
+        Supported("moe.ep_size > 1 with fp32 master weights at zero.stage 0", "supported: full-state checkpoints and "
+                  "exports gather every rank's experts (fp32 masters and optimizer moments)", ("ep2-bf16_master",)),
+        Supported("tp with MoE (dp = 1, or tp x dp at zero.stage 2/3, ep over dp)", "supported: expert-tensor parallelism "
+                  "(each expert's hidden width sliced over tp, ep groups within one tp rank)",
+                  ("tp2-moe", "dp2xtp2xep2-moe")),
+        Supported("pp with MoE (any moe.ep_size, with or without tp)", "supported: each stage adds its MoE layers' "
+                  "auxiliary-loss gradients where they arise; expert groups within each stage; the layout of "
+                  "`+experiment=gpt_3d_moe`", ("pp2-moe", "dp2xpp2xep2-moe", "gpt_3d_moe")),
     )
 
     num_experts: int = ranged(0, COUNT)  # 0 = dense model, no MoE layers

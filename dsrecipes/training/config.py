@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from dsrecipes.utils.compatibility_rows import Refusal, Supported
 from dsrecipes.utils.config_enum import ConfigEnum, config_enum
 from dsrecipes.utils.dtypes import DTYPE_NAMES
 from dsrecipes.utils.inactive_rules import Inactive
@@ -177,6 +178,37 @@ def extra_keys(cfg: Any) -> dict[str, Any]:
     return {k: v for k, v in vars(cfg).items() if k not in fields}
 
 
+def _tp_foreach(root, dims):
+    impl = str(root.optimizer.impl)
+    if dims.tp > 1 and impl in ("fused", "foreach"):
+        return (f"parallel.tp={dims.tp} with optimizer.impl={impl}: tensor-parallel and replicated parameters "
+                "cannot share one fused/foreach kernel; use optimizer.impl auto or for_loop")
+    return None
+
+
+_ONEBIT = ("onebitadam", "zerooneadam", "onebitlamb")
+
+
+def _onebit_zero(root, dims):
+    if root.optimizer.name in _ONEBIT and root.zero.stage >= 1:
+        return (f"optimizer={root.optimizer.name} with zero.stage={root.zero.stage} is not supported: the 1-bit "
+                "optimizers average the whole momentum themselves, which ZeRO's sharded optimizer states and "
+                "gradients cannot give them (DeepSpeed refuses it too); use zero.stage=0")
+    return None
+
+
+def _onebit_model_parallel(root, dims):
+    if root.optimizer.name not in _ONEBIT:
+        return None
+    for key, degree in (("parallel.tp", dims.tp), ("parallel.pp", dims.pp), ("parallel.sp", dims.sp),
+                        ("moe.ep_size", dims.ep)):
+        if degree > 1:
+            return (f"optimizer={root.optimizer.name} with {key}={degree} is not supported yet: the onebit strategy "
+                    "compresses plain data-parallel momentum only (untested with model-parallel layouts); use "
+                    f"{key}=1 or optimizer=adam / lamb")
+    return None
+
+
 @dataclass
 class OptimizerConfig:
     """Keys every optimizer option has; the base of the option schemas below (not an option itself).
@@ -188,6 +220,16 @@ class OptimizerConfig:
     parameter group (0 for biases, norm weights and other 1-D parameters when
     no_decay_bias_and_norm), also passing it to the class when the class takes it.
     """
+
+    # how the group composes with the layouts and the other groups (dsrecipes.config.compatibility)
+    COMPATIBILITY: ClassVar[tuple[Refusal | Supported, ...]] = (
+        Refusal("tp with optimizer.impl fused/foreach", "DTensor and plain parameters cannot share one kernel; tp runs "
+                "the optimizer's for-loop implementation", _tp_foreach),
+        Refusal("1-bit optimizers with zero.stage >= 1", "they average the whole momentum themselves (DeepSpeed refuses "
+                "it too)", _onebit_zero),
+        Refusal("1-bit optimizers with tp / pp / sp / ep", "not implemented yet (plain data parallelism only)",
+                _onebit_model_parallel),
+    )
 
     name: str = MISSING
     _target_: str = MISSING
@@ -587,6 +629,13 @@ _FP16_KEYS = ("loss_scale", "initial_scale_power", "loss_scale_window", "hystere
 _DYNAMIC_SCALE_KEYS = _FP16_KEYS[1:]
 
 
+def _tp_masters(root, dims):
+    if dims.tp > 1 and root.precision.master_weights and dims.dp == 1:
+        return (f"parallel.tp={dims.tp} with precision.master_weights=true is not supported; use precision=bf16 "
+                "(autocast over fp32 parameters)")
+    return None
+
+
 @dataclass
 class PrecisionConfig:
     """Numeric precision. Keys of the fp16 part keep DeepSpeed's names and defaults (its `fp16` block).
@@ -609,6 +658,11 @@ class PrecisionConfig:
                  keys=_DYNAMIC_SCALE_KEYS),
         Inactive(lambda root, p: p.dtype == "fp16", lambda root, path: "fp16 skips overflowing steps through its loss "
                  "scaler (nonfinite_grads is for fp32/bf16)", keys=("nonfinite_grads",)),
+    )
+
+    # how the group composes with the layouts and the other groups (dsrecipes.config.compatibility)
+    COMPATIBILITY: ClassVar[tuple[Refusal | Supported, ...]] = (
+        Refusal("tp with fp32 master weights at dp 1", "not implemented yet (use precision=bf16)", _tp_masters),
     )
 
     dtype: PrecisionDtype = PrecisionDtype.fp32  # fp32 | bf16 | fp16 | auto (bf16 where the device is fast at it)
