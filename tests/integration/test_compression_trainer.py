@@ -32,8 +32,10 @@ def test_layer_reduction_student_learns_more_with_kd(tmp_path, fast_overrides, k
 
     Measured (2-core CPU, torch 2.13; teacher val 2.730; the reduced student starts at 2.928), val/loss
     after 30 steps, KD vs no KD, per student seed: 1: 2.802 vs 2.847 (-0.045); 2: 2.776 vs 2.830 (-0.054);
-    3: 2.787 vs 2.851 (-0.064). The test fixes seed 2 and asserts a margin of 0.02 (under half the
-    smallest observed), and that the teacher is clearly better than the student without KD."""
+    3: 2.787 vs 2.851 (-0.064). On another 2-core machine (AMD EPYC, AVX-512 kernels; 2026-12-04) the same code
+    gives seed 2: 2.804 vs 2.821 (-0.018; teacher 2.734): the CPU's float rounding moves these short runs. The test
+    fixes seed 2 and asserts a margin of 0.01 (under two thirds of the smallest observed), and that the teacher is
+    clearly better than the student without KD."""
     teacher_dir, teacher_loss = kd_teacher
     student = small(fast_overrides, 30) + [
         "optimizer.lr=3e-3", "trainer.seed=2", "compression=layer_reduction_kd",
@@ -47,4 +49,4 @@ def test_layer_reduction_student_learns_more_with_kd(tmp_path, fast_overrides, k
     plain_loss = without_kd["metrics"]["val/loss"]
     figures = {"teacher": teacher_loss, "kd": kd_loss, "plain": plain_loss}
     assert teacher_loss < plain_loss - 0.05, figures
-    assert kd_loss < plain_loss - 0.02, figures
+    assert kd_loss < plain_loss - 0.01, figures
