@@ -169,15 +169,12 @@ def layout_dims(cfg, world_size: int):
     the world size and the model, the compatibility matrix); SystemExit with the same message otherwise."""
     from dsrecipes.config.compatibility import check_compatibility
     from dsrecipes.config.validate import parallel_dims
-    from dsrecipes.distributed.parallel_checks import validate_pipeline_stages, validate_tensor_parallel_values
+    from dsrecipes.distributed.parallel_checks import validate_model_split
     from dsrecipes.models.moe_config import validate_moe_config
 
     def check():
         dims = parallel_dims(cfg, world_size, node_size=world_size)  # nodes do not change what a rank holds
-        if dims.tp > 1:
-            validate_tensor_parallel_values(cfg, dims.tp)
-        if dims.pp > 1:  # the training CLI's stage check (its micro-batch check does not change the model states)
-            validate_pipeline_stages(cfg)
+        validate_model_split(cfg, dims)  # the training CLI's checks of what each rank holds
         validate_moe_config(cfg.moe, cfg.model, world_size)
         check_compatibility(cfg, dims)
         return dims

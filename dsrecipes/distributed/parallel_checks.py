@@ -66,3 +66,13 @@ def validate_parallel_values(root: Any, dims: ParallelDims, gradient_accumulatio
         validate_sequence_parallel_recipe(root)
     if dims.tp > 1:
         validate_tensor_parallel_values(root, dims.tp)
+
+
+def validate_model_split(root: Any, dims: ParallelDims) -> None:
+    """What decides how the model's parameters split over the ranks: whole heads and equal MLP shards per
+    tensor-parallel rank, no more pipeline stages than blocks (the memory estimator's check; the micro-batch and
+    sequence checks of validate_parallel_values do not change what a rank holds)."""
+    if dims.tp > 1:
+        validate_tensor_parallel_values(root, dims.tp)
+    if dims.pp > 1:
+        validate_pipeline_stages(root)
