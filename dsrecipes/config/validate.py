@@ -22,23 +22,16 @@ from dsrecipes.config.inactive import warn_inactive_keys
 from dsrecipes.config.never_fires import warn_never_firing
 from dsrecipes.config.nvme_checks import validate_nvme_recipe
 from dsrecipes.config.schema import RootConfig
-from dsrecipes.distributed.config import offloads, resolve_node_sized_keys, validate_zero_config
-from dsrecipes.distributed.float8 import check_float8_compatibility, validate_float8_config
+from dsrecipes.distributed.config import resolve_node_sized_keys
 from dsrecipes.distributed.parallel_dims import ParallelDims, ranks_per_node
 from dsrecipes.training.batch import BatchSizes, resolve_batch_sizes
-from dsrecipes.training.optim.lr_schedules import non_closed_form_target, validate_lr_scheduler_config
-from dsrecipes.training.optim.optimizers import validate_optimizer_config
-from dsrecipes.training.precision import resolve_auto_precision, validate_precision_config
+from dsrecipes.training.optim.lr_schedules import non_closed_form_target
+from dsrecipes.training.precision import resolve_auto_precision
 from dsrecipes.utils.device import resolve_device
 from dsrecipes.utils.ranges import check_ranges
 from dsrecipes.utils.recipe_facts import RecipeFacts, check_groups
 
 log = logging.getLogger("dsrecipes")
-
-def _positive(key: str, value, allow_zero: bool = False) -> None:
-    if value < 0 or (value == 0 and not allow_zero):
-        raise ValueError(f"{key}={value} must be {'>= 0' if allow_zero else '> 0'}")
-
 
 def check_run_name(name: str) -> None:
     """`name` ends the run directory's name and names the run in the loggers: a non-empty single path component."""
@@ -65,18 +58,6 @@ def check_run_paths(root: RootConfig) -> None:
     check_subdirectory("compression.export_dirname", root.compression.export_dirname)
 
 
-def warn_fp16_on_cpu(root: RootConfig, device) -> None:
-    """precision.dtype=fp16 on a CPU: it runs (torch autocasts to fp16 on the CPU and the loss scaler works), but it
-    is no fast path there, so the run is told what it gets."""
-    if root.precision.dtype == "fp16" and device.type == "cpu":
-        warnings.warn(
-            f"precision.dtype=fp16 on a CPU (trainer.device={root.trainer.device}): torch autocasts matmuls to fp16 on "
-            "the CPU and the loss scaler runs as on a GPU, so training is correct, but most CPU kernels have no fast "
-            "fp16 path (expect it several times slower than fp32). fp16 is for GPUs; on a CPU use precision=fp32 or bf16",
-            stacklevel=3,
-        )
-
-
 def to_root(cfg: RootConfig | DictConfig) -> RootConfig:
     """A typed RootConfig object from a composed DictConfig (interpolations resolved)."""
     return OmegaConf.to_object(cfg) if isinstance(cfg, DictConfig) else cfg
@@ -97,44 +78,20 @@ def parallel_dims(cfg: RootConfig, world_size: int, node_size: int | None = None
 
 
 def validate_engine_config(cfg: RootConfig, world_size: int) -> BatchSizes:
-    """Checks of everything the Engine consumes; returns the resolved batch sizes.
+    """Checks of everything the Engine consumes: the groups marked CHECKED_BY_ENGINE (optimizer, lr_scheduler,
+    precision, trainer, checkpoint, zero, fp8), each by its own `check`; returns the resolved batch sizes.
 
+    dsrecipes.initialize runs this alone (the user brings the model and data); validate_recipe runs it last.
     world_size is the number of processes; the batch triple uses the data-parallel part of it,
     world_size / (parallel.tp x parallel.sp x parallel.pp).
     """
-    t = cfg.trainer
-    resolve_node_sized_keys(cfg.zero, ranks_per_node(world_size))  # dsrecipes.initialize: `node` = LOCAL_WORLD_SIZE
-    validate_zero_config(cfg.zero)
-    dims = parallel_dims(cfg, world_size)
-    from dsrecipes.distributed.config import check_zeropp_layout  # imported here: keeps the import block as it was
-
-    check_zeropp_layout(cfg.zero, dims)  # ZeRO++ hpZ's group against the layout
-    dp_world_size = dims.dp
-    batch = resolve_batch_sizes(
-        t.train_batch_size, t.train_micro_batch_size_per_gpu, t.gradient_accumulation_steps, dp_world_size
-    )
-    device = resolve_device(t.device)
-    warn_fp16_on_cpu(cfg, device)
-    validate_float8_config(cfg.fp8, device)  # fp8: CUDA >= 8.9 and torchao, before any work
-    check_float8_compatibility(cfg, dims)
-    _positive("trainer.max_steps", t.max_steps)
-    _positive("trainer.log_interval", t.log_interval)
-    _positive("trainer.eval_interval", t.eval_interval, allow_zero=True)
-    _positive("trainer.eval_batches", t.eval_batches, allow_zero=True)
-    _positive("trainer.gradient_clipping", t.gradient_clipping, allow_zero=True)
-    _positive("trainer.sample_tokens", t.sample_tokens, allow_zero=True)
-    validate_optimizer_config(cfg.optimizer)
-    validate_lr_scheduler_config(cfg.lr_scheduler, t.max_steps)
-    validate_precision_config(cfg.precision)
-    _positive("checkpoint.interval", cfg.checkpoint.interval, allow_zero=True)
-    _positive("checkpoint.keep_last", cfg.checkpoint.keep_last, allow_zero=True)
-    if cfg.zero.stage > 0 and dp_world_size == 1 and not dims.model_parallel and not offloads(cfg.zero):
-        warnings.warn(
-            f"zero.stage={cfg.zero.stage} with a data-parallel world size of 1: there is nothing to shard, "
-            "the run trains as stage 0",
-            stacklevel=2,
-        )
-    return batch
+    node_size = ranks_per_node(world_size)
+    resolve_node_sized_keys(cfg.zero, node_size)  # dsrecipes.initialize: `node` = LOCAL_WORLD_SIZE
+    facts = RecipeFacts(cfg, world_size, node_size, resolve_device(cfg.trainer.device),
+                        lr_scheduler_target=lambda: non_closed_form_target(cfg.lr_scheduler),
+                        layout=lambda: parallel_dims(cfg, world_size), batching=lambda dims: _batch_sizes(cfg, dims))
+    check_groups(cfg, facts, engine=True)
+    return facts.batch
 
 
 def _layout(root: RootConfig, world: int, node_size: int) -> ParallelDims:
@@ -172,7 +129,7 @@ def validate_recipe(cfg: RootConfig | DictConfig, dp_world_size: int | None = No
     check_run_paths(root)
     facts = RecipeFacts(root, world, node_size, device, lr_scheduler_target=lambda: non_closed_form_target(root.lr_scheduler),
                         layout=lambda: _layout(root, world, node_size), batching=lambda dims: _batch_sizes(root, dims))
-    check_groups(root, facts)  # each group's own `check`, in RootConfig's order
+    check_groups(root, facts, engine=False)  # each group's own `check`, in RootConfig's order
     dims = facts.dims
     check_compatibility(root, dims)
     validate_nvme_recipe(root, dims)

@@ -9,6 +9,7 @@ Keys DeepSpeed has and dsrecipes does not are rejected by the schema.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -160,6 +161,17 @@ class ZeroConfig:
     buffer_size: int = ranged(100_000_000, at_least(1))  # elements per pool buffer (>= the largest parameter shard)
     pin_memory: bool = True  # pinned pools on CUDA (ignored on CPU)
     aio: AioConfig = field(default_factory=AioConfig)
+
+    CHECKED_BY_ENGINE: ClassVar[bool] = True  # dsrecipes.initialize checks it too (validate_engine_config)
+
+    def check(self, facts: RecipeFacts) -> None:
+        """The group's own checks, ZeRO++ hpZ's group against the layout, and a stage with nothing to shard."""
+        validate_zero_config(self)
+        dims = facts.dims
+        check_zeropp_layout(self, dims)
+        if self.stage > 0 and dims.dp == 1 and not dims.model_parallel and not offloads(self):
+            warnings.warn(f"zero.stage={self.stage} with a data-parallel world size of 1: there is nothing to shard, "
+                          "the run trains as stage 0", stacklevel=4)
 
 
 def _pp_sharded_dp(root, dims):

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, ClassVar
 from dsrecipes.compression.config import compression_enabled
 from dsrecipes.utils.compatibility_rows import Refusal, Supported
 from dsrecipes.utils.config_enum import ConfigEnum, enum_values
+from dsrecipes.utils.recipe_facts import RecipeFacts
 
 # torch is imported in the functions that use it: the recipe schema imports Float8Config from here, and
 # composing a recipe (`python -m dsrecipes --help`) must not import torch.
@@ -102,6 +103,13 @@ class Float8Config:
     @property
     def enabled(self) -> bool:
         return str(self.recipe) != "none"
+
+    CHECKED_BY_ENGINE: ClassVar[bool] = True  # dsrecipes.initialize checks it too (validate_engine_config)
+
+    def check(self, facts: RecipeFacts) -> None:
+        """The group's keys, the device (CUDA >= 8.9) and torchao, then fp8's keys against the layout."""
+        validate_float8_config(self, facts.device)
+        check_float8_compatibility(facts.root, facts.dims)
 
 
 # ------------------------------------------------------------------------------------------ validation

@@ -43,6 +43,12 @@ from dsrecipes.utils.ranges import (
 from dsrecipes.utils.recipe_facts import RecipeFacts
 
 
+def _positive(key: str, value, allow_zero: bool = False) -> None:
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ValueError(f"{key}={value} must be {'>= 0' if allow_zero else '> 0'}")
+
+
+
 @dataclass
 class TrainerConfig:
     """Run length, batch sizes (DeepSpeed's triple), clipping, intervals, seed and device.
@@ -86,6 +92,14 @@ class TrainerConfig:
     sample_temperature: float = ranged(0.8, NON_NEGATIVE)
     sample_top_k: int = ranged(40, COUNT)
     loss_curve: bool = True  # draw <run dir>/loss_curve.png at the end (needs matplotlib: the charts extra)
+
+    CHECKED_BY_ENGINE: ClassVar[bool] = True  # dsrecipes.initialize checks it too (validate_engine_config)
+
+    def check(self, facts: RecipeFacts) -> None:
+        """The counts the loop runs by (the library path has no range check of its own)."""
+        for key, allow_zero in (("max_steps", False), ("log_interval", False), ("eval_interval", True),
+                                ("eval_batches", True), ("gradient_clipping", True), ("sample_tokens", True)):
+            _positive(f"trainer.{key}", getattr(self, key), allow_zero)
 
 
 # --------------------------------------------------------------------------------------------
@@ -237,6 +251,14 @@ class OptimizerConfig:
     weight_decay: float = ranged(0.1, NON_NEGATIVE)
     impl: OptimizerImpl = OptimizerImpl.auto
     no_decay_bias_and_norm: bool = True
+
+    CHECKED_BY_ENGINE: ClassVar[bool] = True  # dsrecipes.initialize checks it too (validate_engine_config)
+
+    def check(self, facts: RecipeFacts) -> None:
+        """The option's own checks (an unknown `name`, a key the option does not take, `custom`'s arguments)."""
+        from dsrecipes.training.optim.optimizers import validate_optimizer_config
+
+        validate_optimizer_config(self)
 
 
 @dataclass
@@ -417,6 +439,14 @@ class LRSchedulerConfig:
     name: str = MISSING
     _target_: str = MISSING
     step_alignment: StepAlignment = StepAlignment.dsrecipes
+
+    CHECKED_BY_ENGINE: ClassVar[bool] = True  # dsrecipes.initialize checks it too (validate_engine_config)
+
+    def check(self, facts: RecipeFacts) -> None:
+        """The option's own checks, against the run's length."""
+        from dsrecipes.training.optim.lr_schedules import validate_lr_scheduler_config
+
+        validate_lr_scheduler_config(self, facts.root.trainer.max_steps)
 
 
 @dataclass
@@ -679,6 +709,15 @@ class PrecisionConfig:
     # fp16, as DeepSpeed's engine does, so a model whose first op is a norm of fp32 inputs gets fp16 inputs
     auto_cast: bool = False
 
+    CHECKED_BY_ENGINE: ClassVar[bool] = True  # dsrecipes.initialize checks it too (validate_engine_config)
+
+    def check(self, facts: RecipeFacts) -> None:
+        """fp16 on a CPU is told what it gets; then the group's own checks."""
+        from dsrecipes.training.precision import validate_precision_config, warn_fp16_on_cpu
+
+        warn_fp16_on_cpu(self, facts.root.trainer.device, facts.device)
+        validate_precision_config(self)
+
 
 @dataclass
 class CheckpointConfig:
@@ -689,6 +728,13 @@ class CheckpointConfig:
     keep_last: int = ranged(3, COUNT)  # keep the newest K complete checkpoints; 0 = keep all
     save_final: bool = True
     export_safetensors: bool = True  # also export the final model to <run dir>/export/ (safetensors + config)
+
+    CHECKED_BY_ENGINE: ClassVar[bool] = True  # dsrecipes.initialize checks it too (validate_engine_config)
+
+    def check(self, facts: RecipeFacts) -> None:
+        """When and how many checkpoints: counts, 0 meaning off / keep all."""
+        _positive("checkpoint.interval", self.interval, allow_zero=True)
+        _positive("checkpoint.keep_last", self.keep_last, allow_zero=True)
 
 
 class WandbMode(ConfigEnum):

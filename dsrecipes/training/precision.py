@@ -10,6 +10,7 @@ strategy's business (beside the module, or its sharded fp32 parameters): it read
 from __future__ import annotations
 
 import contextlib
+import warnings
 
 import torch
 
@@ -20,6 +21,18 @@ from dsrecipes.utils.dtypes import DTYPES
 
 PRECISIONS = enum_values(PrecisionDtype)
 NONFINITE_POLICIES = enum_values(NonfiniteGrads)
+
+
+def warn_fp16_on_cpu(cfg: PrecisionConfig, device_name: str, device: torch.device) -> None:
+    """precision.dtype=fp16 on a CPU: it runs (torch autocasts to fp16 on the CPU and the loss scaler works), but it
+    is no fast path there, so the run is told what it gets. device_name: trainer.device as the recipe says it."""
+    if cfg.dtype == "fp16" and device.type == "cpu":
+        warnings.warn(
+            f"precision.dtype=fp16 on a CPU (trainer.device={device_name}): torch autocasts matmuls to fp16 on "
+            "the CPU and the loss scaler runs as on a GPU, so training is correct, but most CPU kernels have no fast "
+            "fp16 path (expect it several times slower than fp32). fp16 is for GPUs; on a CPU use precision=fp32 or bf16",
+            stacklevel=4,
+        )
 
 
 def validate_precision_config(cfg: PrecisionConfig, prefix: str = "precision") -> None:

@@ -2,7 +2,8 @@
 
 Each group schema that has cross-key checks defines `check(self, facts: RecipeFacts)`, raising ValueError
 naming the key, its value and what would be valid; dsrecipes.config.validate walks the recipe's groups in
-RootConfig's order and calls each. The layout (`facts.dims`) is built the first time a check asks for it, so
+RootConfig's order and calls each (those marked `CHECKED_BY_ENGINE = True` last, in validate_engine_config,
+which dsrecipes.initialize also runs on its own). The layout (`facts.dims`) is built the first time a check asks for it, so
 a recipe whose parallel degrees do not fit the world size fails there, naming parallel.* / zero.* keys.
 """
 
@@ -40,9 +41,12 @@ class RecipeFacts:
         return self.batching(self.dims)
 
 
-def check_groups(root: Any, facts: RecipeFacts) -> None:
-    """Every group's own `check(facts)`, in the recipe's field order."""
+def check_groups(root: Any, facts: RecipeFacts, engine: bool) -> None:
+    """Every group's own `check(facts)`, in the recipe's field order: the groups whose schema says
+    CHECKED_BY_ENGINE = True (what the Engine consumes, checked by dsrecipes.initialize as well) when `engine`,
+    the others otherwise."""
     for f in dataclasses.fields(root):
-        check = getattr(getattr(root, f.name), "check", None)
-        if callable(check):
+        section = getattr(root, f.name)
+        check = getattr(section, "check", None)
+        if callable(check) and getattr(type(section), "CHECKED_BY_ENGINE", False) == engine:
             check(facts)
