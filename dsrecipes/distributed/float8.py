@@ -30,7 +30,9 @@ under FSDP2 with the float8 all-gather).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
@@ -304,6 +306,12 @@ def float8_linears(model: nn.Module) -> list[nn.Module]:
     except ImportError:
         return []
     return [m for m in model.modules() if isinstance(m, Float8Linear)]
+
+
+def float8_post_step_hooks(model: nn.Module, cfg: Float8Config) -> list[Callable[[], bool]]:
+    """What the engine calls after each optimizer step for fp8 (the ParallelPlan carries them): the scale precompute
+    when fp8.precompute_float8_dynamic_scale_for_fsdp is on. model: the module the data-parallel strategy wrapped."""
+    return [functools.partial(float8_post_step, model, cfg)] if cfg.precompute_float8_dynamic_scale_for_fsdp else []
 
 
 def float8_post_step(model: nn.Module, cfg: Float8Config) -> bool:

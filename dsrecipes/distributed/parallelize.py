@@ -46,7 +46,7 @@ from torch import nn
 from dsrecipes.distributed.activation_checkpoint import apply_activation_checkpointing
 from dsrecipes.distributed.data_parallel import DataParallelStrategy, GradientLayout, build_strategy
 from dsrecipes.distributed.expert_parallel import ExpertParallel, setup_expert_parallel
-from dsrecipes.distributed.float8 import apply_float8
+from dsrecipes.distributed.float8 import apply_float8, float8_post_step_hooks
 from dsrecipes.distributed.parallel_dims import ParallelDims
 from dsrecipes.distributed.pipeline_parallel import PipelineParallel
 from dsrecipes.distributed.sequence_parallel import SequenceParallel
@@ -73,6 +73,8 @@ class ParallelPlan:
     sequence_parallel: SequenceParallel | None = None
     expert_parallel: ExpertParallel | None = None
     applied: list[str] = field(default_factory=list)  # one line per step that changed the model
+    # what the engine calls after each optimizer step a step of the plan needs (fp8's scale precompute)
+    post_step_hooks: list[Callable[[], object]] = field(default_factory=list)
 
     @property
     def loss_parallel(self) -> bool:
@@ -168,7 +170,8 @@ def parallelize(model: nn.Module, dims: ParallelDims, cfg, precision, device: to
     module = strategy.wrap(model, ignored_params=ignored)
     for line in applied:
         log.info(line)
-    return ParallelPlan(module, dims, strategy, pipeline, sequence_parallel, expert_parallel, applied)
+    return ParallelPlan(module, dims, strategy, pipeline, sequence_parallel, expert_parallel, applied,
+                        post_step_hooks=float8_post_step_hooks(module, cfg.fp8))
 
 
 def _optimizer_name(cfg) -> str | None:

@@ -17,7 +17,6 @@ Used by the recipe Trainer and by `dsrecipes.initialize`.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import warnings
 
@@ -26,7 +25,6 @@ from torch import nn
 
 from dsrecipes.distributed.data_parallel import STRATEGIES, choose_strategy
 from dsrecipes.distributed.expert_parallel import split_expert_param_groups
-from dsrecipes.distributed.float8 import float8_post_step
 from dsrecipes.distributed.parallel_dims import ParallelDims
 from dsrecipes.distributed.parallelize import ParallelPlan, parallelize
 from dsrecipes.distributed.utils import is_distributed
@@ -138,8 +136,7 @@ def build_engine(
         rank=torch.distributed.get_rank() if is_distributed() else 0,
         layout=layout,
     )
-    if cfg.fp8.precompute_float8_dynamic_scale_for_fsdp:
-        engine.post_step_hooks.append(functools.partial(float8_post_step, plan.module, cfg.fp8))
+    engine.post_step_hooks.extend(plan.post_step_hooks)
     return engine
 
 
