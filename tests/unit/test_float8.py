@@ -24,6 +24,7 @@ from dsrecipes.distributed.float8 import (
     apply_float8,
     check_float8_compatibility,
     float8_post_step,
+    float8_post_step_hooks,
     validate_float8_config,
 )
 from dsrecipes.distributed.parallel_dims import ParallelDims
@@ -230,6 +231,16 @@ def test_post_step_hook_runs_only_for_fsdp_sharded_float8(float8_linear):
     apply_float8(model, cfg)
     assert float8_post_step(model, cfg) is False  # not sharded by FSDP2: nothing to precompute
     assert float8_post_step(model, Float8Config(recipe="tensorwise")) is False  # precompute off
+
+
+def test_the_plan_carries_the_precompute_hook_only_when_it_is_on():
+    """parallelize puts these on the ParallelPlan and the assembly hands the plan's hooks to the engine."""
+    model = nn.Linear(16, 16)
+    assert float8_post_step_hooks(model, Float8Config(recipe="tensorwise")) == []
+    cfg = Float8Config(recipe="tensorwise", enable_fsdp_float8_all_gather=True,
+                       precompute_float8_dynamic_scale_for_fsdp=True)
+    (hook,) = float8_post_step_hooks(model, cfg)
+    assert hook.func is float8_post_step and hook.args == (model, cfg)
 
 
 def test_engine_runs_its_post_step_hooks_after_each_taken_step():
