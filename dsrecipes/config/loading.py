@@ -29,7 +29,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from dsrecipes.config.ds_import.files import is_deepspeed_path
 from dsrecipes.config.schema import RootConfig
-from dsrecipes.training.config import OPTION_SCHEMAS, ExtraArguments, option_schema, to_dictconfig
+from dsrecipes.training.config import OPTION_SCHEMAS, option_schema, to_dictconfig
+from dsrecipes.training.option_schemas import ExtraArguments
 
 
 def load_config(config=None, report: bool = False) -> DictConfig:

@@ -25,16 +25,9 @@ from dsrecipes.models.kernels_config import KernelsConfig, validate_kernels_conf
 from dsrecipes.models.moe_config import MoEConfig
 from dsrecipes.models.sparse_attention import SparseAttentionConfig
 from dsrecipes.profiling.config import FlopsProfilerConfig, ProfilerConfig
-from dsrecipes.training.config import (
-    AdamWConfig,
-    CheckpointConfig,
-    LoggerConfig,
-    LRSchedulerConfig,
-    OptimizerConfig,
-    PrecisionConfig,
-    TrainerConfig,
-    WarmupCosineConfig,
-)
+from dsrecipes.training.config import CheckpointConfig, LoggerConfig, PrecisionConfig, TrainerConfig
+from dsrecipes.training.optim.lr_scheduler_config import LRSchedulerConfig, WarmupCosineConfig
+from dsrecipes.training.optim.optimizer_config import AdamWConfig, OptimizerConfig
 
 # Config groups, in the order docs/recipes.md's table documents them.
 CONFIG_GROUPS = (

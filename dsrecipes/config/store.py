@@ -16,7 +16,8 @@ from dsrecipes.config.compose_cache import compose_from_merge
 from dsrecipes.config.run_directory import config_subdir, run_dir, run_stamp
 from dsrecipes.config.schema import RootConfig
 from dsrecipes.models.hf_config import register_hf_resolver
-from dsrecipes.training.config import OPTION_SCHEMAS, ExtraArguments
+from dsrecipes.training.config import OPTION_SCHEMAS
+from dsrecipes.training.option_schemas import ExtraArguments
 
 SCHEMA_NAME = "dsrecipes_schema"
 CONFIG_MODULE = "dsrecipes.conf"

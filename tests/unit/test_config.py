@@ -13,7 +13,9 @@ from dsrecipes.config.inactive import inactive_keys
 from dsrecipes.config.loading import to_dictconfig
 from dsrecipes.config.store import compose
 from dsrecipes.config.validate import to_root
-from dsrecipes.training.config import OPTION_SCHEMAS, OptimizerImpl, WarmupType
+from dsrecipes.training.config import OPTION_SCHEMAS
+from dsrecipes.training.optim.lr_scheduler_config import WarmupType
+from dsrecipes.training.optim.optimizer_config import OptimizerImpl
 from dsrecipes.utils.ranges import check_ranges
 from tests.helpers.paths import TEST_DATA
 

@@ -273,7 +273,7 @@ SCHEDULES = [
 
 
 def _ours(option: str, params: dict, alignment: str):
-    from dsrecipes.training.config import LR_SCHEDULER_SCHEMAS, StepAlignment
+    from dsrecipes.training.optim.lr_scheduler_config import LR_SCHEDULER_SCHEMAS, StepAlignment
     from dsrecipes.training.optim.lr_schedules import build_lr_scheduler
 
     cfg = LR_SCHEDULER_SCHEMAS[option](**params, step_alignment=StepAlignment(alignment))
@@ -307,7 +307,7 @@ def test_lr_schedule_with_deepspeed_alignment_is_deepspeeds_and_the_default_one_
 def test_torch_schedulers_step_the_same_in_both():
     """DeepSpeed steps a torch scheduler (scheduler.type naming a torch.optim.lr_scheduler class) with torch's own
     convention, f(0) at construction: dsrecipes' default, so step_alignment changes nothing for them."""
-    from dsrecipes.training.config import StepAlignment, TorchStepConfig
+    from dsrecipes.training.optim.lr_scheduler_config import StepAlignment, TorchStepConfig
     from dsrecipes.training.optim.lr_schedules import build_lr_scheduler
 
     ds_optimizer = _two_group_optimizer()
@@ -384,7 +384,7 @@ DS_CLASSES = {"warmup_lr": "WarmupLR", "warmup_decay_lr": "WarmupDecayLR", "warm
 def test_lr_schedule_validation_accepts_what_deepspeed_accepts(option, params, accepted):
     from deepspeed.runtime import lr_schedules as ds_schedules
 
-    from dsrecipes.training.config import LR_SCHEDULER_SCHEMAS
+    from dsrecipes.training.optim.lr_scheduler_config import LR_SCHEDULER_SCHEMAS
     from dsrecipes.training.optim.lr_schedules import validate_lr_scheduler_config
 
     try:

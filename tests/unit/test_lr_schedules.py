@@ -22,7 +22,7 @@ from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, ValidationEr
 from dsrecipes.config.loading import load_config
 from dsrecipes.config.store import compose
 from dsrecipes.config.validate import to_root, validate_recipe
-from dsrecipes.training.config import (
+from dsrecipes.training.optim.lr_scheduler_config import (
     LR_SCHEDULER_SCHEMAS,
     CustomLRSchedulerConfig,
     LRSchedulerConfig,

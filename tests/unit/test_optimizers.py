@@ -24,15 +24,15 @@ import dsrecipes
 from dsrecipes.config.loading import load_config
 from dsrecipes.config.store import compose
 from dsrecipes.config.validate import to_root, validate_recipe
-from dsrecipes.training.config import (
+from dsrecipes.training.optim.lamb import Lamb
+from dsrecipes.training.optim.lion import Lion
+from dsrecipes.training.optim.optimizer_config import (
     OPTIMIZER_SCHEMAS,
     AdamWConfig,
     CustomOptimizerConfig,
     OptimizerConfig,
     OptimizerImpl,
 )
-from dsrecipes.training.optim.lamb import Lamb
-from dsrecipes.training.optim.lion import Lion
 from dsrecipes.training.optim.optimizers import (
     OPTIMIZER_IMPLS,
     OPTIMIZERS,

@@ -42,7 +42,8 @@ from typing import Any
 import torch
 from torch.optim.lr_scheduler import LRScheduler
 
-from dsrecipes.training.config import (
+from dsrecipes.training.config import check_option
+from dsrecipes.training.optim.lr_scheduler_config import (
     LR_SCHEDULER_SCHEMAS,
     LRRangeTestConfig,
     LRSchedulerConfig,
@@ -53,9 +54,8 @@ from dsrecipes.training.config import (
     WarmupKeys,
     WarmupLRConfig,
     WarmupType,
-    check_option,
-    config_items,
 )
+from dsrecipes.training.option_schemas import config_items
 from dsrecipes.utils.instantiate import instantiate
 
 LR_SCHEDULERS = tuple(LR_SCHEDULER_SCHEMAS)

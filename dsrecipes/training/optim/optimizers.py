@@ -52,13 +52,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from dsrecipes.training.config import (
-    OPTIMIZER_SCHEMAS,
-    OptimizerConfig,
-    OptimizerImpl,
-    check_option,
-    config_items,
-)
+from dsrecipes.training.config import check_option
+from dsrecipes.training.optim.optimizer_config import OPTIMIZER_SCHEMAS, OptimizerConfig, OptimizerImpl
+from dsrecipes.training.option_schemas import config_items
 from dsrecipes.utils.instantiate import instantiate
 
 __all__ = [

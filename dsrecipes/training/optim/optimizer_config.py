@@ -1,0 +1,261 @@
+"""The `optimizer` group: one schema per option (AdamWConfig, SGDConfig, ..., the 1-bit family, `custom`), their
+valid ranges, checks and compatibility rows. Keys keep DeepSpeed's names; each option names the class it builds in
+`_target_`, its other keys being the class's arguments (built by dsrecipes.training.optim.optimizers). A key the
+chosen option does not take fails at composition; `impl` is an Enum (OptimizerImpl), so a bad value does too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from omegaconf import MISSING
+
+from dsrecipes.training.option_schemas import ExtraArguments, _extra_arguments_field
+from dsrecipes.utils.compatibility_rows import Refusal, Supported
+from dsrecipes.utils.config_enum import ConfigEnum
+from dsrecipes.utils.ranges import (
+    COUNT,
+    NON_NEGATIVE,
+    POSITIVE,
+    POSITIVE_INT,
+    between,
+    in_range,
+    ranged,
+)
+from dsrecipes.utils.recipe_facts import RecipeFacts
+
+
+class OptimizerImpl(ConfigEnum):
+    """torch's kernels for an optimizer step: auto (fused when every parameter is on CUDA and the
+    class has a working fused kernel, else foreach), or one of them forced."""
+
+    auto = "auto"
+    fused = "fused"
+    foreach = "foreach"
+    for_loop = "for_loop"
+
+
+def _tp_foreach(root, dims):
+    impl = str(root.optimizer.impl)
+    if dims.tp > 1 and impl in ("fused", "foreach"):
+        return (f"parallel.tp={dims.tp} with optimizer.impl={impl}: tensor-parallel and replicated parameters "
+                "cannot share one fused/foreach kernel; use optimizer.impl auto or for_loop")
+    return None
+
+
+_ONEBIT = ("onebitadam", "zerooneadam", "onebitlamb")
+
+
+def _onebit_zero(root, dims):
+    if root.optimizer.name in _ONEBIT and root.zero.stage >= 1:
+        return (f"optimizer={root.optimizer.name} with zero.stage={root.zero.stage} is not supported: the 1-bit "
+                "optimizers average the whole momentum themselves, which ZeRO's sharded optimizer states and "
+                "gradients cannot give them (DeepSpeed refuses it too); use zero.stage=0")
+    return None
+
+
+def _onebit_model_parallel(root, dims):
+    if root.optimizer.name not in _ONEBIT:
+        return None
+    for key, degree in (("parallel.tp", dims.tp), ("parallel.pp", dims.pp), ("parallel.sp", dims.sp),
+                        ("moe.ep_size", dims.ep)):
+        if degree > 1:
+            return (f"optimizer={root.optimizer.name} with {key}={degree} is not supported yet: the onebit strategy "
+                    "compresses plain data-parallel momentum only (untested with model-parallel layouts); use "
+                    f"{key}=1 or optimizer=adam / lamb")
+    return None
+
+
+@dataclass
+class OptimizerConfig:
+    """Keys every optimizer option has; the base of the option schemas below (not an option itself).
+
+    name is the option (conf/optimizer/<name>.yaml on the command line, the `name` key in a dict
+    given to dsrecipes.initialize); _target_ is the class (or factory) built, by import path, with
+    the option's other keys as its arguments (Hydra's flat convention). The engine itself reads
+    name, impl and no_decay_bias_and_norm (never passed to the class) and applies weight_decay per
+    parameter group (0 for biases, norm weights and other 1-D parameters when
+    no_decay_bias_and_norm), also passing it to the class when the class takes it.
+    """
+
+    # how the group composes with the layouts and the other groups (dsrecipes.config.compatibility)
+    COMPATIBILITY: ClassVar[tuple[Refusal | Supported, ...]] = (
+        Refusal("tp with optimizer.impl fused/foreach", "DTensor and plain parameters cannot share one kernel; tp runs "
+                "the optimizer's for-loop implementation", _tp_foreach),
+        Refusal("1-bit optimizers with zero.stage >= 1", "they average the whole momentum themselves (DeepSpeed refuses "
+                "it too)", _onebit_zero),
+        Refusal("1-bit optimizers with tp / pp / sp / ep", "not implemented yet (plain data parallelism only)",
+                _onebit_model_parallel),
+    )
+
+    name: str = MISSING
+    _target_: str = MISSING
+    lr: float = ranged(1e-3, POSITIVE)
+    weight_decay: float = ranged(0.1, NON_NEGATIVE)
+    impl: OptimizerImpl = OptimizerImpl.auto
+    no_decay_bias_and_norm: bool = True
+
+    CHECKED_BY_ENGINE: ClassVar[bool] = True  # dsrecipes.initialize checks it too (validate_engine_config)
+
+    def check(self, facts: RecipeFacts) -> None:
+        """The option's own checks (an unknown `name`, a key the option does not take, `custom`'s arguments)."""
+        from dsrecipes.training.optim.optimizers import validate_optimizer_config
+
+        validate_optimizer_config(self)
+
+
+@dataclass
+class AdamWConfig(OptimizerConfig):
+    """optimizer=adamw (the default): torch.optim.AdamW, decoupled weight decay."""
+
+    name: str = "adamw"
+    _target_: str = "torch.optim.AdamW"
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95], metadata=in_range(between(0, 1, high_open=True)))
+    eps: float = ranged(1e-8, NON_NEGATIVE)
+    amsgrad: bool = False
+
+
+@dataclass
+class AdamConfig(OptimizerConfig):
+    """optimizer=adam, as DeepSpeed reads "Adam": adam_w_mode true (its default) builds AdamW
+    (decoupled weight decay), false builds torch.optim.Adam (L2 weight decay in the gradient)."""
+
+    name: str = "adam"
+    _target_: str = "dsrecipes.training.optim.optimizers.adam"
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95], metadata=in_range(between(0, 1, high_open=True)))
+    eps: float = ranged(1e-8, NON_NEGATIVE)
+    adam_w_mode: bool = True
+    amsgrad: bool = False
+
+
+@dataclass
+class SGDConfig(OptimizerConfig):
+    """optimizer=sgd: torch.optim.SGD; nesterov needs momentum > 0; weight decay is L2."""
+
+    name: str = "sgd"
+    _target_: str = "torch.optim.SGD"
+    momentum: float = ranged(0.0, NON_NEGATIVE)
+    nesterov: bool = False
+
+
+@dataclass
+class AdagradConfig(OptimizerConfig):
+    """optimizer=adagrad: torch.optim.Adagrad; weight decay is L2."""
+
+    name: str = "adagrad"
+    _target_: str = "torch.optim.Adagrad"
+    lr_decay: float = ranged(0.0, NON_NEGATIVE)
+    eps: float = ranged(1e-8, NON_NEGATIVE)
+
+
+@dataclass
+class LambConfig(OptimizerConfig):
+    """optimizer=lamb: DeepSpeed FusedLamb's update, the trust ratio ||p||/||u|| clamped to [min_coeff, max_coeff]."""
+
+    name: str = "lamb"
+    _target_: str = "dsrecipes.training.optim.lamb.Lamb"
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95], metadata=in_range(between(0, 1, high_open=True)))
+    eps: float = ranged(1e-8, NON_NEGATIVE)
+    max_coeff: float = ranged(10.0, NON_NEGATIVE)
+    min_coeff: float = ranged(0.01, NON_NEGATIVE)
+    bias_correction: bool = True
+
+
+@dataclass
+class LionConfig(OptimizerConfig):
+    """optimizer=lion: sign momentum (dsrecipes.training.optim.lion.Lion)."""
+
+    name: str = "lion"
+    _target_: str = "dsrecipes.training.optim.lion.Lion"
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95], metadata=in_range(between(0, 1, high_open=True)))
+
+
+@dataclass
+class OneBitAdamConfig(OptimizerConfig):
+    """optimizer=onebitadam: DeepSpeed's OnebitAdam (DeepSpeed <= 0.19.6; dsrecipes.training.optim.onebit_adam): Adam
+    for freeze_step updates, then the variance frozen and the momentum averaged by a 1-bit compressed all-reduce
+    (the `onebit` data-parallel strategy). bias_correction false is DeepSpeed's update (its flag is unused)."""
+
+    name: str = "onebitadam"
+    _target_: str = "dsrecipes.training.optim.onebit_adam.OneBitAdam"
+    weight_decay: float = ranged(0.0, NON_NEGATIVE)
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999], metadata=in_range(between(0, 1, high_open=True)))
+    eps: float = ranged(1e-8, NON_NEGATIVE)
+    freeze_step: int = ranged(100000, POSITIVE_INT)  # at least one uncompressed warm-up update
+    bias_correction: bool = False
+
+
+@dataclass
+class ZeroOneAdamConfig(OptimizerConfig):
+    """optimizer=zerooneadam: DeepSpeed's ZeroOneAdam (DeepSpeed <= 0.19.6; dsrecipes.training.optim.zero_one_adam):
+    variance updated at exponentially spaced steps until var_freeze_step, 1-bit compressed gradients in between,
+    then local steps with 1-bit momentum syncs at intervals growing up to local_step_clipper."""
+
+    name: str = "zerooneadam"
+    _target_: str = "dsrecipes.training.optim.zero_one_adam.ZeroOneAdam"
+    weight_decay: float = ranged(0.0, NON_NEGATIVE)
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999], metadata=in_range(between(0, 1, high_open=True)))
+    eps: float = ranged(1e-8, NON_NEGATIVE)
+    var_freeze_step: int = ranged(100000, COUNT)
+    var_update_scaler: int = ranged(16, POSITIVE_INT)
+    local_step_scaler: int = ranged(32678, POSITIVE_INT)
+    local_step_clipper: int = ranged(16, POSITIVE_INT)
+    bias_correction: bool = False
+
+
+@dataclass
+class OneBitLambConfig(OptimizerConfig):
+    """optimizer=onebitlamb: DeepSpeed's OnebitLamb (DeepSpeed <= 0.19.6; dsrecipes.training.optim.onebit_lamb): LAMB
+    for freeze_step updates, then frozen (averaged) trust coefficients scaled by a bounded factor and the
+    momentum averaged by a 1-bit compressed all-reduce."""
+
+    name: str = "onebitlamb"
+    _target_: str = "dsrecipes.training.optim.onebit_lamb.OneBitLamb"
+    weight_decay: float = ranged(0.0, NON_NEGATIVE)
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999], metadata=in_range(between(0, 1, high_open=True)))
+    eps: float = ranged(1e-8, NON_NEGATIVE)
+    freeze_step: int = ranged(100000, POSITIVE_INT)  # at least one uncompressed warm-up update
+    max_coeff: float = ranged(10.0, NON_NEGATIVE)
+    min_coeff: float = ranged(0.01, NON_NEGATIVE)
+    coeff_beta: float = ranged(0.9, between(0, 1, high_open=True))
+    factor_max: float = ranged(4.0, POSITIVE)
+    factor_min: float = ranged(0.5, POSITIVE)
+    factor_threshold: float = ranged(0.1, between(0, 1, high_open=True))
+    bias_correction: bool = False
+    refresh_scaling: bool = True  # recompute the momentum scaling coefficients every compressed step (False: DeepSpeed's)
+
+
+@dataclass
+class RMSpropConfig(OptimizerConfig):
+    """optimizer=rmsprop: a plain torch.optim class as an option (its arguments as keys)."""
+
+    name: str = "rmsprop"
+    _target_: str = "torch.optim.RMSprop"
+    weight_decay: float = ranged(0.0, NON_NEGATIVE)
+    alpha: float = ranged(0.99, NON_NEGATIVE)
+    eps: float = ranged(1e-8, NON_NEGATIVE)
+    momentum: float = ranged(0.0, NON_NEGATIVE)
+    centered: bool = False
+
+
+@dataclass
+class CustomOptimizerConfig(ExtraArguments, OptimizerConfig):
+    """optimizer=custom: any optimizer class by import path, with its constructor arguments as flat keys.
+
+    `optimizer=custom optimizer._target_=torch.optim.NAdam optimizer.momentum_decay=0.004`: keys
+    beyond the shared ones go to the class; each is checked against its signature before any
+    work starts, so a misspelled one fails naming it and the class's arguments.
+    """
+
+    name: str = "custom"
+    weight_decay: float = ranged(0.0, NON_NEGATIVE)
+    extra_arguments: dict[str, Any] = _extra_arguments_field()
+
+
+# The options of each group (conf/<group>/<name>.yaml extends `<name>_schema`), default first.
+OPTIMIZER_SCHEMAS: dict[str, type] = {
+    cls.name: cls
+    for cls in (AdamWConfig, AdamConfig, SGDConfig, AdagradConfig, LambConfig, LionConfig, RMSpropConfig,
+                OneBitAdamConfig, ZeroOneAdamConfig, OneBitLambConfig, CustomOptimizerConfig)
+}
