@@ -9,11 +9,7 @@ from typing import Any
 
 from dsrecipes.distributed.parallel_dims import ParallelDims
 from dsrecipes.distributed.sequence_parallel import validate_sequence_parallel_recipe
-
-
-def _choice(key: str, value, choices) -> None:
-    if value not in choices:
-        raise ValueError(f"{key}={value!r} is not valid; choose one of: {', '.join(map(str, choices))}")
+from dsrecipes.utils.config_enum import check_choice
 
 
 def validate_pipeline_values(root: Any, dims: ParallelDims, gradient_accumulation_steps: int) -> None:
@@ -21,8 +17,8 @@ def validate_pipeline_values(root: Any, dims: ParallelDims, gradient_accumulatio
     from dsrecipes.distributed.pipeline_parallel import PP_PARTITIONS, PP_SCHEDULES
 
     par = root.parallel
-    _choice("parallel.pp_schedule", par.pp_schedule, PP_SCHEDULES)
-    _choice("parallel.pp_partition", par.pp_partition, PP_PARTITIONS)
+    check_choice("parallel.pp_schedule", par.pp_schedule, PP_SCHEDULES)
+    check_choice("parallel.pp_partition", par.pp_partition, PP_PARTITIONS)
     validate_pipeline_stages(root)
     gas = gradient_accumulation_steps
     if gas < par.pp:

@@ -15,7 +15,7 @@ from typing import ClassVar
 
 from dsrecipes.models.config import ModelConfig
 from dsrecipes.utils.compatibility_rows import Refusal, Supported
-from dsrecipes.utils.config_enum import ConfigEnum, enum_values
+from dsrecipes.utils.config_enum import ConfigEnum, check_choice, enum_values
 from dsrecipes.utils.inactive_rules import Inactive
 from dsrecipes.utils.ranges import COUNT, NON_NEGATIVE, POSITIVE, POSITIVE_INT, at_least, in_range, ranged
 from dsrecipes.utils.recipe_facts import RecipeFacts
@@ -116,11 +116,6 @@ class MoEConfig:
         validate_moe_config(self, facts.root.model, facts.world)
 
 
-def _choice(key: str, value, choices) -> None:
-    if value not in choices:
-        raise ValueError(f"{key}={value!r} is not valid; choose one of: {', '.join(choices)}")
-
-
 def validate_moe_config(cfg: MoEConfig, model: ModelConfig, world_size: int = 1, prefix: str = "moe") -> None:
     """Raise ValueError naming the key, its value and what would be valid (before any work starts)."""
     if cfg.num_experts < 0:
@@ -134,9 +129,9 @@ def validate_moe_config(cfg: MoEConfig, model: ModelConfig, world_size: int = 1,
             raise ValueError(f"{prefix}.{key}={getattr(cfg, key)} must be > 0")
     if cfg.min_capacity < 0:
         raise ValueError(f"{prefix}.min_capacity={cfg.min_capacity} must be >= 0")
-    _choice(f"{prefix}.noisy_gate_policy", cfg.noisy_gate_policy, NOISY_GATE_POLICIES)
-    _choice(f"{prefix}.drop_policy", cfg.drop_policy, DROP_POLICIES)
-    _choice(f"{prefix}.dispatch", cfg.dispatch, DISPATCH_BACKENDS)
+    check_choice(f"{prefix}.noisy_gate_policy", cfg.noisy_gate_policy, NOISY_GATE_POLICIES)
+    check_choice(f"{prefix}.drop_policy", cfg.drop_policy, DROP_POLICIES)
+    check_choice(f"{prefix}.dispatch", cfg.dispatch, DISPATCH_BACKENDS)
     if cfg.noisy_gate_policy == "rsample" and cfg.k != 1:
         raise ValueError(
             f"{prefix}.noisy_gate_policy=rsample applies to top-1 gating only (k={cfg.k}); "

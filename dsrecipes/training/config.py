@@ -22,7 +22,7 @@ from dsrecipes.training.optim.lr_scheduler_config import LR_SCHEDULER_SCHEMAS
 from dsrecipes.training.optim.optimizer_config import OPTIMIZER_SCHEMAS
 from dsrecipes.training.option_schemas import ExtraArguments, _field_names, extra_keys
 from dsrecipes.utils.compatibility_rows import Refusal, Supported
-from dsrecipes.utils.config_enum import ConfigEnum, config_enum
+from dsrecipes.utils.config_enum import ConfigEnum, check_choice, config_enum, enum_values
 from dsrecipes.utils.dtypes import DTYPE_NAMES
 from dsrecipes.utils.inactive_rules import Inactive
 from dsrecipes.utils.ranges import (
@@ -285,9 +285,7 @@ class LoggerConfig:
 
     def check(self, facts: RecipeFacts) -> None:
         """wandb_mode against its choices (a dict given to dsrecipes.initialize skips the Enum's check)."""
-        modes = [m.value for m in WandbMode]
-        if self.wandb_mode not in modes:
-            raise ValueError(f"logger.wandb_mode={self.wandb_mode!r} is not valid; choose one of: {', '.join(modes)}")
+        check_choice("logger.wandb_mode", self.wandb_mode, enum_values(WandbMode))
 
 
 def to_dictconfig(root: Any) -> DictConfig:

@@ -51,6 +51,14 @@ def config_enum(name: str, values: Iterable[str], module: str) -> Any:
     return ConfigEnum(name, [(value, value) for value in values], module=module, qualname=name)
 
 
+def check_choice(key: str, value: Any, choices: Iterable[Any]) -> None:
+    """ValueError naming the key, its value and the valid choices unless value is one of them (a dict given to
+    dsrecipes.initialize, or a value computed from others, skips the Enum's own check at composition)."""
+    choices = tuple(choices)
+    if value not in choices:
+        raise ValueError(f"{key}={value!r} is not valid; choose one of: {', '.join(map(str, choices))}")
+
+
 def enum_values(enum_cls: type[Enum]) -> tuple[str, ...]:
     """The plain string values of an Enum, in definition order (the `*_CHOICES` tuples)."""
     return tuple(member.value for member in enum_cls)

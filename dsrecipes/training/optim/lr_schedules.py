@@ -56,6 +56,7 @@ from dsrecipes.training.optim.lr_scheduler_config import (
     WarmupType,
 )
 from dsrecipes.training.option_schemas import config_items
+from dsrecipes.utils.config_enum import check_choice
 from dsrecipes.utils.instantiate import instantiate
 
 LR_SCHEDULERS = tuple(LR_SCHEDULER_SCHEMAS)
@@ -620,12 +621,6 @@ def _fail(key: str, value: Any, requirement: str) -> None:
     raise ValueError(f"{key}={value!r} {requirement}")
 
 
-def _choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
-    """ValueError unless value is one of choices (the message lists them)."""
-    if value not in choices:
-        _fail(key, value, f"is not valid; choose one of: {', '.join(choices)}")
-
-
 def _at_least(key: str, value: Any, low: float, strict: bool = False) -> None:
     """ValueError unless value >= low (> low when strict)."""
     if value < low or (strict and value == low):
@@ -641,7 +636,7 @@ def _in_unit(key: str, value: float, include_one: bool = True) -> None:
 def _check_warmup(cfg: WarmupKeys, max_steps: int, prefix: str) -> None:
     """warmup_type, and warmup_num_steps >= 1 as DeepSpeed requires (its ValueError "warmup_num_steps
     must be a positive integer"; 1 behaves as 2, N = max(2, warmup_num_steps))."""
-    _choice(f"{prefix}.warmup_type", cfg.warmup_type, WARMUP_TYPES)
+    check_choice(f"{prefix}.warmup_type", cfg.warmup_type, WARMUP_TYPES)
     _at_least(f"{prefix}.warmup_num_steps", cfg.warmup_num_steps, 1)
 
 
@@ -750,7 +745,7 @@ def validate_lr_scheduler_config(cfg: LRSchedulerConfig, max_steps: int, prefix:
     bounds and decay settings. A null total_num_steps stands for max_steps.
     """
     check_option(cfg, "lr_scheduler", prefix)
-    _choice(f"{prefix}.step_alignment", cfg.step_alignment, STEP_ALIGNMENTS)
+    check_choice(f"{prefix}.step_alignment", cfg.step_alignment, STEP_ALIGNMENTS)
     _check_reserved(cfg, prefix)
     _check_target(cfg, _scheduler_target(cfg, max_steps, prefix), prefix)
     for check in _VALUE_CHECKS.get(type(cfg), ()):
