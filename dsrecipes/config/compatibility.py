@@ -30,11 +30,12 @@ def _group_rows() -> list:
     return rows
 
 
-REFUSED: tuple[Refusal, ...] = tuple(row for row in _group_rows() if isinstance(row, Refusal))
+_ROWS = _group_rows()
+REFUSED: tuple[Refusal, ...] = tuple(row for row in _ROWS if isinstance(row, Refusal))
 # Each supported row names what shows it: rows of the suite's layout-equivalence table (tests/integration/equivalence/
 # table.py, each one run through the CLI against one process), or a test's path::name. tests/unit/
 # test_compatibility.py fails when a row names none, or names a row or test that does not exist.
-SUPPORTED: tuple[Supported, ...] = tuple(row for row in _group_rows() if isinstance(row, Supported))
+SUPPORTED: tuple[Supported, ...] = tuple(row for row in _ROWS if isinstance(row, Supported))
 
 
 def check_compatibility(root, dims) -> None:

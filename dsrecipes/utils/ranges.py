@@ -163,28 +163,10 @@ def _numeric(tp: Any) -> bool:
     return tp in (int, float)
 
 
-def schema_ranges(schema: type, option_schemas: dict | None = None, prefix: str = "") -> dict[str, Range]:
-    """{key: range} of every ranged field of a config schema (a group in option_schemas: over all its options)."""
+def _schema_fields(schema: type, option_schemas: dict | None = None, prefix: str = ""):
+    """(key, field, type) of every leaf field of a config schema, nested sections flattened; a group in
+    option_schemas ({group: {option: schema}}, e.g. dsrecipes.training.config.OPTION_SCHEMAS) over all its options."""
     option_schemas = option_schemas or {}
-    table: dict[str, Range] = {}
-    hints = typing.get_type_hints(schema)
-    for f in dataclasses.fields(schema):
-        key = f"{prefix}.{f.name}" if prefix else f.name
-        if not prefix and f.name in option_schemas:
-            for option in option_schemas[f.name].values():
-                table.update(schema_ranges(option, prefix=key))
-        elif dataclasses.is_dataclass(hints[f.name]):
-            table.update(schema_ranges(hints[f.name], prefix=key))
-        elif field_range(f) is not None:
-            table[key] = field_range(f)
-    return table
-
-
-def numeric_keys(schema: type, option_schemas: dict | None = None, prefix: str = "") -> set[str]:
-    """Every numeric key of a config schema; a group in option_schemas ({group: {option: schema}}, e.g.
-    dsrecipes.training.config.OPTION_SCHEMAS) counts the union over its options' schemas."""
-    option_schemas = option_schemas or {}
-    keys: set[str] = set()
     hints = typing.get_type_hints(schema)
     for f in dataclasses.fields(schema):
         if f.metadata.get("omegaconf_ignore"):
@@ -193,9 +175,18 @@ def numeric_keys(schema: type, option_schemas: dict | None = None, prefix: str =
         tp = hints[f.name]
         if not prefix and f.name in option_schemas:
             for option in option_schemas[f.name].values():
-                keys |= numeric_keys(option, prefix=key)
+                yield from _schema_fields(option, prefix=key)
         elif dataclasses.is_dataclass(tp):
-            keys |= numeric_keys(tp, prefix=key)
-        elif _numeric(tp):
-            keys.add(key)
-    return keys
+            yield from _schema_fields(tp, prefix=key)
+        else:
+            yield key, f, tp
+
+
+def schema_ranges(schema: type, option_schemas: dict | None = None) -> dict[str, Range]:
+    """{key: range} of every ranged field of a config schema (a group in option_schemas: over all its options)."""
+    return {key: field_range(f) for key, f, _ in _schema_fields(schema, option_schemas) if field_range(f) is not None}
+
+
+def numeric_keys(schema: type, option_schemas: dict | None = None) -> set[str]:
+    """Every numeric key of a config schema; a group in option_schemas counts the union over its options' schemas."""
+    return {key for key, _, tp in _schema_fields(schema, option_schemas) if _numeric(tp)}
