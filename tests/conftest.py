@@ -109,6 +109,22 @@ def _no_triton_interpreter_outside_the_kernel_tests(request):
     yield
 
 
+def pytest_collection_finish(session):
+    """Take what collection built (torch, Hydra, every imported module: ~0.5 M objects per test process) out of the
+    cyclic garbage collector's sight (gc.freeze), and run its full collections a tenth as often (threshold 100
+    instead of 10), with a younger generation of 10,000 objects instead of 700.
+
+    Why: Python's full collections walk every tracked object again. Measured on the unit tier (2026-12-04): 29-35
+    of them per xdist worker cost 13-16 s of its ~110 s, and the whole collector 16-19 s; after this, 6 s. Garbage
+    the tests make is still collected, by the same collector, just in fewer, larger passes; nothing a test checks
+    depends on when (the tests that need it call gc.collect() themselves)."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(10000, 10, 100)
+
+
 def _tier(item) -> str:
     """unit, integration or docs: the folder under tests/ the test sits in."""
     parts = item.path.relative_to(item.config.rootpath / "tests").parts
