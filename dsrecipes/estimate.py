@@ -41,7 +41,7 @@ from dsrecipes.cli_help import print_help_and_exit, wants_help
 from dsrecipes.config.store import compose
 from dsrecipes.distributed.config import resolve_node_sized_keys
 from dsrecipes.models import GPT
-from dsrecipes.profiling.layout_memory import LayoutEstimate, estimate_layout, is_plain_data_parallel
+from dsrecipes.profiling.layout_memory import LayoutEstimate, estimate_layout
 from dsrecipes.profiling.memory_estimator import (
     MemoryEstimate,
     deepspeed_gap,
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> list:
     with torch.device("meta"):
         gpt = GPT(model_cfg, cfg.moe)
     num_params = gpt.num_params()
-    if not is_plain_data_parallel(dims):
+    if not dims.plain_data_parallel:
         layout = _refusing(estimate_layout, gpt, cfg, dims)
         print_table(make_console(), layout_table(layout, cfg, num_params))
         return list(layout.ranks)

@@ -139,9 +139,30 @@ class ParallelDims:
     def model_parallel(self) -> bool:
         return self.tp * self.sp * self.pp > 1
 
+    @property
+    def mixes_parameter_kinds(self) -> bool:
+        """Whether a rank holds tensor-parallel DTensor parameters beside plain replicated ones (tp > 1). torch's
+        foreach and fused optimizer kernels take one kind per call: such a rank's optimizer steps parameters one by one
+        (optimizer.impl for_loop)."""
+        return self.tp > 1
+
+    @property
+    def plain_data_parallel(self) -> bool:
+        """No tensor, pipeline, sequence or expert parallelism: every rank holds the whole model."""
+        return self.tp == self.pp == self.sp == self.ep == 1
+
+    def model_parallel_coordinates(self, rank: int) -> tuple[int, int]:
+        """(pp_rank, tp_rank) of a global rank (world = pp x dp x sp x tp, tp innermost, pp outermost): the
+        coordinates that decide which parameters it holds."""
+        return rank // (self.world_size // self.pp), rank % self.tp
+
     def dp_rank(self, rank: int) -> int:
         """This global rank's index along the data-parallel axis (which data shard it reads)."""
         return (rank % (self.world_size // self.pp)) // (self.sp * self.tp)
+
+    def describe_degrees(self) -> str:
+        """world 8 = pp 2 x dp 2 x sp 1 x tp 2, ep 1"""
+        return f"world {self.world_size} = pp {self.pp} x dp {self.dp} x sp {self.sp} x tp {self.tp}, ep {self.ep}"
 
     def describe(self) -> str:
         """world 8 = pp 2 x dp 2 (replicate 1 x shard 2) x sp 1 x tp 2, ep 1[; 2 nodes x 4 ranks: pp crosses nodes]."""

@@ -149,9 +149,11 @@ def _to_device(model: nn.Module, device: torch.device) -> None:
 
 
 def _optimizer_config(cfg, dims: ParallelDims):
-    """Tensor-parallel DTensor and replicated plain parameters cannot share torch's foreach kernels."""
+    """optimizer.impl auto steps one parameter at a time where DTensor and plain parameters share a rank (torch's
+    foreach kernels take one kind per call)."""
     optimizer_cfg = cfg.optimizer
-    if dims.tp > 1 and optimizer_cfg.impl == "auto" and "for_loop" in supported_impls(optimizer_class(optimizer_cfg)):
+    if (dims.mixes_parameter_kinds and optimizer_cfg.impl == "auto"
+            and "for_loop" in supported_impls(optimizer_class(optimizer_cfg))):
         optimizer_cfg = dataclasses.replace(optimizer_cfg, impl="for_loop")
     return optimizer_cfg
 

@@ -187,7 +187,7 @@ def test_layout_arithmetic_follows_the_shapes():
 
 
 def test_uneven_tensor_parallel_shards_are_sized_as_dtensor_sizes_them():
-    from dsrecipes.profiling.layout_memory import _shard_size
+    from dsrecipes.distributed.parameter_placement import shard_size as _shard_size
 
     assert [_shard_size(10, 4, i) for i in range(4)] == [3, 3, 3, 1]
     assert [_shard_size(2, 4, i) for i in range(4)] == [1, 1, 0, 0]

@@ -36,9 +36,9 @@ class OptimizerImpl(ConfigEnum):
     for_loop = "for_loop"
 
 
-def _tp_foreach(root, dims):
+def _mixed_parameters_foreach(root, dims):
     impl = str(root.optimizer.impl)
-    if dims.tp > 1 and impl in ("fused", "foreach"):
+    if dims.mixes_parameter_kinds and impl in ("fused", "foreach"):
         return (f"parallel.tp={dims.tp} with optimizer.impl={impl}: tensor-parallel and replicated parameters "
                 "cannot share one fused/foreach kernel; use optimizer.impl auto or for_loop")
     return None
@@ -82,7 +82,7 @@ class OptimizerConfig:
     # how the group composes with the layouts and the other groups (dsrecipes.config.compatibility)
     COMPATIBILITY: ClassVar[tuple[Refusal | Supported, ...]] = (
         Refusal("tp with optimizer.impl fused/foreach", "DTensor and plain parameters cannot share one kernel; tp runs "
-                "the optimizer's for-loop implementation", _tp_foreach),
+                "the optimizer's for-loop implementation", _mixed_parameters_foreach),
         Refusal("1-bit optimizers with zero.stage >= 1", "they average the whole momentum themselves (DeepSpeed refuses "
                 "it too)", _onebit_zero),
         Refusal("1-bit optimizers with tp / pp / sp / ep", "not implemented yet (plain data parallelism only)",
