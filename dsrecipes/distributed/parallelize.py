@@ -75,6 +75,8 @@ class ParallelPlan:
     applied: list[str] = field(default_factory=list)  # one line per step that changed the model
     # what the engine calls after each optimizer step a step of the plan needs (fp8's scale precompute)
     post_step_hooks: list[Callable[[], object]] = field(default_factory=list)
+    # the parts a step adds to the run's layout line (dsrecipes.training.layout), after the kernels part: fp8's
+    layout_parts: list[str] = field(default_factory=list)
 
     @property
     def loss_parallel(self) -> bool:
@@ -162,7 +164,8 @@ def parallelize(model: nn.Module, dims: ParallelDims, cfg, precision, device: to
         applied.append(f"pipeline: {dims.pp} ranks, schedule {cfg.parallel.pp_schedule}, this rank's blocks "
                        f"{[list(r) for r in pipeline.block_ranges]}")
     expert_parallel = _expert_parallel(model, dims, cfg.moe, applied)
-    applied.extend(apply_float8(model, cfg.fp8))  # float8 linears: before FSDP2 (float8 all-gather) and compile
+    float8 = apply_float8(model, cfg.fp8)  # float8 linears: before FSDP2 (float8 all-gather) and compile
+    applied.extend(float8)
     _compile(model, cfg, applied)
     layout = GradientLayout(expert_parallel=expert_parallel, pipeline=pipeline)
     strategy = build_strategy(cfg.zero, dims, precision, device, layout, optimizer=_optimizer_name(cfg))
@@ -171,7 +174,7 @@ def parallelize(model: nn.Module, dims: ParallelDims, cfg, precision, device: to
     for line in applied:
         log.info(line)
     return ParallelPlan(module, dims, strategy, pipeline, sequence_parallel, expert_parallel, applied,
-                        post_step_hooks=float8_post_step_hooks(module, cfg.fp8))
+                        post_step_hooks=float8_post_step_hooks(module, cfg.fp8), layout_parts=float8[:1])
 
 
 def _optimizer_name(cfg) -> str | None:

@@ -27,9 +27,7 @@ def describe_layout(plan, cfg, precision) -> str:
     parts.append(f"offload: {_offload(cfg)}")
     parts.append(f"precision: {_precision(precision)}")
     parts.append(f"kernels: {_kernels(cfg, plan.applied)}")
-    fp8 = [line for line in plan.applied if line.startswith("fp8: ")]
-    if fp8:
-        parts.append(fp8[0])
+    parts += plan.layout_parts  # what a step of the plan says of itself (fp8)
     parts.append(f"compile: {_compile(plan.applied)}")
     parts.append(f"activation checkpointing: {_activation_checkpointing(cfg.activation_checkpointing)}")
     if str(cfg.sparse_attention.mode) != "none":

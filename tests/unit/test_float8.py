@@ -215,12 +215,15 @@ def test_float8_forward_backward_close_to_fp32(float8_linear, fp32_reference, re
 
 def test_parallelize_converts_before_the_strategy_wraps(float8_linear):
     from dsrecipes.distributed.parallelize import parallelize
+    from dsrecipes.training.layout import describe_layout
     from dsrecipes.training.precision import Precision
 
     root = _root([*GPT_DEBUG, "fp8=tensorwise"])
     precision = Precision(root.precision, torch.device("cpu"))
     plan = parallelize(_gpt(), _dims(root, 1), root, precision, torch.device("cpu"))
-    assert "fp8: tensorwise, 20 linear layer(s) converted, skipped: lm_head (fp8.filter_fqns (lm_head))" in plan.applied
+    line = "fp8: tensorwise, 20 linear layer(s) converted, skipped: lm_head (fp8.filter_fqns (lm_head))"
+    assert line in plan.applied
+    assert f"| {line} | compile: off |" in describe_layout(plan, root, precision)  # the run's layout line says it
     assert isinstance(plan.module.blocks[0].attn.q_proj, float8_linear)
 
 
