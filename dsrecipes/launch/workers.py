@@ -37,7 +37,10 @@ RUN_DIR_KEY = "run_dir"  # what workers without rank 0 return: the run directory
 # torch, Hydra and the trainer imported (Python's default preloads only __main__, which imports none of them).
 # torch._dynamo too: torch imports it lazily the first time a worker builds an optimizer, an nn.Embedding or a
 # DTensor layout, so every worker would otherwise pay it (about 0.6 s of CPU each).
-FORKSERVER_PRELOAD = ("dsrecipes.launch.workers", "dsrecipes.training.trainer", "torch._dynamo")
+FORKSERVER_IMPORTS = ("dsrecipes.launch.workers", "dsrecipes.training.trainer", "torch._dynamo")
+# last: out of the garbage collector's sight, what the imports built (see the module)
+FREEZE_PRELOADED = "dsrecipes.launch.freeze_preloaded"
+FORKSERVER_PRELOAD = (*FORKSERVER_IMPORTS, FREEZE_PRELOADED)
 
 
 def backend_for(configured: str) -> str:
