@@ -10,8 +10,8 @@
 With tensor, pipeline, sequence or expert parallelism (parallel.tp / pp / sp, moe.ep_size) the table
 is per rank of that layout, for the configured zero.stage: one row per pipeline rank (its largest
 tensor-parallel shard), the heaviest marked, worked out from the parameter shapes
-(dsrecipes.profiling.layout_memory). A layout that does not fit world_size, or that training refuses,
-is refused with the training CLI's message.
+(dsrecipes.distributed.parameter_placement: what each rank holds; dsrecipes.profiling.layout_memory: its
+bytes). A layout that does not fit world_size, or that training refuses, is refused with the training CLI's message.
 
 With zero.offload_optimizer / offload_param set (cpu or nvme, stage 3) a second table places the
 ZeRO-3 model states per rank on the device, in host memory and on NVMe (swap files and buffer pools,

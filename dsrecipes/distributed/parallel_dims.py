@@ -141,7 +141,7 @@ class ParallelDims:
 
     @property
     def mixes_parameter_kinds(self) -> bool:
-        """Whether a rank holds tensor-parallel DTensor parameters beside plain replicated ones (tp > 1). torch's
+        """Whether a rank may hold tensor-parallel DTensor parameters beside plain replicated ones (tp > 1). torch's
         foreach and fused optimizer kernels take one kind per call: such a rank's optimizer steps parameters one by one
         (optimizer.impl for_loop)."""
         return self.tp > 1

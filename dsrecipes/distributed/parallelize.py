@@ -75,7 +75,7 @@ class ParallelPlan:
     applied: list[str] = field(default_factory=list)  # one line per step that changed the model
     # what the engine calls after each optimizer step a step of the plan needs (fp8's scale precompute)
     post_step_hooks: list[Callable[[], object]] = field(default_factory=list)
-    # the parts a step adds to the run's layout line (dsrecipes.training.layout), after the kernels part: fp8's
+    # the parts a step adds to the run's layout line (dsrecipes.training.layout), after the kernels part (fp8's line)
     layout_parts: list[str] = field(default_factory=list)
 
     @property

@@ -1,7 +1,7 @@
 """Which parameters each rank of a parallel layout holds (tp, pp and ep), from the model built on the meta device.
 
     placement = ParameterPlacement.of(gpt_on_meta, dims, cfg.parallel)
-    for pp_rank, tp_rank in placement.model_parallel_ranks():  # the ranks that can hold different parameters
+    for pp_rank, tp_rank in placement.model_parallel_ranks():  # the coordinates that decide what a rank holds
         dense, expert = placement.rank_elements(pp_rank, tp_rank)
 
 The layout's own rules, applied parameter by parameter, in parallelize's order (dsrecipes.profiling.layout_memory
@@ -101,8 +101,9 @@ class ParameterPlacement:
         return cls(gpt, dims, per_rank, ranges, shard_dims, _expert_names(gpt))
 
     def model_parallel_ranks(self) -> list[tuple[int, int]]:
-        """Every (pp_rank, tp_rank): data-parallel and sequence-parallel peers hold the same parameters as one of
-        them (see ParallelDims.model_parallel_coordinates for a global rank's)."""
+        """Every (pp_rank, tp_rank): every other rank holds as many parameter elements as the one at its coordinates
+        (data- and sequence-parallel peers the same ones, expert-parallel peers other experts of the same size; see
+        ParallelDims.model_parallel_coordinates for a global rank's)."""
         return [(pp_rank, tp_rank) for pp_rank in range(self.dims.pp) for tp_rank in range(self.dims.tp)]
 
     def rank_elements(self, pp_rank: int, tp_rank: int) -> tuple[int, int]:

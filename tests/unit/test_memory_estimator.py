@@ -187,10 +187,10 @@ def test_layout_arithmetic_follows_the_shapes():
 
 
 def test_uneven_tensor_parallel_shards_are_sized_as_dtensor_sizes_them():
-    from dsrecipes.distributed.parameter_placement import shard_size as _shard_size
+    from dsrecipes.distributed.parameter_placement import shard_size
 
-    assert [_shard_size(10, 4, i) for i in range(4)] == [3, 3, 3, 1]
-    assert [_shard_size(2, 4, i) for i in range(4)] == [1, 1, 0, 0]
+    assert [shard_size(10, 4, i) for i in range(4)] == [3, 3, 3, 1]
+    assert [shard_size(2, 4, i) for i in range(4)] == [1, 1, 0, 0]
     _, tp = _layout(["model.vocab_size=321", "parallel.tp=2"], 2)
     first, second = tp.ranks
     assert first.num_params - second.num_params == 128 and tp.heaviest is first  # the odd vocabulary row
