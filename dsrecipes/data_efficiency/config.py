@@ -162,7 +162,13 @@ class DataEfficiencyConfig:
     random_ltd: RandomLTDConfig = field(default_factory=RandomLTDConfig)
 
     def check(self, facts: RecipeFacts) -> None:
-        """The group's own checks, against the model's blocks, the data's block and the lr schedule."""
+        """The group's own checks, against the model's blocks, the data's block and the lr schedule.
+
+        A Hugging Face module (model.style=hf) has no dsrecipes blocks to drop tokens between: its compatibility row
+        refuses random-LTD with that true reason, so the layer ids are not checked against its layers here.
+        """
+        if str(facts.root.model.style) == "hf" and self.random_ltd.enabled:
+            return
         validate_data_efficiency_config(self, facts.root.model.n_layer, facts.root.data.block_size,
                                         lr_scheduler_target=facts.lr_scheduler_target())
 

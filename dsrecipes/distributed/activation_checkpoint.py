@@ -72,20 +72,24 @@ def _checkpointed(forward, cpu_offload: bool, *args, **kwargs):
 
 
 def apply_activation_checkpointing(model: nn.Module, cfg: ActivationCheckpointConfig) -> int:
-    """Checkpoint the chosen members of the model's nn.ModuleLists (its blocks); returns how many."""
+    """Checkpoint the chosen members of the model's nn.ModuleLists (its blocks; a Hugging Face model's decoder
+    layers, dsrecipes.models.decoder_layers); returns how many."""
     from torch import nn
+
+    from dsrecipes.models.decoder_layers import decoder_layers
 
     validate_activation_checkpoint_config(cfg)
     if cfg.mode == "none":
         return 0
     step = 1 if cfg.mode == "full" else cfg.every_k
+    layers = decoder_layers(model)
+    lists = [layers] if layers else [m for m in model.modules() if isinstance(m, nn.ModuleList)]
     count = 0
-    for module in model.modules():
-        if isinstance(module, nn.ModuleList):
-            for index, block in enumerate(module):
-                if index % step == 0:
-                    block.forward = functools.partial(_checkpointed, block.forward, cfg.cpu_offload)
-                    count += 1
+    for blocks in lists:
+        for index, block in enumerate(blocks):
+            if index % step == 0:
+                block.forward = functools.partial(_checkpointed, block.forward, cfg.cpu_offload)
+                count += 1
     return count
 
 

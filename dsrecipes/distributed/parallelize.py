@@ -47,11 +47,14 @@ from dsrecipes.distributed.activation_checkpoint import apply_activation_checkpo
 from dsrecipes.distributed.data_parallel import DataParallelStrategy, GradientLayout, build_strategy
 from dsrecipes.distributed.expert_parallel import ExpertParallel, setup_expert_parallel
 from dsrecipes.distributed.float8 import apply_float8, float8_post_step_hooks
+from dsrecipes.distributed.hf_sequence_parallel import install_hf_ulysses
+from dsrecipes.distributed.hf_tensor_parallel import apply_hf_tensor_parallel
 from dsrecipes.distributed.parallel_dims import ParallelDims
 from dsrecipes.distributed.pipeline_parallel import PipelineParallel
 from dsrecipes.distributed.sequence_parallel import SequenceParallel
 from dsrecipes.distributed.tensor_parallel import apply_tensor_parallel
 from dsrecipes.distributed.torch_compile import apply_compile
+from dsrecipes.models.decoder_layers import transformers_model
 from dsrecipes.models.kernel_injection import inject_kernels
 from dsrecipes.models.layers import CausalSelfAttention
 from dsrecipes.models.moe import MoELayer
@@ -77,11 +80,16 @@ class ParallelPlan:
     post_step_hooks: list[Callable[[], object]] = field(default_factory=list)
     # the parts a step adds to the run's layout line (dsrecipes.training.layout), after the kernels part (fp8's line)
     layout_parts: list[str] = field(default_factory=list)
+    # the layout line's model part: which way a Hugging Face checkpoint runs (native blocks or the transformers module)
+    model_description: str | None = None
+    # tensor parallelism from a Hugging Face module's own tp plan (which gathers its logits), not dsrecipes' GPT's
+    own_tp_plan: bool = False
 
     @property
     def loss_parallel(self) -> bool:
-        """Tensor parallelism keeps the logits vocab-sharded: forward and backward run under loss_parallel."""
-        return self.dims.tp > 1
+        """Tensor parallelism of dsrecipes' GPT keeps the logits vocab-sharded: forward and backward run under
+        loss_parallel (a Hugging Face module's own plan gathers its logits: a plain loss)."""
+        return self.dims.tp > 1 and not self.own_tp_plan
 
     # The layout questions the rest of the code asks, answered here so that no caller checks pp / ep itself.
     @property
@@ -100,7 +108,9 @@ class ParallelPlan:
         """The layout line's model-parallel parts (dsrecipes.training.layout): the pipeline's schedule, and how tensor
         parallelism holds the activations between blocks (tp_sequence_parallel: parallel.tp_sequence_parallel)."""
         parts = [self.pipeline.describe()] if self.pipeline is not None else []
-        if self.dims.tp > 1:
+        if self.dims.tp > 1 and self.own_tp_plan:
+            parts.append("tensor parallel: the model's own tp plan, replicated activations")
+        elif self.dims.tp > 1:
             parts.append(f"tensor parallel: {'sequence-parallel' if tp_sequence_parallel else 'replicated'} activations")
         return parts
 
@@ -142,12 +152,15 @@ class ParallelPlan:
 
 
 def parallelize(model: nn.Module, dims: ParallelDims, cfg, precision, device: torch.device, micro_batches: int = 1,
-                transforms: list[ModelTransform] | tuple = ()) -> ParallelPlan:
+                transforms: list[ModelTransform] | tuple = (), materialize=None) -> ParallelPlan:
     """Apply every configured technique to `model` (already on `device`) in the documented order.
 
     cfg: the RootConfig (its kernels, sparse_attention, activation_checkpointing, parallel, moe and
     zero groups are read); precision: the run's Precision (compute dtype, master weights);
-    micro_batches: gradient accumulation steps (the pipeline's micro-batches).
+    micro_batches: gradient accumulation steps (the pipeline's micro-batches);
+    materialize: for a model whose parameters are on the meta device, materialize(model, device) gives them
+    storage and their values (dsrecipes.models.hf_loading): called after the data-parallel wrap where the
+    strategy shards meta parameters (FSDP2: each rank then holds only its shards), else just before it.
     """
     applied: list[str] = []
     _inject_kernels(model, cfg.kernels.backend, applied)
@@ -155,7 +168,7 @@ def parallelize(model: nn.Module, dims: ParallelDims, cfg, precision, device: to
     _activation_checkpointing(model, cfg.activation_checkpointing, applied)
     for transform in transforms:
         model = transform(model)
-    _tensor_parallel(model, dims, cfg.parallel, applied)
+    own_tp_plan = _tensor_parallel(model, dims, cfg.parallel, applied)
     sequence_parallel = _sequence_parallel(model, dims, applied)
     pipeline = None
     if dims.pp > 1:
@@ -170,11 +183,17 @@ def parallelize(model: nn.Module, dims: ParallelDims, cfg, precision, device: to
     layout = GradientLayout(expert_parallel=expert_parallel, pipeline=pipeline)
     strategy = build_strategy(cfg.zero, dims, precision, device, layout, optimizer=_optimizer_name(cfg))
     ignored = expert_parallel.ignored_params if expert_parallel is not None else None
+    sharded_load = materialize is not None and strategy.wraps_meta_parameters
+    if materialize is not None and not sharded_load:
+        materialize(model, strategy.parameter_device)
     module = strategy.wrap(model, ignored_params=ignored)
+    if sharded_load:
+        materialize(model, strategy.parameter_device)  # FSDP2 shards wrap the model in place
     for line in applied:
         log.info(line)
     return ParallelPlan(module, dims, strategy, pipeline, sequence_parallel, expert_parallel, applied,
-                        post_step_hooks=float8_post_step_hooks(module, cfg.fp8), layout_parts=float8[:1])
+                        post_step_hooks=float8_post_step_hooks(module, cfg.fp8), layout_parts=float8[:1],
+                        own_tp_plan=own_tp_plan)
 
 
 def _optimizer_name(cfg) -> str | None:
@@ -234,18 +253,34 @@ def _require_gpt(model: nn.Module, key: str, value) -> None:
                          f"got {type(model).__name__}. Use {key}=1 for your own module")
 
 
-def _tensor_parallel(model: nn.Module, dims: ParallelDims, par_cfg, applied: list[str]) -> None:
+def _tensor_parallel(model: nn.Module, dims: ParallelDims, par_cfg, applied: list[str]) -> bool:
+    """Shard the model over tp; whether by a Hugging Face module's own plan (else dsrecipes' GPT plan, whose logits
+    stay vocab-sharded for a vocab-parallel loss)."""
     if dims.tp == 1:
-        return
+        return False
+    hf = transformers_model(model)
+    if hf is not None:  # a Hugging Face module: its own base_model_tp_plan
+        count = apply_hf_tensor_parallel(hf, dims.get_mesh("tp"))
+        applied.append(f"tensor parallel: tp {dims.tp}, {type(hf).__name__}'s own plan on {count} module(s), "
+                       "replicated activations")
+        return True
     _require_gpt(model, "parallel.tp", dims.tp)
     apply_tensor_parallel(model, dims.get_mesh("tp"), sequence_parallel=par_cfg.tp_sequence_parallel)
     activations = "sequence-parallel" if par_cfg.tp_sequence_parallel else "replicated"
     applied.append(f"tensor parallel: tp {dims.tp}, {activations} activations, vocab-parallel loss")
+    return False
 
 
 def _sequence_parallel(model: nn.Module, dims: ParallelDims, applied: list[str]) -> SequenceParallel | None:
     if dims.sp == 1:
         return None
+    hf = transformers_model(model)
+    if hf is not None and getattr(model, "hf", None) is hf:  # the recipe's HFCausalLM passes the chunk's positions
+        sequence_parallel = SequenceParallel(dims.get_mesh("sp").get_group())
+        count = install_hf_ulysses(hf, sequence_parallel.group)
+        applied.append(f"sequence parallel (Ulysses): sp {dims.sp}, each rank holds 1/{dims.sp} of every sequence, "
+                       f"{count} attention module(s) through transformers' attention registry")
+        return sequence_parallel
     if not _attention_modules(model):
         raise ValueError(f"parallel.sp={dims.sp} needs dsrecipes CausalSelfAttention modules to wrap in Ulysses "
                          f"all-to-alls; {type(model).__name__} has none. Use parallel.sp=1 for your own module")

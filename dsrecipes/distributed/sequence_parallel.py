@@ -192,11 +192,15 @@ class UlyssesAttention:
         return math.lcm(n_kv_head, self.size) // n_kv_head  # lcm divides n_head: n_kv_head | n_head, sp | n_head
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return self.attend(q, k, v, self.local_attention)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, local_attention: AttentionFn) -> torch.Tensor:
+        """The all-to-alls around `local_attention` (what __call__ runs with this wrapper's own)."""
         repeat = self._kv_repeat(q.shape[1], k.shape[1])
         if repeat > 1:
             k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
         q, k, v = (seq_to_heads(t, self.group) for t in (q, k, v))
-        return heads_to_seq(self.local_attention(q, k, v), self.group)
+        return heads_to_seq(local_attention(q, k, v), self.group)
 
     def __repr__(self) -> str:
         name = getattr(self.local_attention, "__name__", type(self.local_attention).__name__)
@@ -233,6 +237,7 @@ def apply_sequence_parallel(model: nn.Module, group) -> int:
 def sequence_parallel_disabled(model: nn.Module):
     """Temporarily restore the attention each Ulysses wrapper wraps, so `model` runs whole sequences on
     one rank with no collectives (text sampling on any rank, single-process evaluation)."""
+    from dsrecipes.distributed.hf_sequence_parallel import hf_ulysses_disabled
     from dsrecipes.models.layers import CausalSelfAttention
 
     swapped = [
@@ -242,7 +247,8 @@ def sequence_parallel_disabled(model: nn.Module):
     try:
         for module, wrapper in zip(swapped, wrappers):
             module.attention_fn = wrapper.wrapped
-        yield model
+        with hf_ulysses_disabled(model):  # a Hugging Face module's attention function (hf_sequence_parallel)
+            yield model
     finally:
         for module, wrapper in zip(swapped, wrappers):
             module.attention_fn = wrapper

@@ -4,7 +4,8 @@
 
 Per block: q_proj and kv_proj column-parallel (each rank computes n_head/tp query heads and
 n_kv_head/tp key/value heads; kv_proj's rows are [kv_head, k|v, head_dim], so a contiguous shard holds
-whole heads), out_proj row-parallel (partial outputs all-reduced); the MLP's fc_in (gate, up)
+whole heads), out_proj row-parallel (partial outputs all-reduced), per-head q/k norms (Qwen3) on the
+rank's heads with their shared weight's gradient summed over tp; the MLP's fc_in (gate, up)
 column-parallel and fc_out row-parallel. The token embedding is vocab-parallel (row-wise: each rank
 holds a slice of the vocabulary, lookups all-reduced) and the LM head column-parallel over the
 vocabulary; with tied embeddings the two share one vocab-sharded weight. The logits stay
@@ -60,6 +61,8 @@ def block_plan(block: nn.Module, sequence_parallel: bool = False) -> dict:
     # sequence-parallel: the row-parallel layers reduce-scatter into sequence shards instead of all-reducing
     row = RowwiseParallel(output_layouts=Shard(1)) if sequence_parallel else RowwiseParallel()
     plan = {"attn.q_proj": ColwiseParallel(), "attn.kv_proj": ColwiseParallel(), "attn.out_proj": row}
+    if getattr(block.attn, "q_norm", None) is not None:
+        plan.update({"attn.q_norm": head_sharded_norm(), "attn.k_norm": head_sharded_norm()})
     if isinstance(block.mlp, GeluMLP):
         plan.update({"mlp.fc_in": ColwiseParallel(), "mlp.fc_out": row})
     elif isinstance(block.mlp, SwiGLUMLP):
@@ -78,6 +81,14 @@ def block_plan(block: nn.Module, sequence_parallel: bool = False) -> dict:
                 input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_input=True,
                 output_layouts=(Replicate(),), desired_output_layouts=(Shard(1),), use_local_output=True)
     return plan
+
+
+def head_sharded_norm() -> SequenceParallel:
+    """The style of a norm over each attention head (Qwen3's q_norm / k_norm on [batch, seq, heads, head_dim]):
+    its input holds this rank's heads, its weight is shared by all heads, so the weight is a replicated DTensor
+    whose gradient is summed over the tp ranks (each computes the part of its own heads). torch's
+    SequenceParallel style does exactly that for any sharded dim: here dim 2, the heads."""
+    return SequenceParallel(sequence_dim=2, use_local_output=True)
 
 
 def model_plan(model: nn.Module, sequence_parallel: bool = False) -> dict:

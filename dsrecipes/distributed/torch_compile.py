@@ -146,9 +146,15 @@ def _compile(fn, cfg: CompileConfig):
 
 
 def block_lists(model: nn.Module) -> list[nn.ModuleList]:
-    """The outermost nn.ModuleLists of `model` (a GPT's `blocks`); lists inside a block (experts) are left to it."""
+    """The outermost nn.ModuleLists of `model` (a GPT's `blocks`; a Hugging Face model's decoder layers,
+    dsrecipes.models.decoder_layers); lists inside a block (experts) are left to it."""
     from torch import nn
 
+    from dsrecipes.models.decoder_layers import decoder_layers
+
+    layers = decoder_layers(model)
+    if layers:
+        return [layers]
     found: list[nn.ModuleList] = []
     inside: set[str] = set()
     for name, module in model.named_modules():

@@ -190,9 +190,11 @@ class CachedDecoder:
         """q [B, H, T, D] and k, v [B, Hkv, T, D] of normed h [B, T, C], rotated when rope is given."""
         bsz, seq_len, _ = h.shape
         n_head, n_kv, head_dim = attn.n_head, attn.n_kv_head, attn.head_dim
-        q = attn.q_proj(h).view(bsz, seq_len, n_head, head_dim).transpose(1, 2)
+        q = attn.q_proj(h).view(bsz, seq_len, n_head, head_dim)
         k, v = attn.kv_proj(h).view(bsz, seq_len, n_kv, 2, head_dim).unbind(3)  # rows [kv_head, k|v, head_dim]
-        k, v = k.transpose(1, 2), v.transpose(1, 2)
+        if attn.q_norm is not None:  # Qwen3's per-head norms, before the rotation as in training
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if rope is not None:
             q, k = rotate(q, *rope), rotate(k, *rope)
         return q, k, v

@@ -41,6 +41,16 @@ FORKSERVER_IMPORTS = ("dsrecipes.launch.workers", "dsrecipes.training.trainer", 
 # last: out of the garbage collector's sight, what the imports built (see the module)
 FREEZE_PRELOADED = "dsrecipes.launch.freeze_preloaded"
 FORKSERVER_PRELOAD = (*FORKSERVER_IMPORTS, FREEZE_PRELOADED)
+# a recipe whose model is the Hugging Face module (model.style=hf) has the server import transformers too
+HF_PRELOAD = "dsrecipes.models.hf_preload"
+
+
+def forkserver_preload(config: dict) -> list[str]:
+    """The fork server's preload for this recipe (a resolved container): FORKSERVER_PRELOAD, with transformers'
+    model machinery before the freeze when the recipe runs a Hugging Face module."""
+    if str(config.get("model", {}).get("style")) != "hf":
+        return list(FORKSERVER_PRELOAD)
+    return [*FORKSERVER_IMPORTS, HF_PRELOAD, FREEZE_PRELOADED]
 
 
 def backend_for(configured: str) -> str:
@@ -183,7 +193,7 @@ def spawn_workers(nproc: int, max_restarts: int, config: dict, run_dir: str, ove
     if _start_method(config) == "forkserver":
         import multiprocessing
 
-        multiprocessing.set_forkserver_preload(list(FORKSERVER_PRELOAD))
+        multiprocessing.set_forkserver_preload(forkserver_preload(config))
     launch_config = LaunchConfig(
         nproc_per_node=nproc,
         rdzv_backend="c10d",

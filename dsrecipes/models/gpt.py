@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dsrecipes.models.config import ModelConfig, validate_model_config
-from dsrecipes.models.layers import Block, RMSNorm, make_norm, rope_tables
+from dsrecipes.models.layers import Block, RMSNorm, make_norm, model_rope_tables
 from dsrecipes.models.moe import Experts, MoELayer
 from dsrecipes.models.moe_config import MoEConfig, validate_moe_config
 
@@ -55,6 +55,9 @@ class GPT(nn.Module):
     def __init__(self, cfg: ModelConfig, moe: MoEConfig | None = None):
         super().__init__()
         validate_model_config(cfg)
+        if cfg.runs_transformers:
+            raise ValueError(f"model.style=hf is the Hugging Face module of {cfg.path}, not dsrecipes' GPT; build it "
+                             "with dsrecipes.models.hf_module.build_hf_module")
         if cfg.vocab_size is None:
             raise ValueError("model.vocab_size is null; set it or let the recipe take it from the tokenizer")
         self.cfg = cfg
@@ -78,7 +81,7 @@ class GPT(nn.Module):
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
         if cfg.style == "llama":
-            cos, sin = rope_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
+            cos, sin = model_rope_tables(cfg)
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
         if not any(p.is_meta for p in self.parameters()):
@@ -113,7 +116,7 @@ class GPT(nn.Module):
     def init_rope(self) -> None:
         """(Re)compute the rotary tables in place (they are not saved in state dicts)."""
         if self.cfg.style == "llama":
-            cos, sin = rope_tables(self.cfg.head_dim, self.cfg.max_seq_len, self.cfg.rope_theta, self.rope_cos.device)
+            cos, sin = model_rope_tables(self.cfg, self.rope_cos.device)
             self.rope_cos.copy_(cos)
             self.rope_sin.copy_(sin)
 

@@ -1,4 +1,4 @@
-"""Import a Hugging Face GPT-2 / Llama / Mistral / Qwen2 checkpoint directory as dsrecipes' GPT.
+"""Import a Hugging Face GPT-2 / Llama / Mistral / Qwen2 / Qwen3 checkpoint directory as dsrecipes' GPT (native).
 
     model, config = load_hf_checkpoint("DIR")        # or a hub name (owner/name) when online
     python -m dsrecipes model=hf model.path=DIR data.block_size=128        # fine-tune it
@@ -9,8 +9,8 @@ model-*.safetensors with their index, or pytorch_model.bin (what save_pretrained
 dsrecipes' own export). The shape comes from config.json (dsrecipes.models.hf_config), the tensors
 are renamed and re-laid out by dsrecipes.models.hf_weights, and the tokenizer is the directory's
 tokenizer.json. The model is dsrecipes' own GPT, so the recipe's features (ZeRO, TP / SP / PP, kernels,
-compression) apply to it; MoE does not (a dense checkpoint has no experts). Other architectures are
-refused naming their model_type.
+compression) apply to it; MoE does not (a dense checkpoint has no experts). Other architectures train as the
+Hugging Face module (dsrecipes.models.hf_module); this module refuses them, saying why.
 """
 
 from __future__ import annotations
@@ -113,7 +113,12 @@ def read_hf_checkpoint(path: str | os.PathLike, model_cfg: ModelConfig | None = 
     source = str(path)
     config = read_hf_config(directory)
     model_type = model_type_of(config, source)
-    stored = model_config_from_hf(config, source=source, name=Path(source).name)
+    try:
+        stored = model_config_from_hf(config, source=source, name=Path(source).name, impl="native")
+    except ValueError as why:
+        reason = str(why).split(": ", 2)[-1].split("; model.impl=auto")[0]
+        raise ValueError(f"{source}: dsrecipes' GPT cannot load this checkpoint ({reason}); it trains as the Hugging "
+                         f"Face module itself: model=hf model.path={source}") from None
     if model_cfg is not None:
         check_model_matches(model_cfg, stored, source)
     cfg = model_cfg or stored
@@ -144,11 +149,16 @@ def load_hf_checkpoint(path: str | os.PathLike, device: str | torch.device = "cp
     return assign_state(model, state, device).eval(), view
 
 
-def gpt_from_hf(model_cfg: ModelConfig, device: str | torch.device, moe=None) -> GPT:
-    """The Trainer's model for model.path=DIR: GPT(model_cfg) with DIR's weights, in training mode."""
+def refuse_moe_on_checkpoint(model_cfg: ModelConfig, moe=None) -> None:
+    """ValueError when the recipe asks for dsrecipes MoE layers on a dense checkpoint's native blocks."""
     if moe is not None and getattr(moe, "enabled", False):
         raise ValueError(f"model.path={model_cfg.path!r} with moe.num_experts={moe.num_experts}: a Hugging Face "
                          "checkpoint's dense MLPs have no experts to load into; use moe=none")
+
+
+def gpt_from_hf(model_cfg: ModelConfig, device: str | torch.device, moe=None) -> GPT:
+    """The Trainer's model for model.path=DIR: GPT(model_cfg) with DIR's weights, in training mode."""
+    refuse_moe_on_checkpoint(model_cfg, moe)
     return load_hf_checkpoint(model_cfg.path, device, model_cfg)[0].train()
 
 

@@ -1,4 +1,4 @@
-"""Tensor names and layouts between dsrecipes' GPT and Hugging Face's GPT-2 / Llama / Mistral / Qwen2.
+"""Tensor names and layouts between dsrecipes' GPT and Hugging Face's GPT-2 / Llama / Mistral / Qwen2 / Qwen3.
 
     hf_state = to_hf_state(model.state_dict(), cfg)                    # names of hf_model_type_for(cfg)
     state = from_hf_state(hf_state, cfg, "llama", source="DIR")       # exactly GPT(cfg).state_dict()'s keys
@@ -109,7 +109,10 @@ def to_hf_state(state: dict, cfg: ModelConfig) -> dict:
         tensor = left.pop(name, None)
         if tensor is None and required:
             raise NoHFLayout(f"the state dict has no {name!r}: not a dense dsrecipes GPT of this config")
-        return None if tensor is None else tensor.detach().to("cpu", torch.float32)
+        if tensor is None:
+            return None
+        device = tensor.device if tensor.is_meta else "cpu"  # a meta-built model: names and shapes only
+        return tensor.detach().to(device, torch.float32)
 
     hf = (_gpt2_to_hf if cfg.style == "gpt2" else _llama_to_hf)(take, cfg)
     if cfg.tie_embeddings:
@@ -158,7 +161,7 @@ def _gpt2_to_hf(take, cfg: ModelConfig) -> dict:
 
 
 def _llama_to_hf(take, cfg: ModelConfig) -> dict:
-    qwen2 = hf_model_type_for(cfg) == "qwen2"
+    qwen2 = hf_model_type_for(cfg) == "qwen2"  # qwen3's attention_bias covers o_proj too, as llama's
     attn_bias = cfg.bias or cfg.attn_qkv_bias  # HF Llama: attention_bias covers q, k, v and o alike
     hd = cfg.head_dim
     hf = {"model.embed_tokens.weight": take("tok_emb.weight"), "model.norm.weight": take("final_norm.weight")}
@@ -173,6 +176,9 @@ def _llama_to_hf(take, cfg: ModelConfig) -> dict:
                    h + "mlp.gate_proj.weight": take(b + "mlp.gate.weight"),
                    h + "mlp.up_proj.weight": take(b + "mlp.up.weight"),
                    h + "mlp.down_proj.weight": take(b + "mlp.fc_out.weight")})
+        if cfg.qk_norm:
+            hf.update({h + "self_attn.q_norm.weight": take(b + "attn.q_norm.weight"),
+                       h + "self_attn.k_norm.weight": take(b + "attn.k_norm.weight")})
         if attn_bias:
             kv_bias = take(b + "attn.kv_proj.bias", False)
             kb, vb = _split_kv(kv_bias, cfg.kv_heads, hd) if kv_bias is not None else _zero_pair(cfg.kv_heads * hd)
@@ -249,6 +255,9 @@ def _llama_from_hf(hf: HFTensors, ds: DsTensors, cfg: ModelConfig) -> None:
                          b + "mlp.gate.weight": hf.take(h + "mlp.gate_proj.weight"),
                          b + "mlp.up.weight": hf.take(h + "mlp.up_proj.weight"),
                          b + "mlp.fc_out.weight": hf.take(h + "mlp.down_proj.weight")})
+        if cfg.qk_norm:
+            ds.state.update({b + "attn.q_norm.weight": hf.take(a + "q_norm.weight"),
+                             b + "attn.k_norm.weight": hf.take(a + "k_norm.weight")})
         kb, vb = hf.take(a + "k_proj.bias", False), hf.take(a + "v_proj.bias", False)
         kv_bias = None if kb is None and vb is None else _join_kv(
             _zeros_if_none(kb, kv_size), _zeros_if_none(vb, kv_size), cfg.kv_heads, cfg.head_dim)

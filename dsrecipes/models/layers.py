@@ -12,6 +12,8 @@ without touching parameters, module names or state-dict keys.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -81,11 +83,45 @@ def make_mlp(cfg: ModelConfig) -> nn.Module:
     return SwiGLUMLP(cfg) if cfg.style == "llama" else GeluMLP(cfg)
 
 
-def rope_tables(head_dim: int, max_seq_len: int, theta: float, device=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin tables [max_seq_len, head_dim/2] for rotary embeddings (fp32)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+def rope_inv_freq(cfg: ModelConfig, device=None) -> torch.Tensor:
+    """The rotary frequencies [head_dim/2] (fp32): theta^(-2i/d), scaled as cfg.rope_type says.
+
+    linear: every frequency / rope_factor (position interpolation). llama3 (Llama 3.1): wavelengths longer than
+    rope_original_max_seq_len / rope_low_freq_factor are divided by rope_factor, those shorter than
+    ... / rope_high_freq_factor are kept, and the band between is interpolated smoothly; the same arithmetic as
+    transformers' rope initialisers, so imported checkpoints rotate exactly as they did there.
+    """
+    head_dim = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+    rope_type = str(cfg.rope_type)
+    if rope_type == "linear":
+        return inv_freq / cfg.rope_factor
+    if rope_type != "llama3":
+        return inv_freq
+    factor, low, high = cfg.rope_factor, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor
+    original = cfg.rope_original_max_seq_len or cfg.max_seq_len
+    low_freq_wavelen, high_freq_wavelen = original / low, original / high
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (original / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+def rope_tables(head_dim: int, max_seq_len: int, theta: float, device=None,
+                inv_freq: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables [max_seq_len, head_dim/2] for rotary embeddings (fp32); plain theta^(-2i/d) frequencies
+    unless inv_freq is given (model_rope_tables passes the scaled ones)."""
+    if inv_freq is None:
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
     angles = torch.outer(torch.arange(max_seq_len, device=device, dtype=torch.float32), inv_freq)
     return angles.cos(), angles.sin()
+
+
+def model_rope_tables(cfg: ModelConfig, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A model's rotary tables: rope_tables over cfg.max_seq_len with rope_inv_freq's (scaled) frequencies."""
+    return rope_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta, device, rope_inv_freq(cfg, device))
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -102,7 +138,9 @@ class CausalSelfAttention(nn.Module):
     kv_proj fuses keys and values head by head: its output rows are laid out [kv_head, (k|v), head_dim],
     so any contiguous slice of whole kv heads holds both their keys and values (tensor parallelism
     shards it column-wise like q_proj). Head counts are read from the projections' outputs, so the
-    same forward runs on a tensor-parallel rank that holds n_head/tp heads.
+    same forward runs on a tensor-parallel rank that holds n_head/tp heads. With cfg.qk_norm, q_norm and
+    k_norm (RMSNorm over head_dim, shared by the heads) normalise each query and key head before the
+    rotary embedding (Qwen3).
     """
 
     # Hooks. attention_fn(q [B,H,T,D], k, v [B,Hkv,T,D]) -> causal attention [B,H,T,D] (handles GQA
@@ -118,12 +156,16 @@ class CausalSelfAttention(nn.Module):
         self.q_proj = nn.Linear(cfg.d_model, cfg.n_head * cfg.head_dim, bias=cfg.attn_qkv_bias)
         self.kv_proj = nn.Linear(cfg.d_model, 2 * cfg.kv_heads * cfg.head_dim, bias=cfg.attn_qkv_bias)
         self.out_proj = nn.Linear(cfg.n_head * cfg.head_dim, cfg.d_model, bias=cfg.bias)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         bsz, seq_len, _ = x.shape
-        q = self.q_proj(x).view(bsz, seq_len, -1, self.head_dim).transpose(1, 2)
+        q = self.q_proj(x).view(bsz, seq_len, -1, self.head_dim)
         k, v = self.kv_proj(x).view(bsz, seq_len, -1, 2, self.head_dim).unbind(3)
-        k, v = k.transpose(1, 2), v.transpose(1, 2)
+        if self.q_norm is not None:  # [B, T, heads, head_dim]: tensor parallelism shards dim 2 (the heads)
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if self.use_rope:
             rope_fn = self.rope_fn if self.rope_fn is not None else apply_rope
             q, k = rope_fn(q, *rope), rope_fn(k, *rope)

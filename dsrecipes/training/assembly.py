@@ -63,6 +63,8 @@ def build_engine(
     config_yaml: str | None = None,
     transforms=(),
     model_parameters=None,
+    materialize=None,
+    model_description: str | None = None,
 ) -> Engine:
     """Place and parallelize the model, build what the caller did not pass, wrap it all in an Engine.
 
@@ -75,7 +77,9 @@ def build_engine(
     optimizer is built over, as DeepSpeed's argument of that name (see dsrecipes.training.optim.optimizers).
     They are recorded by name before parallelize, which may replace the parameter objects (FSDP2,
     tensor parallelism, kernel injection), and looked up by name in the tree the optimizer steps
-    (with fp32 master weights: the masters, which are the caller's original parameters).
+    (with fp32 master weights: the masters, which are the caller's original parameters);
+    materialize: fills a model built on the meta device (dsrecipes.models.hf_loading; see parallelize);
+    model_description: the layout line's model part (which way a Hugging Face checkpoint runs).
     """
     factory = None
     if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
@@ -98,7 +102,9 @@ def build_engine(
     precision = Precision(cfg.precision, device)
     _to_device(model, device)
     plan = parallelize(model, dims, cfg, precision, device, micro_batches=batch.gradient_accumulation_steps,
-                       transforms=transforms)
+                       transforms=transforms, materialize=materialize)
+    if model_description:
+        plan.model_description = model_description
     strategy = plan.strategy
     assert (client is not None) == (optimizer is not None and strategy.needs_own_optimizer), strategy.name
     elsewhere = not plan.holds_every_parameter  # stages or experts on other ranks

@@ -19,6 +19,8 @@ LAYOUT_KEY = "run/layout"
 def describe_layout(plan, cfg, precision) -> str:
     """One line for the run log; plan: the ParallelPlan, cfg: the RootConfig, precision: the run's Precision."""
     parts = [_axes(plan.dims)]
+    if plan.model_description:
+        parts.append(f"model: {plan.model_description}")
     if plan.dims.nodes > 1:
         parts.append(f"nodes: {plan.dims.describe_nodes()}")
     parts += plan.describe_model_parallel(cfg.parallel.tp_sequence_parallel)

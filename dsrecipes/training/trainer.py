@@ -24,11 +24,11 @@ from rich.table import Table
 
 from dsrecipes.data import BatchIterator, eval_batches, prepare_data
 from dsrecipes.distributed.parallel_dims import ParallelDims, device_type_of
-from dsrecipes.distributed.pipeline_parallel import build_gpt_for_rank
 from dsrecipes.distributed.utils import is_distributed, maybe_inject_failure, mean_over_ranks, rank_zero_first
 from dsrecipes.models.config import padded_vocab_size
 from dsrecipes.models.hf_export import export_model
-from dsrecipes.models.hf_import import gpt_from_hf, tokenizer_for_training
+from dsrecipes.models.hf_import import tokenizer_for_training
+from dsrecipes.models.hf_module_export import export_transformers
 from dsrecipes.models.sampling import sample_tokens
 from dsrecipes.profiling.wall_clock import WallClockBreakdown
 from dsrecipes.training.assembly import build_engine
@@ -38,6 +38,7 @@ from dsrecipes.training.config import to_dictconfig
 from dsrecipes.training.extensions.base import Extensions, RunContext, callback_states, load_callback_states
 from dsrecipes.training.extensions.recipe import build_extensions
 from dsrecipes.training.layout import LAYOUT_KEY
+from dsrecipes.training.recipe_model import build_recipe_model
 from dsrecipes.training.reporting.loggers import MetricLoggers, wandb_run_id
 from dsrecipes.training.reporting.loss_curve import write_loss_curve
 from dsrecipes.training.reporting.progress import TrainingProgress, progress_line
@@ -112,14 +113,17 @@ class Trainer:
                 f"model.vocab_size={model_cfg.vocab_size} is smaller than the tokenizer's "
                 f"{self.data.tokenizer.vocab_size} tokens; set it to null to take it from the tokenizer"
             )
-        if model_cfg.path:  # model=hf: start from a Hugging Face checkpoint's weights
-            self.gpt = gpt_from_hf(model_cfg, self.device, moe=cfg.moe)
-            self.log.info("model: weights from %s, tokenizer %s", model_cfg.path, cfg.data.tokenizer)
-        else:  # under pipeline parallelism this rank allocates only its stages, initialised as one process's
-            self.gpt = build_gpt_for_rank(model_cfg, cfg.moe, self.dims, cfg.parallel, self.device)
+        # from scratch (under pipeline parallelism only this rank's stages), or model=hf: a Hugging Face checkpoint,
+        # built on the meta device and filled with what this rank holds once parallelize has sharded it
+        built = build_recipe_model(model_cfg, cfg.moe, self.dims, cfg.parallel, self.device)
+        self.gpt = built.module
+        if model_cfg.path:
+            self.log.info("model: weights from %s (%s), tokenizer %s", model_cfg.path, built.description,
+                          cfg.data.tokenizer)
         config_yaml = OmegaConf.to_yaml(to_dictconfig(cfg))
         self.engine = build_engine(self.gpt, cfg, self.batch, self.dims, config_yaml=config_yaml,
-                                   transforms=self.extensions.model_transforms)
+                                   transforms=self.extensions.model_transforms, materialize=built.materialize,
+                                   model_description=built.description)
         # trainer.wall_clock_breakdown: perf/<phase>_s in every log line (dsrecipes.profiling.wall_clock)
         self.wall_clock = WallClockBreakdown(self.device) if cfg.trainer.wall_clock_breakdown else None
         if self.wall_clock is not None:
@@ -349,8 +353,11 @@ class Trainer:
             if str(self.cfg.sparse_attention.mode) != "none":  # recorded for inference (which attends densely)
                 extra["sparse_attention"] = OmegaConf.to_container(OmegaConf.structured(self.cfg.sparse_attention),
                                                                    enum_to_str=True)
-            export_model(state, self.cfg.model, out, tokenizer=self.cfg.data.tokenizer, extra=extra,
-                         moe_cfg=self.cfg.moe)
+            if self.cfg.model.runs_transformers:  # the Hugging Face module: its own save_pretrained layout
+                export_transformers(state, self.cfg.model, out, tokenizer=self.cfg.data.tokenizer)
+            else:
+                export_model(state, self.cfg.model, out, tokenizer=self.cfg.data.tokenizer, extra=extra,
+                             moe_cfg=self.cfg.moe)
             self.log.info("export: %s", out)
         return out
 

@@ -31,16 +31,17 @@ import tempfile
 import threading
 from pathlib import Path
 
-from dsrecipes.launch.workers import FORKSERVER_IMPORTS, FREEZE_PRELOADED
+from dsrecipes.launch.workers import FORKSERVER_IMPORTS, FREEZE_PRELOADED, HF_PRELOAD
 from tests.helpers.environment import subprocess_env
 from tests.helpers.paths import REPO
 
 # faulthandler's signal: a command and its workers print their Python stacks on it (cli.py, on a timeout)
 STACKS_SIGNAL = signal.SIGUSR2
 # what the server imports once, for every command and worker: the CLI, what the product's fork server imports for
-# its workers, and this module (it registers the workers' hook); then, as the product's does, it freezes all of it
+# its workers (transformers' model machinery too: the Hugging Face rows), and this module (it registers the
+# workers' hook); then, as the product's does, it freezes all of it
 # out of the garbage collector's sight (dsrecipes.launch.freeze_preloaded)
-PRELOADED = ("dsrecipes.__main__", *FORKSERVER_IMPORTS, "tests.helpers.fork_server", FREEZE_PRELOADED)
+PRELOADED = ("dsrecipes.__main__", *FORKSERVER_IMPORTS, HF_PRELOAD, "tests.helpers.fork_server", FREEZE_PRELOADED)
 
 _lock = threading.Lock()
 _context = None

@@ -11,7 +11,10 @@ import pytest
 from dsrecipes.config import validate_recipe
 from dsrecipes.config.compatibility import REFUSED, SUPPORTED, matrix_markdown
 from dsrecipes.config.store import compose
+from tests.helpers.hf_models import resolve_checkpoints
 from tests.helpers.paths import DOCS, REPO
+
+HF = ["model=hf", "model.path=@hf:gemma3"]  # a tiny transformers-path checkpoint (made once per test session)
 
 # combination -> (overrides, world size, a fragment of the message)
 CASES = {
@@ -55,6 +58,19 @@ CASES = {
     "fp8 with tp": (["fp8=tensorwise", "parallel.tp=2"], 2, "fp8=tensorwise with parallel.tp=2 is not supported"),
     "fp8 with compression": (["fp8=rowwise", "compression=qat_int8"], 1,
                              "fp8=rowwise with compression.weight_quantization.enabled=true is not supported"),
+    "model.style=hf with kernels.backend=triton": ([*HF, "kernels.backend=triton"], 1,
+                                                   "kernels.backend=triton with model.style=hf"),
+    "model.style=hf with compression": ([*HF, "compression=qat_int8"], 1,
+                                        "compression.weight_quantization.enabled=true with model.style=hf"),
+    "model.style=hf with random-LTD": ([*HF, "data_efficiency=random_ltd"], 1,
+                                       "data_efficiency.random_ltd.enabled=true with model.style=hf"),
+    "model.style=hf with the moe group or moe.ep_size > 1": ([*HF, "moe=top2"], 1,
+                                                             "moe.num_experts=8 with model.style=hf"),
+    "model.style=hf with sparse_attention": ([*HF, "sparse_attention=fixed"], 1,
+                                             "sparse_attention.mode=fixed with model.style=hf"),
+    "model.style=hf with pp": ([*HF, "parallel.pp=2", "trainer.gradient_accumulation_steps=2",
+                                      "trainer.train_micro_batch_size_per_gpu=16"], 2,
+                               "parallel.pp=2 with model.style=hf"),
 }
 
 
@@ -63,8 +79,9 @@ def test_every_refused_row_has_a_case():
 
 
 @pytest.mark.parametrize("combination", sorted(CASES))
-def test_refused_combination_fails_before_work_naming_the_keys(combination):
+def test_refused_combination_fails_before_work_naming_the_keys(combination, tmp_path_factory):
     overrides, world, fragment = CASES[combination]
+    overrides = resolve_checkpoints(overrides, tmp_path_factory)
     with pytest.raises(ValueError, match=re.escape(fragment)):
         validate_recipe(compose(["model.dropout=0.0", *overrides]), dp_world_size=world)
 

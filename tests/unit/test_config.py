@@ -179,7 +179,7 @@ def test_a_key_the_option_does_not_take_names_key_and_schema():
         ("optimizer.impl=turbo", "Invalid value 'turbo', expected one of [auto, fused, foreach, for_loop]"),
         ("lr_scheduler.warmup_type=cubic", "Invalid value 'cubic', expected one of [linear, log]"),
         # these were cross-field ValueErrors before their fields became Enums (tests/unit/test_config_enums.py: all of them)
-        ("model.style=bert", "Invalid value 'bert', expected one of [gpt2, llama]"),
+        ("model.style=bert", "Invalid value 'bert', expected one of [gpt2, llama, hf]"),
         ("data.source=web", "Invalid value 'web', expected one of [builtin, files, hub]"),
     ],
 )

@@ -27,7 +27,9 @@ from dsrecipes.training.config import OPTION_SCHEMAS
 # an Enum field added later is found in the schema and tested too, its choices taken from its Enum)
 CHOICES = {
     "mode": ["train", "generate", "serve-bench"],
-    "model.style": ["gpt2", "llama"],
+    "model.style": ["gpt2", "llama", "hf"],
+    "model.impl": ["auto", "native", "transformers"],
+    "model.rope_type": ["default", "linear", "llama3"],
     "data.source": ["builtin", "files", "hub"],
     "optimizer.impl": ["auto", "fused", "foreach", "for_loop"],
     "lr_scheduler.warmup_type": ["linear", "log"],
@@ -200,7 +202,7 @@ def test_every_enum_field_survives_the_trip_to_the_workers():
         checked += 1
     assert checked >= len(CHOICES)
     root = to_root(reloaded)
-    assert root.parallel.pp_schedule == "interleaved_1f1b" and root.mode == "serve-bench" and root.model.style == "llama"
+    assert root.parallel.pp_schedule == "interleaved_1f1b" and root.mode == "serve-bench" and root.model.style == "hf"
     assert root.generate.bench_impls == ["int8_graph", "hf"] and root.logger.level == "CRITICAL"
     assert root == to_root(cfg)
 
@@ -222,6 +224,6 @@ def test_python_users_may_still_pass_plain_strings():
 
     cfg = ModelConfig(style="llama", n_layer=1, d_model=32, n_head=2, vocab_size=64)
     GPT(cfg)
-    with pytest.raises(ValueError, match="model.style='bert' is not valid; choose one of: gpt2, llama"):
+    with pytest.raises(ValueError, match="model.style='bert' is not valid; choose one of: gpt2, llama, hf"):
         validate_model_config(ModelConfig(style="bert"))
     assert to_root(load_config(RootConfig(model=cfg))).model.style == "llama"

@@ -173,19 +173,24 @@ def test_generate_from_an_hf_directory_matches_transformers_greedy(tmp_path, mon
 
 
 # ------------------------------------------------------------------------------------------------ bad input
-def test_an_unsupported_architecture_is_one_line_naming_model_type_and_the_supported_ones(tmp_path):
+def test_an_architecture_without_a_native_form_or_a_causal_lm_is_one_line_naming_model_type(tmp_path):
     config = transformers.BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                                      intermediate_size=32)
     transformers.BertForMaskedLM(config).save_pretrained(tmp_path / "bert")
-    with pytest.raises(ValueError) as error:
+    with pytest.raises(ValueError) as error:  # the native loader names what it takes and where the rest runs
         load_hf_checkpoint(tmp_path / "bert")
     message = str(error.value)
-    assert "\n" not in message and "'bert'" in message and "gpt2, llama, mistral, qwen2" in message
+    assert "\n" not in message and "'bert'" in message and "gpt2, llama, mistral, qwen2, qwen3" in message
+    assert "model=hf" in message
 
-    with pytest.raises(ValueError) as error:  # the recipe path: the same line, before any work starts
-        validate_recipe(compose(["model=hf", f"model.path={tmp_path / 'bert'}"]), dp_world_size=1)
-    line = user_error_message(error.value)
-    assert "\n" not in line and "'bert'" in line and "gpt2, llama, mistral, qwen2" in line
+    config = json.loads((tmp_path / "bert" / "config.json").read_text())
+    (tmp_path / "bert" / "config.json").write_text(json.dumps({**config, "model_type": "encoder_only_thing"}))
+    for impl, fragment in (("auto", "no causal-LM module"), ("native", "has no native form")):
+        with pytest.raises(ValueError) as error:  # the recipe path: one line, before any work starts
+            validate_recipe(compose(["model=hf", f"model.path={tmp_path / 'bert'}", f"model.impl={impl}"]),
+                            dp_world_size=1)
+        line = user_error_message(error.value)
+        assert "\n" not in line and "'encoder_only_thing'" in line and fragment in line
 
 
 def test_what_dsrecipes_blocks_cannot_compute_is_refused_naming_the_key(tmp_path):
@@ -194,9 +199,9 @@ def test_what_dsrecipes_blocks_cannot_compute_is_refused_naming_the_key(tmp_path
         load_hf_checkpoint(path)
     config = json.loads((path / "config.json").read_text())
     config.update(model_type="llama", hidden_size=32, num_attention_heads=4, num_hidden_layers=2, intermediate_size=48,
-                  rope_parameters={"rope_type": "llama3", "rope_theta": 5e5})
+                  rope_parameters={"rope_type": "yarn", "rope_theta": 5e5, "factor": 4.0})
     (path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match="rope_type='llama3'"):
+    with pytest.raises(ValueError, match="rope_type='yarn'.*default, linear, llama3"):
         load_hf_checkpoint(path)
 
 

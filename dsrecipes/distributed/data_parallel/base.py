@@ -93,6 +93,17 @@ class DataParallelStrategy:
         """Whether fp32 master weights live beside the module (strategies that keep whole parameters)."""
         return self.precision.master_weights
 
+    @property
+    def wraps_meta_parameters(self) -> bool:
+        """Whether `wrap` takes a model whose parameters are still on the meta device, each rank then materializing
+        only what it holds (FSDP2); the others wrap a model whose weights are in place (DDP broadcasts them)."""
+        return False
+
+    @property
+    def parameter_device(self) -> torch.device:
+        """Where this rank's parameters live between steps (the CPU under parameter offload)."""
+        return self.device
+
     def wrap(self, model: nn.Module, ignored_params: set[nn.Parameter] | None = None) -> nn.Module:
         """Prepare `model` (already on its device, model-parallel steps applied) for this mechanism."""
         self._attach_masters(model)

@@ -13,7 +13,8 @@
 * ZeRO++ (quantized_collectives.py): qwZ / qgZ as FSDP2 custom all-gather / reduce-scatter on every
   unit, hpZ as reshard_after_forward=<zero.zero_hpz_partition_size>.
 
-Every nn.ModuleList member (the transformer blocks) is one FSDP unit, then the root.
+Every nn.ModuleList member (the transformer blocks; a Hugging Face model's decoder layers) is one FSDP unit, then
+the root.
 """
 
 from __future__ import annotations
@@ -25,10 +26,15 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, Offlo
 from dsrecipes.distributed.config import offloads, uses_nvme
 from dsrecipes.distributed.data_parallel import quantized_collectives as zeropp
 from dsrecipes.distributed.data_parallel.base import DataParallelStrategy, ModelStateBytes
+from dsrecipes.models.decoder_layers import decoder_layers
 
 
 def repeated_blocks(model: nn.Module) -> list[nn.Module]:
-    """The members of every nn.ModuleList (transformer blocks): the units FSDP2 shards one by one."""
+    """The units FSDP2 shards one by one: a Hugging Face model's decoder layers (its _no_split_modules classes),
+    else the members of every nn.ModuleList (transformer blocks)."""
+    layers = decoder_layers(model)
+    if layers:
+        return layers
     blocks = []
     for module in model.modules():
         if isinstance(module, nn.ModuleList):
@@ -50,6 +56,14 @@ class FSDP2Strategy(DataParallelStrategy):
     @property
     def offload(self) -> bool:
         return offloads(self.zero)
+
+    @property
+    def wraps_meta_parameters(self) -> bool:
+        return not uses_nvme(self.zero)  # NVMe offload writes the shards to its swap files as it wraps
+
+    @property
+    def parameter_device(self) -> torch.device:
+        return torch.device("cpu") if self.offload else self.device
 
     def wrap(self, model: nn.Module, ignored_params: set[nn.Parameter] | None = None) -> nn.Module:
         precision = self.precision
