@@ -76,4 +76,13 @@ HF_MODULE_ROWS: tuple[Refusal | Supported, ...] = (
             _moe),
     Refusal("model.style=hf with sparse_attention", "routes dsrecipes' attention modules", _sparse_attention),
     Refusal("model.style=hf with pp", "not implemented yet (no stage split of a transformers module)", _pipeline),
+    Supported("model.style=hf with ZeRO 0-3 and activation checkpointing", "supported: each decoder layer (the "
+              "model's _no_split_modules class) one FSDP2 unit and one checkpointed block; resumes in one process",
+              ("hf-gemma3-dp2-zero3-activation_checkpointing", "hf-mixtral-dp2-zero2")),
+    Supported("model.style=hf with tp", "supported: the model's own base_model_tp_plan on DTensors, replicated "
+              "activations", ("hf-gemma3-tp2",)),
+    Supported("model.style=hf with sp", "supported: Ulysses all-to-alls around the model's attention function",
+              ("hf-gemma3-sp2",)),
+    Supported("model=hf on dsrecipes' blocks (model.impl=auto or native) with every layout", "supported: the "
+              "checkpoint's weights in dsrecipes' GPT, every group and layout of the GPT", ("hf-qwen3-native-tp2",)),
 )

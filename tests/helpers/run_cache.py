@@ -76,10 +76,16 @@ class Run:
 
     @cached_property
     def params(self) -> dict:
-        """The run's final export (load_exported), as a state dict."""
+        """The run's final export as a state dict: dsrecipes' GPT through load_exported, or, for a transformers-path
+        model (model.style=hf), the save_pretrained directory's own tensors under their Hugging Face names."""
         from dsrecipes.models import load_exported
 
-        model, _ = load_exported(self.run_dir / "export")
+        export = self.run_dir / "export"
+        if json.loads((export / "config.json").read_text()).get("model_type") and not _native(export):
+            from safetensors.torch import load_file
+
+            return {name: tensor for file in sorted(export.glob("*.safetensors")) for name, tensor in load_file(file).items()}
+        model, _ = load_exported(export)
         return model.state_dict()
 
     @property
@@ -93,8 +99,19 @@ class Run:
         return path
 
 
+def _native(export: Path) -> bool:
+    """Whether dsrecipes' GPT loads this Hugging Face export (its model_type has a native form)."""
+    from dsrecipes.models.hf_config import NATIVE_MODEL_TYPES
+
+    return json.loads((export / "config.json").read_text())["model_type"] in NATIVE_MODEL_TYPES
+
+
 def cached_run(tmp_path_factory, overrides: list[str], timeout: int = 300) -> Run:
-    """The run of `python -m dsrecipes OVERRIDES`: trained by the first test that asks, read by every later one."""
+    """The run of `python -m dsrecipes OVERRIDES`: trained by the first test that asks, read by every later one.
+    `model.path=@hf:ARCH` names a tiny Hugging Face checkpoint of tests/helpers/hf_models.py (made on first use);
+    the key keeps the placeholder, so it does not depend on where the session's checkpoints live."""
+    from tests.helpers.hf_models import resolve_checkpoints
+
     key = _key(overrides)
     root = shared_root(tmp_path_factory) / "run_cache"
     root.mkdir(exist_ok=True)
@@ -102,7 +119,7 @@ def cached_run(tmp_path_factory, overrides: list[str], timeout: int = 300) -> Ru
     with FileLock(str(root / f"{key}.lock")):
         if not result_file.exists():
             folder.mkdir(exist_ok=True)
-            command = list(overrides)
+            command = resolve_checkpoints(list(overrides), tmp_path_factory)
             if not any(o.startswith("data.cache_dir=") for o in command):
                 command.append(f"data.cache_dir={shared_datasets_cache(tmp_path_factory)}")
             try:

@@ -113,6 +113,14 @@ MOE_TOP2 = Reference("moe_top2", ("moe=top2", "moe.num_experts=4", "moe.use_rts=
                                   "moe.top2_2nd_expert_sampling=false"))
 COMPRESSED = Reference("compressed", (*COMPRESSION_RECIPE, *SAVES_STEP_5))  # also resumed from its own step 5
 DATA_EFFICIENCY = Reference("data_efficiency", DATA_EFFICIENCY_RECIPE)
+# Hugging Face checkpoints (tests/helpers/hf_models.py: 2 layers of width 64, made once per run): gemma3 runs as the
+# transformers module (sandwich norms, scaled embeddings, q/k norms, its own tp_plan), mixtral too (its own router
+# and experts, their gradients and Adam state ZeRO-2 sharded), qwen3 on dsrecipes' blocks (model.impl=auto: head_dim
+# 32, q/k norms)
+HF_GEMMA3 = Reference("hf_gemma3", ("model=hf", "model.path=@hf:gemma3"))
+HF_MIXTRAL = Reference("hf_mixtral", ("model=hf", "model.path=@hf:mixtral"))
+HF_QWEN3 = Reference("hf_qwen3", ("model=hf", "model.path=@hf:qwen3"))
+HF_REFERENCES = (HF_GEMMA3, HF_MIXTRAL, HF_QWEN3)
 
 
 def world(n: int, micro: int) -> tuple[str, ...]:
@@ -195,6 +203,11 @@ def same_entries_pruned(run, reference) -> None:
         assert torch.equal(zeros, ref_zeros), name
 
 
+def exported_for_transformers(run, reference) -> None:
+    """A transformers-path run exports its own architecture: every tensor of the checkpoint, under its names."""
+    assert run.params.keys() == reference.params.keys() and any(".self_attn." in name for name in run.params)
+
+
 def evaluated_twice(run, reference) -> None:
     assert len(reference.metric("val/loss")) == 2  # at step 5 and at the end: the schedule re-ran its shapes
 
@@ -205,6 +218,7 @@ ZERO_STRATEGY = {0: "data parallel: ddp", 1: "data parallel: zero1", 2: "data pa
 PP_STRATEGY = {1: "data parallel: zero1_boundary: ZeRO-1", 2: "data parallel: fsdp2: FSDP2 (zero.stage=2)",
                3: "data parallel: fsdp2: FSDP2 (zero.stage=3)"}
 COMPILE_BLOCKS = "compile: 4 block(s) compiled separately"
+GEMMA3_MODULE = "model: transformers Gemma3ForCausalLM (gemma3_text; 2 x Gemma3DecoderLayer, attention sdpa)"
 
 ROWS: tuple[Row, ...] = (
     # data parallelism and ZeRO at world 2: the same global batch as 2 ranks x micro 4 x accumulation 2
@@ -303,6 +317,18 @@ ROWS: tuple[Row, ...] = (
     # data efficiency under a pipeline: per-layer random-LTD draws, one schedule per batch shape
     Row("pp2-data_efficiency", DATA_EFFICIENCY, ("parallel.pp=2", *world(2, 8)), metrics=(("val/loss", 2e-5),),
         check=evaluated_twice),
+    # Hugging Face models: the transformers module wrapped per decoder layer (FSDP2 units, checkpointed layers), its
+    # own tp_plan on DTensors, Ulysses around its attention interface; dsrecipes' blocks for a native architecture
+    Row("hf-gemma3-dp2-zero3-activation_checkpointing", HF_GEMMA3, ("zero.stage=3", "activation_checkpointing=full",
+                                                                    *world(2, 4)), resume=True,
+        check=exported_for_transformers, layout_line=(GEMMA3_MODULE, ZERO_STRATEGY[3], "activation checkpointing: every block")),
+    Row("hf-gemma3-tp2", HF_GEMMA3, ("parallel.tp=2", *world(2, 8)),
+        layout_line=(GEMMA3_MODULE, "tensor parallel: the model's own tp plan")),
+    Row("hf-gemma3-sp2", HF_GEMMA3, ("parallel.sp=2", *world(2, 8)), layout_line=("sp 2", GEMMA3_MODULE)),
+    Row("hf-mixtral-dp2-zero2", HF_MIXTRAL, ("zero.stage=2", *world(2, 4)),
+        layout_line=("model: transformers MixtralForCausalLM", ZERO_STRATEGY[2])),
+    Row("hf-qwen3-native-tp2", HF_QWEN3, ("parallel.tp=2", *world(2, 8)),
+        layout_line=("model: native dsrecipes llama blocks from qwen3, head_dim 32, q/k norms",)),
 )
 
 ROW_IDS = {row.id for row in ROWS}

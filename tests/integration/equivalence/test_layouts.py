@@ -23,6 +23,7 @@ from tests.integration.equivalence.table import (
     COMPRESSED,
     DATA_EFFICIENCY,
     GPT,
+    HF_REFERENCES,
     ROWS,
     STEPS,
     Row,
@@ -32,6 +33,8 @@ from tests.integration.equivalence.table import (
 
 
 def family(row: Row) -> str:
+    if row.reference in HF_REFERENCES:
+        return "hf"
     if any(o.startswith("compile=") for o in row.layout):
         return "compile"
     if row.reference in (COMPRESSED, DATA_EFFICIENCY):
@@ -116,10 +119,12 @@ TestModelParallel = _family_class("model_parallel", "Tensor, pipeline and sequen
 TestMixtureOfExperts = _family_class("moe", "Expert, expert-data and expert-tensor parallelism; MoE under pipelines.")
 TestCompile = _family_class("compile", "compile=blocks / full against the eager single process.")
 TestFeatures = _family_class("features", "Compression and data efficiency under sharding and pipelines.")
+TestHuggingFace = _family_class("hf", "Hugging Face checkpoints: the transformers module and dsrecipes' blocks.")
 
 
 def test_every_row_is_in_one_family_class():
-    checked = {r.id for cls in (TestDataParallel, TestModelParallel, TestMixtureOfExperts, TestCompile, TestFeatures)
+    checked = {r.id for cls in (TestDataParallel, TestModelParallel, TestMixtureOfExperts, TestCompile, TestFeatures,
+                           TestHuggingFace)
                for mark in cls.test_matches_reference.pytestmark if mark.name == "parametrize"
                for p in mark.args[1] for r in p.values}
     assert checked == {r.id for r in ROWS}
