@@ -5,7 +5,9 @@
     torchrun --nproc-per-node 2 -m dsrecipes mode=generate checkpoint=<run dir> prompt="Hi" generate.tp_size=2
     python -m dsrecipes mode=serve-bench checkpoint=<run dir>          # or model=gpt_1_3b without a checkpoint
 
-Options are the `generate` group (dsrecipes.inference.config). Model overrides on the command line
+Options are the `generate` group (dsrecipes.inference.config). A checkpoint whose architecture dsrecipes' blocks do
+not compute (a transformers-path export: Gemma 3, Phi-3, Mixtral, ...) decodes with transformers' own generate
+(dsrecipes.inference.hf_generate). Model overrides on the command line
 (model=..., model.n_head=...) are checked against the checkpoint's own config: a mismatch is an error.
 
 Where output goes (rank 0 writes it):
@@ -98,6 +100,19 @@ def _load(cfg: DictConfig, overrides: list[str], device):
     return model, build_tokenizer(info.tokenizer), source
 
 
+def _transformers_engine(g: GenerateConfig, mode: str, directory: Path, device):
+    """(TransformersGenerator, source line) for a save_pretrained directory that runs as the Hugging Face module."""
+    from dsrecipes.data.tokenizers import build_tokenizer
+    from dsrecipes.inference.hf_generate import TransformersGenerator, refuse_decoder_options
+
+    refuse_decoder_options(g, mode, directory)
+    if not (directory / "tokenizer.json").is_file():
+        raise ValueError(f"generate.checkpoint={g.checkpoint!r} has no tokenizer.json (the fast-tokenizer file dsrecipes "
+                         "reads); write one with transformers' AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR)")
+    engine = TransformersGenerator(directory, build_tokenizer(str(directory / "tokenizer.json")), g.dtype, device)
+    return engine, f"transformers checkpoint {directory}"
+
+
 def run_inference_mode(cfg: DictConfig, run_dir: str, overrides: list[str]) -> dict:
     """Run mode=generate or mode=serve-bench; `run_dir` is the job's output directory (the working directory: none)."""
     from dsrecipes.config.run_directory import is_working_dir, remove_unused_run_dir
@@ -135,20 +150,26 @@ def _run(cfg: DictConfig, run_dir: str, own_dir: Path | None, overrides: list[st
     rank = dist.get_rank() if dist.is_initialized() else 0
     device = torch.device(f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu")
     prompts = _read_prompts(g) if cfg.mode == "generate" else []
-    model, tokenizer, source = _load(cfg, overrides, device)
     say = print if rank == 0 else (lambda *a, **k: None)
-    if cfg.mode == "serve-bench":
-        from dsrecipes.benchmarks.inference import serve_bench
+    from dsrecipes.inference.hf_generate import transformers_checkpoint
 
-        return serve_bench(model, g, device, run_dir, say, source, rank)
+    hf_directory = transformers_checkpoint(g.checkpoint) if g.checkpoint is not None else None
+    if hf_directory is not None:  # an architecture dsrecipes' decoder does not compute: transformers' generate
+        engine, source = _transformers_engine(g, cfg.mode, hf_directory, device)
+    else:
+        model, tokenizer, source = _load(cfg, overrides, device)
+        if cfg.mode == "serve-bench":
+            from dsrecipes.benchmarks.inference import serve_bench
 
-    from dsrecipes.inference.engine import init_inference
+            return serve_bench(model, g, device, run_dir, say, source, rank)
 
-    quant = None if g.quant == "none" else {"bits": 8 if g.quant == "int8" else 4,
-                                            "group_size": g.quant_group_size or (64 if g.quant == "int4" else 0)}
-    engine = init_inference(model, dtype=g.dtype, tensor_parallel=g.tp_size, kernel_inject=g.kernel_inject,
-                            quant=quant, tokenizer=tokenizer, device=device,
-                            enable_cuda_graph=g.cuda_graph)
+        from dsrecipes.inference.engine import init_inference
+
+        quant = None if g.quant == "none" else {"bits": 8 if g.quant == "int8" else 4,
+                                                "group_size": g.quant_group_size or (64 if g.quant == "int4" else 0)}
+        engine = init_inference(model, dtype=g.dtype, tensor_parallel=g.tp_size, kernel_inject=g.kernel_inject,
+                                quant=quant, tokenizer=tokenizer, device=device,
+                                enable_cuda_graph=g.cuda_graph)
     say(f"dsrecipes generate: {source}")
     for line in engine.describe():
         say(f"  {line}")

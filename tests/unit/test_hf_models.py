@@ -176,3 +176,32 @@ def test_the_transformers_path_is_the_choice_for_an_architecture_forced_onto_it(
     assert built.description.startswith("transformers Qwen3ForCausalLM")
     line = refusal("model.impl=native", path=tiny_checkpoint(tmp_path_factory, "gemma3"))
     assert "model.impl=native" in line and "gemma3" in line
+
+
+def test_mode_generate_decodes_a_transformers_checkpoint_greedily_with_its_stop_token(tmp_path_factory):
+    from dsrecipes.data.tokenizers import build_tokenizer
+    from dsrecipes.inference_cli import rewrite_aliases, run_inference_mode
+
+    path = tiny_checkpoint(tmp_path_factory, "olmo2")
+    tokenizer = build_tokenizer(str(path / "tokenizer.json"))
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    prompts = ["Hi", "a longer prompt"]
+    overrides = rewrite_aliases(["mode=generate", f"checkpoint={path}", "generate.max_new_tokens=6",
+                                 "generate.stop_tokens=[]", f"generate.prompt={prompts[1]}"])
+    records = run_inference_mode(compose(overrides), ".", overrides)["generations"]
+    ids = torch.tensor([tokenizer.encode(prompts[1])])
+    with torch.no_grad():  # greedy by hand: the argmax of each step's last logits
+        for _ in range(6):
+            ids = torch.cat([ids, model(input_ids=ids).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    expected = tokenizer.decode(ids[0, len(tokenizer.encode(prompts[1])):].tolist())
+    assert records == [{"prompt": prompts[1], "completion": expected, "finish_reason": "length"}]
+
+    from dsrecipes.inference.hf_generate import TransformersGenerator
+
+    engine = TransformersGenerator(path, tokenizer, "fp32", CPU)
+    first = int(ids[0, len(tokenizer.encode(prompts[1]))])
+    out = engine.generate(prompts, max_new_tokens=6, stop_tokens=[first])  # left-padded batch; stops at once
+    assert out.finish_reasons[1] == "stop" and out.tokens[1] == []
+    for key in ("generate.quant=int8", "generate.kernel_inject=true"):
+        with pytest.raises(ValueError, match=key.split("=")[0].replace(".", r"\.")):
+            run_inference_mode(compose([*overrides, key]), ".", [*overrides, key])
