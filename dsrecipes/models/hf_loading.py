@@ -8,9 +8,11 @@ parallelism shards them. Here the module is built with its parameters on the met
 (tensor-parallel and FSDP2 DTensors, still on meta), and then `materialize`:
   1. gives every meta tensor real storage on the device (a rank's shard of a sharded parameter is all it gets),
      keeping the buffers the build computed (rotary frequencies) and recomputing dsrecipes' rotary tables;
-  2. fills each parameter from the safetensors, one tensor at a time (read, float32, this rank's part cut with
-     distribute_tensor(src_data_rank=None), which slices locally with no communication; the full tensor is
-     dropped before the next). Peak memory per rank: its shards plus the largest single tensor.
+  2. fills each parameter from the safetensors, one tensor at a time: of a parameter sharded by plain Shard
+     placements (FSDP2's dim-0 shards, tp's splits) only this rank's region is read from the file (a safetensors
+     slice: the other bytes are never paged in); any other tensor is read whole, upcast to float32 and cut with
+     distribute_tensor(src_data_rank=None), which slices locally with no communication, the full tensor dropped
+     before the next. Peak memory per rank: its shards plus the largest tensor read whole.
 The values are bitwise those of the checkpoint (upcast to float32), i.e. what `from_pretrained(dtype=float32)`
 gives, sharded. Strategies that need the whole model before wrapping (DDP, ZeRO-1/2, NVMe offload) get it
 materialized and filled before the wrap (parallelize decides; DataParallelStrategy.wraps_meta_parameters).
@@ -34,7 +36,8 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from dsrecipes.models.config import ModelConfig
 from dsrecipes.models.hf_config import resolve_checkpoint_dir
@@ -68,14 +71,18 @@ class SafetensorsReader:
     def __init__(self, directory: Path):
         from safetensors import safe_open
 
+        from dsrecipes.models.safetensors_regions import SafetensorsRegions
+
         self.directory = directory
         self._stack = contextlib.ExitStack()
-        self._files, self.shapes, self.dtypes = {}, {}, {}
+        self._files, self._regions, self.shapes, self.dtypes = {}, {}, {}, {}
         for file in safetensors_files(directory):
             handle = self._stack.enter_context(safe_open(str(file), framework="pt", device="cpu"))
+            regions = SafetensorsRegions(file)
             for name in handle.keys():
                 part = handle.get_slice(name)
                 self._files[name], self.shapes[name], self.dtypes[name] = handle, tuple(part.get_shape()), part.get_dtype()
+                self._regions[name] = regions
 
     def __contains__(self, name: str) -> bool:
         return name in self._files
@@ -85,6 +92,13 @@ class SafetensorsReader:
 
     def tensor(self, name: str) -> torch.Tensor:
         return self._files[name].get_tensor(name)
+
+    def region(self, name: str, region: tuple[slice, ...]) -> torch.Tensor:
+        """Only `region` of a tensor, read without mapping the file (dsrecipes.models.safetensors_regions): the rows
+        outside it are never read, and nothing of the file stays resident in this process."""
+        if any(r.stop <= r.start for r in region):  # an uneven split leaves some ranks nothing of this dimension
+            return torch.empty([max(0, r.stop - r.start) for r in region])
+        return self._regions[name].read(name, region)
 
     def close(self) -> None:
         self._stack.close()
@@ -111,6 +125,23 @@ def materialize_empty(module: nn.Module, device: torch.device) -> None:
             owner._parameters[name] = first._parameters[first_name]
 
 
+def local_region(param: torch.Tensor) -> tuple[slice, ...] | None:
+    """The part of the whole tensor this rank holds, for a DTensor laid out by plain Shard / Replicate placements
+    (FSDP2's dim-0 shards, tensor parallelism's row and column splits, both); None for a plain tensor or any other
+    placement (read whole, then cut by distribute_tensor)."""
+    if not isinstance(param, DTensor) or any(type(p) not in (Shard, Replicate) for p in param.placements):
+        return None
+    shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
+    return tuple(slice(start, start + size) for start, size in zip(offset, shape))
+
+
+@torch.no_grad()
+def fill_local(param: DTensor, part: torch.Tensor) -> None:
+    """This rank's `part` (already cut to local_region) into the DTensor's local tensor."""
+    local = param.to_local()
+    local.copy_(part.to(device=local.device, dtype=local.dtype) if part.is_floating_point() else part.to(local.device))
+
+
 @torch.no_grad()
 def fill_parameter(param: torch.Tensor, full: torch.Tensor) -> None:
     """This rank's part of `full` (the whole parameter) into `param` (a DTensor shard, or a plain tensor)."""
@@ -121,12 +152,18 @@ def fill_parameter(param: torch.Tensor, full: torch.Tensor) -> None:
         param.copy_(full)
 
 
-def fill_module(module: nn.Module, tensor_of: Callable[[str], torch.Tensor]) -> int:
-    """Fill every parameter of `module` (a tied one once) from tensor_of(its name); returns how many elements this
-    rank holds."""
+def fill_module(module: nn.Module, tensor_of: Callable[[str], torch.Tensor],
+                region_of: Callable[[str, tuple[slice, ...]], torch.Tensor] | None = None) -> int:
+    """Fill every parameter of `module` (a tied one once) from tensor_of(its name), or, where the parameter is a
+    plainly sharded DTensor and region_of is given, from region_of(its name, local_region): only this rank's part is
+    read. Returns how many elements this rank holds."""
     held = 0
     for name, param in module.named_parameters():
-        fill_parameter(param, tensor_of(name))
+        region = local_region(param) if region_of is not None else None
+        if region is not None:
+            fill_local(param, region_of(name, region))
+        else:
+            fill_parameter(param, tensor_of(name))
         held += (param.to_local() if isinstance(param, DTensor) else param).numel()
     return held
 
@@ -189,7 +226,8 @@ def _transformers_loader(module: nn.Module, model_cfg: ModelConfig) -> Materiali
         if direct:
             reader = SafetensorsReader(directory)
             try:
-                held = fill_module(target, lambda name: reader.tensor(name.removeprefix(HF_PREFIX)))
+                held = fill_module(target, lambda name: reader.tensor(name.removeprefix(HF_PREFIX)),
+                                   lambda name, region: reader.region(name.removeprefix(HF_PREFIX), region))
             finally:
                 reader.close()
             log.info("model: %s elements of %s read from %s on this rank", f"{held:,}", model_cfg.name, directory)

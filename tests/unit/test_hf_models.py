@@ -205,3 +205,18 @@ def test_mode_generate_decodes_a_transformers_checkpoint_greedily_with_its_stop_
     for key in ("generate.quant=int8", "generate.kernel_inject=true"):
         with pytest.raises(ValueError, match=key.split("=")[0].replace(".", r"\.")):
             run_inference_mode(compose([*overrides, key]), ".", [*overrides, key])
+
+
+def test_a_region_read_without_the_memory_map_is_the_slice_of_the_tensor(tmp_path):
+    from safetensors.torch import save_file
+
+    from dsrecipes.models.safetensors_regions import SafetensorsRegions
+
+    tensors = {"w": torch.randn(7, 5), "b": torch.randn(3).to(torch.bfloat16), "c": torch.randn(4, 6, 2).half(),
+               "s": torch.tensor(3.0)}
+    save_file(tensors, tmp_path / "x.safetensors")
+    regions = SafetensorsRegions(tmp_path / "x.safetensors")
+    for name, region in (("w", (slice(2, 5), slice(1, 4))), ("w", (slice(0, 7), slice(0, 5))), ("b", (slice(1, 3),)),
+                         ("c", (slice(1, 2), slice(0, 6), slice(1, 2))), ("s", ())):
+        got = regions.read(name, region)
+        assert got.dtype == tensors[name].dtype and torch.equal(got, tensors[name][region]), (name, region)
