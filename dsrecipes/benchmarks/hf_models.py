@@ -14,10 +14,11 @@ loading: a Gemma-3-shaped checkpoint of about --params million float32 parameter
     full      what a script does that calls from_pretrained on every rank: the whole model in each process,
               then the same build_engine shards it.
   Reported per way: each rank's peak resident set size (ru_maxrss, the whole process: interpreter, torch and
-  transformers included), its RSS before loading, and what it holds afterwards; the ratio sharded / full of the
-  peak (target <= 0.6 at >= 500 M parameters and world 2).
-throughput: one Qwen3-shaped checkpoint (--width, --layers) trained for --steps optimizer steps at ZeRO-3 on
-  --world-size ranks through the real CLI, `model.impl=native` (dsrecipes' blocks) against
+  transformers included), its RSS before loading, what it holds afterwards, and the load time (building the engine
+  from the checkpoint: model, sharding, weights); the ratio sharded / full of the peak (target <= 0.6 at >= 500 M
+  parameters and world 2).
+throughput: one Llama-shaped checkpoint (--width, --layers; GQA, Llama 3.1 rope scaling) trained for --steps
+  optimizer steps at ZeRO-3 on --world-size ranks through the real CLI, `model.impl=native` (dsrecipes' blocks) against
   `model.impl=transformers` (the Hugging Face module wrapped per decoder layer); tokens/s is the median of the
   logged windows after the first, the median over --rounds interleaved rounds; the ratio transformers / native
   (target >= 0.9).
@@ -36,6 +37,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from rich.table import Table
@@ -74,13 +76,17 @@ def gemma3_checkpoint(path: Path, million_params: int) -> tuple[Path, int]:
     return _save(config, path), layers
 
 
-def qwen3_checkpoint(path: Path, width: int, layers: int) -> Path:
+def llama_checkpoint(path: Path, width: int, layers: int) -> Path:
+    """A Llama-shaped checkpoint (grouped-query attention, Llama 3.1 rope scaling): both ways run it."""
     import transformers
 
-    config = transformers.Qwen3Config(vocab_size=320, hidden_size=width, intermediate_size=3 * width,
+    config = transformers.LlamaConfig(vocab_size=320, hidden_size=width, intermediate_size=3 * width,
                                       num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                                      head_dim=width // 4, max_position_embeddings=256, bos_token_id=256,
-                                      eos_token_id=256, pad_token_id=None)
+                                      max_position_embeddings=256, bos_token_id=256, eos_token_id=256,
+                                      pad_token_id=None, rope_parameters={
+                                          "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                                          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                          "original_max_position_embeddings": 64})
     return _save(config, path)
 
 
@@ -128,7 +134,7 @@ def _load_worker(rank: int, way: str, checkpoint: str, world: int, port: int, ou
                                       dp_world_size=world)
         device = torch.device("cuda", rank) if cuda else torch.device("cpu")
         dims = ParallelDims.from_config(root, world, device_type_of(device))
-        before = _rss_mb()
+        before, started = _rss_mb(), time.perf_counter()
         if way == "sharded":
             built = build_recipe_model(root.model, root.moe, dims, root.parallel, device)
             engine = build_engine(built.module, root, batch, dims, materialize=built.materialize,
@@ -141,7 +147,8 @@ def _load_worker(rank: int, way: str, checkpoint: str, world: int, port: int, ou
         import gc
 
         gc.collect()
-        figures = {"rss_before_mb": before, "peak_rss_mb": _peak_mb(), "rss_after_mb": _rss_mb(),
+        figures = {"load_s": time.perf_counter() - started, "rss_before_mb": before, "peak_rss_mb": _peak_mb(),
+                   "rss_after_mb": _rss_mb(),
                    "params": sum(p.numel() for p in engine.module.parameters())}
         gathered = [None] * world
         dist.all_gather_object(gathered, figures)
@@ -192,12 +199,12 @@ def measure_throughput(checkpoint: Path, impl: str, args, run_dir: Path) -> dict
 # ----------------------------------------------------------------------------------------- report
 def loading_table(rows: dict[str, list[dict]]) -> Table:
     table = Table(title="sharded loading at ZeRO-3: per-rank memory (MB)")
-    for column in ("way", "rank", "RSS before", "peak RSS", "RSS after", "peak vs full"):
+    for column in ("way", "rank", "load s", "RSS before", "peak RSS", "RSS after", "peak vs full"):
         table.add_column(column, justify="right" if column != "way" else "left")
     for way, ranks in rows.items():
         for rank, r in enumerate(ranks):
             ratio = r["peak_rss_mb"] / rows["full"][rank]["peak_rss_mb"]
-            table.add_row(way, str(rank), f"{r['rss_before_mb']:,.0f}", f"{r['peak_rss_mb']:,.0f}",
+            table.add_row(way, str(rank), f"{r['load_s']:.1f}", f"{r['rss_before_mb']:,.0f}", f"{r['peak_rss_mb']:,.0f}",
                           f"{r['rss_after_mb']:,.0f}", f"{ratio:.2f}")
     return table
 
@@ -217,7 +224,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--parts", nargs="+", choices=["loading", "throughput"], default=["loading", "throughput"])
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--params", type=int, default=520, help="loading: the checkpoint's size, million parameters")
-    parser.add_argument("--width", type=int, default=256, help="throughput: the Qwen3 checkpoint's hidden size")
+    parser.add_argument("--width", type=int, default=256, help="throughput: the Llama checkpoint's hidden size")
     parser.add_argument("--layers", type=int, default=4, help="throughput: its decoder layers")
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--micro-batch", type=int, default=8)
@@ -246,7 +253,7 @@ def main(argv: list[str] | None = None) -> dict:
             tables["loading"] = table
             shutil.rmtree(checkpoint)
         if "throughput" in args.parts:
-            checkpoint = qwen3_checkpoint(workdir / "qwen3", args.width, args.layers)
+            checkpoint = llama_checkpoint(workdir / "llama", args.width, args.layers)
             rounds: dict[str, list[dict]] = {"native": [], "transformers": []}
             for index in range(args.rounds):  # interleaved, the order alternating
                 order = ("native", "transformers") if index % 2 == 0 else ("transformers", "native")

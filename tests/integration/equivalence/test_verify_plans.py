@@ -24,15 +24,16 @@ from dsrecipes.config.preflight import check_train_job
 from dsrecipes.config.store import compose
 from dsrecipes.verify.config import VerifyConfig
 from dsrecipes.verify.plan import build_plan
-from tests.integration.equivalence.table import ROWS, STEPS, Reference, Row
+from tests.helpers.hf_models import resolve_checkpoints
+from tests.integration.equivalence.table import ROWS, STEPS, Row
 
 GROUPS = ("model", "moe", "optimizer", "lr_scheduler", "precision", "compression", "data_efficiency")
 
 
 @functools.cache
-def reference_config(reference: Reference):
+def reference_config(overrides: tuple[str, ...]):
     """The table's reference, composed once per module (a dozen references serve the 48 rows)."""
-    return compose(reference.overrides())
+    return compose(list(overrides))
 
 
 def global_batch(cfg) -> int:
@@ -40,11 +41,13 @@ def global_batch(cfg) -> int:
 
 
 @pytest.mark.parametrize("row", [pytest.param(r, id=r.id) for r in ROWS])
-def test_verify_plans_the_row_against_the_tables_reference(row: Row):
-    plan = build_plan(row.overrides(), VerifyConfig(steps=STEPS, reference_precision="same"), compose,
-                      check_train_job)
+def test_verify_plans_the_row_against_the_tables_reference(row: Row, tmp_path_factory):
+    # a Hugging Face row's model.path=@hf:ARCH names the session's tiny checkpoint (tests/helpers/hf_models.py)
+    overrides = resolve_checkpoints(row.overrides(), tmp_path_factory)
+    plan = build_plan(overrides, VerifyConfig(steps=STEPS, reference_precision="same"), compose, check_train_job)
     assert (plan.candidate_world, plan.reference_world) == (row.world_size, 1)
-    planned, table = compose(plan.reference), reference_config(row.reference)
+    reference = tuple(resolve_checkpoints(row.reference.overrides(), tmp_path_factory))
+    planned, table = compose(plan.reference), reference_config(reference)
     for group in GROUPS:
         assert OmegaConf.to_container(planned[group], resolve=True) == \
             OmegaConf.to_container(table[group], resolve=True), group
