@@ -24,14 +24,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from dsrecipes.distributed.sequence_parallel import UlyssesAttention
+from dsrecipes.models.decoder_layers import text_config
 
 ULYSSES = "dsrecipes_ulysses"
 _ATTRIBUTE = "_dsrecipes_ulysses"  # the UlyssesAttention of an attention module, set by install_hf_ulysses
-
-
-def _text_config(hf_model: nn.Module):
-    config = hf_model.config
-    return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
 def _windows(config) -> list[int]:
@@ -47,7 +43,7 @@ def _windows(config) -> list[int]:
 
 def check_hf_sequence_parallel(hf_model: nn.Module, sp: int, block_size: int) -> None:
     """ValueError naming parallel.sp when Ulysses cannot run this model's attention exactly."""
-    config = _text_config(hf_model)
+    config = text_config(hf_model)
     kind = type(hf_model).__name__
     heads = getattr(config, "num_attention_heads", None)
     if not heads or heads % sp:

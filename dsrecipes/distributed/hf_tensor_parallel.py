@@ -33,6 +33,7 @@ from torch.distributed.tensor import Replicate
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from dsrecipes.distributed.tensor_parallel import head_sharded_norm
+from dsrecipes.models.decoder_layers import text_config
 
 COLWISE = ("colwise",)
 GATHERED = ("colwise_gather_output", "colwise_rep")
@@ -108,7 +109,7 @@ def check_tp_plan(hf_model: nn.Module, tp: int) -> None:
     if unknown:
         raise ValueError(f"parallel.tp={tp}: {kind}'s plan uses style {unknown[0]!r}, which dsrecipes does not map "
                          f"(it maps {', '.join(STYLES)}); use parallel.tp=1")
-    config = hf_model.config.get_text_config() if hasattr(hf_model.config, "get_text_config") else hf_model.config
+    config = text_config(hf_model)
     heads = getattr(config, "num_attention_heads", None)
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     shards_heads = any(style in COLWISE for style in plan.values())

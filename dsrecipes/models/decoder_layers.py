@@ -2,6 +2,7 @@
 
     layers = decoder_layers(model)      # [LlamaDecoderLayer, ...] of an HF model (or of a wrapper around one); [] else
     hf = transformers_model(module)     # the PreTrainedModel itself (module, or module.hf), None for other modules
+    config = text_config(hf)            # its text model's config (a multimodal config's text part)
 
 transformers names them on each model class: `_no_split_modules`, the classes that must not be split across devices
 (Accelerate's and DeepSpeed's unit of placement). FSDP2 shards each such layer as one unit, activation checkpointing
@@ -39,3 +40,10 @@ def transformers_model(module: nn.Module) -> nn.Module | None:
         if isinstance(candidate, nn.Module) and hasattr(candidate, "config") and hasattr(candidate, "base_model_prefix"):
             return candidate
     return None
+
+
+def text_config(hf_model: nn.Module):
+    """The config of `hf_model`'s text decoder: get_text_config() where the config has one (multimodal models nest
+    it), else the config itself. Heads, windows and soft-capping are read from it."""
+    config = hf_model.config
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
