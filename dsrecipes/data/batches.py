@@ -25,10 +25,24 @@ import torch
 STATE_KEYS = ("epoch", "batch_in_epoch", "seed", "micro_batch_size", "world_size")
 
 
+#: The columns of rows packed sample by sample (dsrecipes.data.sample_packing), in the order a batch holds them.
+ROW_COLUMNS = ("input_ids", "labels", "position_ids")
+
+
+def row_columns(dataset) -> list[str]:
+    """The columns a batch is gathered from: ["tokens"] (a text stream), or input_ids, labels and (packing=documents)
+    position_ids; ValueError when the dataset has neither."""
+    names = dataset.column_names
+    if "tokens" in names:
+        return ["tokens"]
+    if "input_ids" in names and "labels" in names:
+        return [c for c in ROW_COLUMNS if c in names]
+    raise ValueError(f"dataset has neither a 'tokens' column nor 'input_ids' and 'labels' (columns: {', '.join(names)})")
+
+
 def _check_tokens_column(dataset) -> None:
-    """Raise ValueError unless ``dataset`` has the packed "tokens" column."""
-    if "tokens" not in dataset.column_names:
-        raise ValueError(f"dataset has no 'tokens' column (columns: {', '.join(dataset.column_names)})")
+    """Raise ValueError unless ``dataset`` holds packed rows (see row_columns)."""
+    row_columns(dataset)
 
 
 def _check_rank(rank: int, world_size: int, micro_batch_size: int) -> None:
@@ -42,16 +56,24 @@ def _check_rank(rank: int, world_size: int, micro_batch_size: int) -> None:
 
 
 def gather_batch(rows, indices) -> dict[str, torch.Tensor]:
-    """Gather packed blocks ``indices`` (a slice or index sequence) of a numpy-formatted dataset.
+    """Gather packed rows ``indices`` (a slice or index sequence) of a numpy-formatted dataset.
 
-    Returns input_ids/labels LongTensors of shape [len(indices), block_size].
+    Returns input_ids/labels (and position_ids, for rows packed with packing=documents) LongTensors of shape
+    [len(indices), block_size]; a "tokens" block of block_size+1 ids gives input_ids = block[:-1] and
+    labels = block[1:].
     """
     key = indices if isinstance(indices, slice) else [int(i) for i in indices]
-    tokens = rows[key]["tokens"]
-    if tokens.dtype == object:  # variable-length lists come back as an object array
-        tokens = np.stack(tokens)
-    block = torch.from_numpy(np.ascontiguousarray(tokens, dtype=np.int64))
-    return {"input_ids": block[:, :-1].contiguous(), "labels": block[:, 1:].contiguous()}
+    picked = rows[key]
+    if "tokens" in picked:
+        block = _stacked(picked["tokens"])
+        return {"input_ids": block[:, :-1].contiguous(), "labels": block[:, 1:].contiguous()}
+    return {name: _stacked(picked[name]) for name in ROW_COLUMNS if name in picked}
+
+
+def _stacked(column) -> torch.Tensor:
+    if column.dtype == object:  # variable-length lists come back as an object array
+        column = np.stack(column)
+    return torch.from_numpy(np.ascontiguousarray(column, dtype=np.int64))
 
 
 class BatchIterator:
@@ -79,7 +101,7 @@ class BatchIterator:
         self.rank = int(rank)
         self.world_size = int(world_size)
         self.shuffle = bool(shuffle)
-        self._rows = dataset.with_format("numpy", columns=["tokens"])
+        self._rows = dataset.with_format("numpy", columns=row_columns(dataset))
         self._epoch = 0
         self._batch_in_epoch = 0
         self._order_epoch: int | None = None
@@ -181,7 +203,7 @@ def eval_batches(dataset, micro_batch_size: int, max_batches: int | None = None,
     """
     _check_tokens_column(dataset)
     _check_rank(rank, world_size, micro_batch_size)
-    rows = dataset.with_format("numpy", columns=["tokens"])
+    rows = dataset.with_format("numpy", columns=row_columns(dataset))
     n = len(dataset)
     global_batch = micro_batch_size * world_size
     num_global = -(-n // global_batch)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from dsrecipes.data.files import check_data_sources
-from dsrecipes.utils.config_enum import ConfigEnum, enum_values
+from dsrecipes.utils.config_enum import ConfigEnum, check_choice, enum_values
 from dsrecipes.utils.inactive_rules import Inactive
 from dsrecipes.utils.ranges import POSITIVE_INT, SEED, at_least, between, ranged
 from dsrecipes.utils.recipe_facts import RecipeFacts
@@ -31,6 +31,53 @@ class DataSource(ConfigEnum):
 
 #: Valid values of ``data.source``.
 SOURCES = enum_values(DataSource)
+
+
+class DataFormat(ConfigEnum):
+    """``data.format``: plain text, prompt/completion pairs, or chat conversations (a ``messages`` list)."""
+
+    text = "text"
+    prompt_completion = "prompt_completion"
+    chat = "chat"
+
+
+class TrainOn(ConfigEnum):
+    """``data.train_on``: which tokens carry labels (auto: all for text, completion for prompt_completion,
+    assistant for chat)."""
+
+    auto = "auto"
+    all = "all"
+    completion = "completion"
+    assistant = "assistant"
+
+
+class Packing(ConfigEnum):
+    """``data.packing``: one sample per padded row, a concatenated stream cut into blocks, or whole documents
+    packed into rows with their own positions and causal block each."""
+
+    none = "none"
+    concat = "concat"
+    documents = "documents"
+
+
+class Overlong(ConfigEnum):
+    """``data.overlong``: what a sample longer than one row (block_size + 1 tokens) gets, under packing=none or
+    documents."""
+
+    truncate = "truncate"
+    refuse = "refuse"
+
+
+class LossMean(ConfigEnum):
+    """``data.loss_mean``: the training loss as the mean over every label token of the global batch (all micro-
+    batches of a step, all data-parallel ranks), or DeepSpeed's mean of per-micro-batch means."""
+
+    global_tokens = "global_tokens"
+    micro_batch = "micro_batch"
+
+
+#: data.train_on choices each data.format allows (auto resolves to the first).
+TRAIN_ON_CHOICES = {"text": ("all",), "prompt_completion": ("completion", "all"), "chat": ("assistant", "all")}
 
 #: data.val_fraction is at most this: a larger hold-out would leave less data to train on than to evaluate.
 MAX_VAL_FRACTION = 0.5
@@ -50,7 +97,24 @@ class DataConfig:
         hub_name: dataset name on the Hugging Face Hub (``source=hub``).
         hub_config: dataset configuration name (``source=hub``).
         hub_split: split to load (``source=hub``).
-        text_field: column holding the text for json/parquet/hub data.
+        text_field: column holding the text for json/parquet/hub data (format=text).
+        format: ``text`` (documents), ``prompt_completion`` (``prompt_field`` + ``completion_field`` columns) or
+            ``chat`` (a ``messages_field`` list of {role, content} dicts, rendered by a chat template).
+        prompt_field / completion_field: the columns of format=prompt_completion.
+        messages_field: the column of format=chat.
+        chat_template: null (the tokenizer's own: chat_template.jinja or tokenizer_config.json beside its
+            tokenizer.json), a built-in name (dsrecipes.data.chat_templates.BUILTIN_TEMPLATES) or a .jinja file.
+        train_on: which tokens carry labels: ``all``, ``completion`` (prompt_completion), ``assistant`` (chat:
+            the assistant turns, their end-of-turn tokens included); ``auto`` = the format's natural choice.
+        packing: ``concat`` (the token stream cut into blocks, attention across documents: pre-training),
+            ``documents`` (whole samples packed into rows; positions restart and attention stays inside each),
+            ``none`` (one sample per row, padded).
+        overlong: ``truncate`` (with a warning naming how many) or ``refuse`` a sample longer than a row under
+            packing=none / documents.
+        loss_mean: ``global_tokens`` (the loss of a step is the mean over all its label tokens, however they fall
+            into micro-batches and ranks: a micro-batch with more labels weighs more) or ``micro_batch``
+            (DeepSpeed's: each micro-batch's own mean, averaged). They differ only when rows hold different numbers
+            of labels, so a text stream (format=text, packing=concat) always takes the plain mean.
         tokenizer: ``"byte"`` or a path to a ``tokenizers`` ``tokenizer.json`` file.
         block_size: tokens per training example (the model's context length).
         val_fraction: fraction of documents held out for validation, in (0, 0.5].
@@ -66,8 +130,17 @@ class DataConfig:
                  "for data=files)", keys=("paths",)),
         Inactive(lambda root, d: d.source != "hub", lambda root, path: f"data.source={root.data.source} (hub_* keys "
                  "are for data=hub)", keys=("hub_name", "hub_config", "hub_split")),
-        Inactive(lambda root, d: d.source == "builtin", lambda root, path: "data.source=builtin reads text files (the "
-                 "column name is for json / parquet / hub data)", keys=("text_field",)),
+        Inactive(lambda root, d: d.source == "builtin" or d.format != "text", lambda root, path: "the column name is for "
+                 "format=text json / parquet / hub data", keys=("text_field",)),
+        Inactive(lambda root, d: d.format != "prompt_completion", lambda root, path: f"data.format={root.data.format} "
+                 "(prompt_field / completion_field are for format=prompt_completion)",
+                 keys=("prompt_field", "completion_field")),
+        Inactive(lambda root, d: d.format != "chat", lambda root, path: f"data.format={root.data.format} "
+                 "(messages_field / chat_template are for format=chat)", keys=("messages_field", "chat_template")),
+        Inactive(lambda root, d: d.packing == "concat", lambda root, path: "data.packing=concat cuts a stream (no "
+                 "sample is longer than a block)", keys=("overlong",)),
+        Inactive(lambda root, d: not uses_samples(d), lambda root, path: "a text stream (format=text, packing=concat) "
+                 "holds a label at every position, so every mean is the same", keys=("loss_mean",)),
     )
 
     source: DataSource = DataSource.builtin
@@ -76,6 +149,15 @@ class DataConfig:
     hub_config: str | None = None
     hub_split: str = "train"
     text_field: str = "text"
+    format: DataFormat = DataFormat.text
+    prompt_field: str = "prompt"
+    completion_field: str = "completion"
+    messages_field: str = "messages"
+    chat_template: str | None = None
+    train_on: TrainOn = TrainOn.auto
+    packing: Packing = Packing.concat
+    overlong: Overlong = Overlong.truncate
+    loss_mean: LossMean = LossMean.global_tokens
     tokenizer: str = "byte"
     block_size: int = ranged(128, POSITIVE_INT)
     val_fraction: float = ranged(0.05, between(0, 0.5, low_open=True))
@@ -111,6 +193,19 @@ def validate_data_config(cfg) -> None:
         raise ValueError(f"data.max_bytes={cfg.max_bytes!r} is not valid; use a positive integer or null (no cap)")
     if cfg.num_proc is not None and cfg.num_proc < 1:
         raise ValueError(f"data.num_proc={cfg.num_proc!r} is not valid; use a positive integer or null")
+    check_choice("data.format", cfg.format, enum_values(DataFormat))
+    check_choice("data.packing", cfg.packing, enum_values(Packing))
+    check_choice("data.overlong", cfg.overlong, enum_values(Overlong))
+    check_choice("data.train_on", cfg.train_on, enum_values(TrainOn))
+    check_choice("data.loss_mean", cfg.loss_mean, enum_values(LossMean))
+    allowed = TRAIN_ON_CHOICES[str(cfg.format)]
+    if cfg.train_on != "auto" and cfg.train_on not in allowed:
+        raise ValueError(f"data.train_on={cfg.train_on} is not valid for data.format={cfg.format}; choose one of: "
+                         f"{', '.join(('auto',) + allowed)} (completion is for prompt_completion, assistant for chat)")
+    for key in ("prompt_field", "completion_field") if cfg.format == "prompt_completion" else \
+            ("messages_field",) if cfg.format == "chat" else ():
+        if not getattr(cfg, key):
+            raise ValueError(f"data.{key}={getattr(cfg, key)!r} is not valid; name the column")
     if not cfg.text_field:
         raise ValueError(f"data.text_field={cfg.text_field!r} is not valid; name the column holding the text")
     if cfg.source == "files":
@@ -127,3 +222,21 @@ def validate_data_config(cfg) -> None:
         )
 
     check_data_sources(cfg)
+
+
+def resolved_train_on(cfg) -> str:
+    """data.train_on with auto resolved: all (text), completion (prompt_completion), assistant (chat)."""
+    return str(cfg.train_on) if cfg.train_on != "auto" else TRAIN_ON_CHOICES[str(cfg.format)][0]
+
+
+def weights_loss_by_tokens(cfg) -> bool:
+    """Whether the training loss is weighted to the global mean over label tokens (data.loss_mean=global_tokens on
+    data whose rows may hold different numbers of labels)."""
+    return cfg is not None and uses_samples(cfg) and cfg.loss_mean == "global_tokens"
+
+
+def uses_samples(cfg) -> bool:
+    """Whether the data is prepared sample by sample (input_ids / labels rows, dsrecipes.data.samples) rather than
+    as today's concatenated token stream of text (the "tokens" column): any format but text, or packing other than
+    concat."""
+    return cfg.format != "text" or cfg.packing != "concat"

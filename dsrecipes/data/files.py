@@ -117,7 +117,32 @@ def _check_not_binary(path: str, head: bytes, kind: str) -> None:
                          f"{offset}; give text, JSON lines or Parquet files with their own suffix")
 
 
-def _check_json(path: str, head: bytes, text_field: str) -> None:
+def required_columns(cfg) -> dict[str, str]:
+    """The columns the data must hold, by the config key that names each: text_field (format=text), prompt_field
+    and completion_field (prompt_completion), messages_field (chat)."""
+    fmt = str(getattr(cfg, "format", "text"))
+    keys = {"text": ("text_field",), "prompt_completion": ("prompt_field", "completion_field"),
+            "chat": ("messages_field",)}.get(fmt, ("text_field",))
+    return {f"data.{key}": str(getattr(cfg, key)) for key in keys}
+
+
+def missing_column_error(columns: dict[str, str], available, where: str) -> ValueError | None:
+    """A ValueError naming the first key whose column is not among `available` (of `where`), or None."""
+    for key, column in columns.items():
+        if column not in available:
+            return ValueError(f"{key}={column!r} is not a column of {where}; available columns: "
+                              f"{', '.join(available) or '(none)'}")
+    return None
+
+
+def is_saved_dataset(path: str) -> bool:
+    """A folder written by datasets' Dataset.save_to_disk (its state.json and dataset_info.json beside arrow
+    files)."""
+    return os.path.isdir(path) and os.path.isfile(os.path.join(path, "state.json")) \
+        and os.path.isfile(os.path.join(path, "dataset_info.json"))
+
+
+def _check_json(path: str, head: bytes, columns: dict[str, str]) -> None:
     text = head.decode("utf-8", errors="replace").lstrip("\ufeff")
     stripped = text.lstrip()
     if not stripped:
@@ -136,14 +161,14 @@ def _check_json(path: str, head: bytes, text_field: str) -> None:
                              f"{err.colno})") from None
         return  # a pretty-printed .json object, or a first line longer than what was read: the loader decides
     if not isinstance(record, dict):
-        raise ValueError(f"data.paths: {path!r}: line 1 is a JSON {type(record).__name__}, not an object with a "
-                         f"{text_field!r} key")
-    if text_field not in record:
-        raise ValueError(f"data.text_field={text_field!r} is not a column of {path!r} (its first record); available "
-                         f"columns: {', '.join(record) or '(none)'}")
+        raise ValueError(f"data.paths: {path!r}: line 1 is a JSON {type(record).__name__}, not an object with "
+                         f"{' and '.join(map(repr, columns.values()))} keys")
+    error = missing_column_error(columns, list(record), f"{path!r} (its first record)")
+    if error is not None:
+        raise error
 
 
-def _check_parquet(path: str, text_field: str) -> None:
+def _check_parquet(path: str, columns: dict[str, str]) -> None:
     size = os.path.getsize(path)
     with open(path, "rb") as f:
         start = f.read(4)
@@ -158,13 +183,17 @@ def _check_parquet(path: str, text_field: str) -> None:
         names = pq.read_schema(path).names
     except Exception as err:  # pyarrow raises ArrowInvalid / OSError for a damaged footer
         raise ValueError(f"data.paths: {path!r} is not a readable Parquet file ({err})") from None
-    if text_field not in names:
-        raise ValueError(f"data.text_field={text_field!r} is not a column of {path!r}; available columns: "
-                         f"{', '.join(names)}")
+    error = missing_column_error(columns, names, repr(path))
+    if error is not None:
+        raise error
 
 
 def check_data_files(cfg) -> None:
-    """The files of a `source=files` config: supported, of one kind, and each one readable as its kind."""
+    """The files of a `source=files` config: supported, of one kind, and each one readable as its kind (a folder
+    written by Dataset.save_to_disk is read whole by datasets: only its presence is checked here)."""
+    if len(cfg.paths) == 1 and is_saved_dataset(str(cfg.paths[0])):
+        return
+    columns = required_columns(cfg)
     files = expand_paths(cfg.paths)
     kind = common_kind(files)
     named = {os.path.abspath(str(p)) for p in cfg.paths if os.path.isfile(str(p))}
@@ -176,11 +205,11 @@ def check_data_files(cfg) -> None:
             continue  # an empty text file found in a directory is an empty document
         head = _head(path)
         if kind == "parquet":
-            _check_parquet(path, cfg.text_field)
+            _check_parquet(path, columns)
             continue
         _check_not_binary(path, head, "text" if kind == "text" else "JSON")
         if kind == "json":
-            _check_json(path, head, cfg.text_field)
+            _check_json(path, head, columns)
     if kind == "text" and not any(os.path.getsize(p) for p in used):
         raise ValueError(f"data.paths={list(map(str, cfg.paths))}: the {len(used)} text file(s) taken are all empty")
 

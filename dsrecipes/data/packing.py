@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dsrecipes.data.cache import cache_file_names, map_with_reuse
-from dsrecipes.data.config import validate_data_config
+from dsrecipes.data.config import uses_samples, validate_data_config
 from dsrecipes.data.sources import load_documents
 from dsrecipes.data.tokenizers import build_tokenizer
 
@@ -46,15 +46,18 @@ PACKING_VERSION = 1
 
 @dataclass
 class PreparedData:
-    """Packed train/validation datasets (column "tokens": block_size+1 ids per row) and their facts.
+    """Packed train/validation datasets and their facts.
+
+    Rows are either "tokens" (block_size+1 ids: format=text, packing=concat) or "input_ids" / "labels" (and, for
+    packing=documents, "position_ids") of block_size each (dsrecipes.data.sample_data).
 
     Attributes:
         train: packed training blocks.
         validation: packed validation blocks.
         tokenizer: the tokenizer used (``ByteTokenizer`` or ``HFTokenizerFile``).
         num_documents: documents in the corpus (both splits).
-        num_train_tokens: training targets, ``len(train) * block_size``.
-        num_val_tokens: validation targets, ``len(validation) * block_size``.
+        num_train_tokens: training targets (labels), ``len(train) * block_size`` for a text stream.
+        num_val_tokens: validation targets.
         cache_files: the Arrow cache files backing ``train``.
         from_cache: True when both packed splits were loaded from an existing cache.
     """
@@ -176,6 +179,10 @@ def prepare_data(cfg, status: Callable[[str], None] | None = None) -> PreparedDa
     say = status or (lambda message: None)
     validate_data_config(cfg)
     tokenizer = build_tokenizer(cfg.tokenizer)
+    if uses_samples(cfg):  # prompt/completion or chat data, or packing other than a text stream
+        from dsrecipes.data.sample_data import prepare_samples
+
+        return prepare_samples(cfg, tokenizer, say)
     say(f"Loading documents (source={cfg.source})")
     docs = load_documents(cfg)
     say(f"Splitting {len(docs)} documents (val_fraction={cfg.val_fraction}, seed={cfg.split_seed})")

@@ -121,6 +121,53 @@ def _load_hub(cfg) -> datasets.Dataset:
                          "cached copy), or use data=files") from None
 
 
+def _select_columns(ds: datasets.Dataset, columns: dict[str, str], where: str) -> datasets.Dataset:
+    from dsrecipes.data.files import missing_column_error
+
+    error = missing_column_error(columns, ds.column_names, where)
+    if error is not None:
+        raise error
+    return ds.select_columns(list(dict.fromkeys(columns.values())))
+
+
+def load_rows(cfg) -> datasets.Dataset:
+    """The rows of a prompt_completion / chat (or text) data config with only the columns its format reads
+    (dsrecipes.data.files.required_columns): the built-in tasks (dsrecipes.data.builtin_tasks), json / parquet
+    files or a Dataset.save_to_disk folder, or a Hub dataset."""
+    from dsrecipes.data.builtin_tasks import builtin_task_rows
+    from dsrecipes.data.files import is_saved_dataset, required_columns
+
+    columns = required_columns(cfg)
+    if cfg.format == "text":  # one "text" column, whatever data.text_field named
+        return load_documents(cfg)
+    if cfg.source == "builtin":
+        ds = datasets.Dataset.from_list(builtin_task_rows(str(cfg.format), seed=cfg.split_seed))
+        defaults = {"data.prompt_field": "prompt", "data.completion_field": "completion",
+                    "data.messages_field": "messages"}
+        return ds.rename_columns({defaults[key]: name for key, name in columns.items() if defaults[key] != name})
+    if cfg.source == "hub":
+        ds = _load_hub(cfg)
+        if not isinstance(ds, datasets.Dataset):
+            raise ValueError(f"data.hub_split={cfg.hub_split!r} did not select a single split of {cfg.hub_name!r} "
+                             f"(got {type(ds).__name__})")
+        return _select_columns(ds, columns, f"the Hub dataset {cfg.hub_name}")
+    if len(cfg.paths) == 1 and is_saved_dataset(str(cfg.paths[0])):
+        ds = datasets.load_from_disk(str(cfg.paths[0]))
+        return _select_columns(ds, columns, f"the saved dataset {cfg.paths[0]}")
+    files = expand_paths(cfg.paths)
+    kind = common_kind(files)
+    if kind == "text":
+        raise ValueError(f"data.format={cfg.format} reads records (json lines, parquet, a saved dataset folder), not "
+                         f"text files: {', '.join(files)}")
+    try:
+        with hub_offline():
+            ds = datasets.load_dataset(kind, data_files=list(files), split="train", cache_dir=cfg.cache_dir)
+    except Exception as err:  # DatasetGenerationError / ArrowInvalid: a file that is not what its suffix says
+        raise ValueError(f"data.paths: the {kind} file(s) {', '.join(files)} could not be read: "
+                         f"{_root_cause(err)}") from err
+    return _select_columns(ds, columns, ", ".join(files))
+
+
 def load_documents(cfg) -> datasets.Dataset:
     """Load the documents described by ``cfg`` (a DataConfig) as a Dataset with a single "text" column.
 

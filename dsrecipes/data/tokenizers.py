@@ -34,6 +34,16 @@ class ByteTokenizer:
         """Encode several texts."""
         return [self.encode(t) for t in texts]
 
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """The ids of ``text`` and, per id, the [start, end) characters of its byte's character."""
+        ids: list[int] = []
+        offsets: list[tuple[int, int]] = []
+        for index, char in enumerate(text):
+            data = char.encode("utf-8", errors="replace")
+            ids.extend(data)
+            offsets.extend([(index, index + 1)] * len(data))
+        return ids, offsets
+
     def decode(self, ids: Iterable[int]) -> str:
         """Decode ids back to text, skipping ids >= 256 (eos) and replacing invalid UTF-8."""
         return bytes(i for i in (int(x) for x in ids) if 0 <= i < 256).decode("utf-8", errors="replace")
@@ -111,6 +121,11 @@ class HFTokenizerFile:
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` without added special tokens."""
         return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """The ids of ``text`` (no added special tokens) and the [start, end) characters of each."""
+        encoding = self.tokenizer.encode(text, add_special_tokens=False)
+        return list(encoding.ids), [(int(start), int(end)) for start, end in encoding.offsets]
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """Encode several texts (parallelised by the tokenizers library)."""

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dsrecipes.models.config import ModelConfig, validate_model_config
+from dsrecipes.models.document_attention import document_causal_mask, rope_at
 from dsrecipes.models.layers import Block, RMSNorm, make_norm, model_rope_tables
 from dsrecipes.models.moe import Experts, MoELayer
 from dsrecipes.models.moe_config import MoEConfig, validate_moe_config
@@ -121,14 +122,20 @@ class GPT(nn.Module):
             self.rope_sin.copy_(sin)
 
     def forward(
-        self, input_ids: torch.Tensor, labels: torch.Tensor | None = None, position_offset: int = 0
+        self, input_ids: torch.Tensor, labels: torch.Tensor | None = None, position_offset: int = 0,
+        position_ids: torch.Tensor | None = None,
     ) -> GPTOutput:
         """input_ids, labels: [batch, seq] token ids; the loss is mean cross-entropy over all labels != -100.
 
         position_offset: position of input_ids' first token (positions offset .. offset+seq-1 for the
         position embedding / rotary tables); a sequence-parallel rank holding chunk r of T/P tokens
         passes r*T/P (dsrecipes.distributed.sequence_parallel).
+        position_ids: [batch, seq] positions of rows holding packed documents (data.packing=documents): they
+        restart at 0 with each document, and each document attends only to itself
+        (dsrecipes.models.document_attention).
         """
+        if position_ids is not None:
+            return self._forward_documents(input_ids, labels, position_ids)
         seq_len = input_ids.shape[1]
         position_offset = int(position_offset)
         if position_offset < 0 or position_offset + seq_len > self.cfg.max_seq_len:
@@ -146,6 +153,23 @@ class GPT(nn.Module):
             rope = (self.rope_cos[position_offset:end], self.rope_sin[position_offset:end])
         for block in self.blocks:
             x = block(x, rope)
+        logits, loss = self.head_and_loss(x, labels)
+        return GPTOutput(logits=logits, loss=loss)
+
+    def _forward_documents(self, input_ids: torch.Tensor, labels: torch.Tensor | None,
+                           position_ids: torch.Tensor) -> GPTOutput:
+        """forward of packed documents: each token at its own position, attention inside its own document."""
+        if int(position_ids.max()) >= self.cfg.max_seq_len:
+            raise ValueError(f"position_ids reach {int(position_ids.max())}, beyond model.max_seq_len="
+                             f"{self.cfg.max_seq_len}")
+        x = self.tok_emb(input_ids)
+        if self.pos_emb is not None:
+            x = x + self.pos_emb(position_ids)
+        x = self.emb_dropout(x)
+        rope = rope_at(self.rope_cos, self.rope_sin, position_ids) if self.cfg.style == "llama" else None
+        mask = document_causal_mask(position_ids)
+        for block in self.blocks:
+            x = block(x, rope, mask)
         logits, loss = self.head_and_loss(x, labels)
         return GPTOutput(logits=logits, loss=loss)
 

@@ -132,11 +132,15 @@ class HFCausalLM(nn.Module):
         return decoder_layers(self.hf)
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
-                position_offset: int = 0) -> GPTOutput:
+                position_offset: int = 0, position_ids: torch.Tensor | None = None) -> GPTOutput:
         """input_ids, labels: [batch, seq]; labels[t] is the target of position t (already shifted); the loss is the
-        mean cross-entropy over labels != -100. position_offset: the position of input_ids' first token."""
+        mean cross-entropy over labels != -100. position_offset: the position of input_ids' first token.
+        position_ids: the positions of rows of packed documents (restarting at 0 with each): transformers then
+        gives each document its own causal block (its packed-sequence masks, masking_utils)."""
         kwargs = {}
-        if position_offset:
+        if position_ids is not None:
+            kwargs["position_ids"] = position_ids
+        elif position_offset:
             seq = input_ids.shape[1]
             positions = torch.arange(position_offset, position_offset + seq, device=input_ids.device)
             kwargs["position_ids"] = positions.unsqueeze(0).expand(input_ids.shape[0], seq)

@@ -125,9 +125,12 @@ def model_rope_tables(cfg: ModelConfig, device=None) -> tuple[torch.Tensor, torc
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs (x[..., :d/2], x[..., d/2:]) of x [B, H, T, D] by the angles for positions 0..T-1."""
-    seq_len = x.shape[-2]
-    cos, sin = cos[:seq_len].to(x.dtype), sin[:seq_len].to(x.dtype)
+    """Rotate pairs (x[..., :d/2], x[..., d/2:]) of x [B, H, T, D] by the angles for positions 0..T-1 (tables
+    [>= T, D/2]), or for each token's own position (tables [B, 1, T, D/2], packed documents)."""
+    if cos.dim() == 2:  # [max positions, D/2] tables: the first T rows; [B, 1, T, D/2] rows are each token's own
+        seq_len = x.shape[-2]
+        cos, sin = cos[:seq_len], sin[:seq_len]
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
 
@@ -159,7 +162,10 @@ class CausalSelfAttention(nn.Module):
         self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+                attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """attn_mask: None (causal), or a [B, 1, T, T] boolean mask that already holds causality (packed documents,
+        dsrecipes.models.document_attention)."""
         bsz, seq_len, _ = x.shape
         q = self.q_proj(x).view(bsz, seq_len, -1, self.head_dim)
         k, v = self.kv_proj(x).view(bsz, seq_len, -1, 2, self.head_dim).unbind(3)
@@ -169,14 +175,14 @@ class CausalSelfAttention(nn.Module):
         if self.use_rope:
             rope_fn = self.rope_fn if self.rope_fn is not None else apply_rope
             q, k = rope_fn(q, *rope), rope_fn(k, *rope)
-        if self.attention_fn is not None:
+        if self.attention_fn is not None and attn_mask is None:
             y = self.attention_fn(q, k, v)
             return self.out_proj(y.transpose(1, 2).reshape(bsz, seq_len, -1))
         if k.shape[1] != q.shape[1]:
             repeat = q.shape[1] // k.shape[1]
             k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
         y = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
+            q, k, v, attn_mask=attn_mask, is_causal=attn_mask is None, dropout_p=self.dropout if self.training else 0.0
         )
         return self.out_proj(y.transpose(1, 2).reshape(bsz, seq_len, -1))
 
@@ -192,6 +198,6 @@ class Block(nn.Module):
         self.mlp = mlp if mlp is not None else make_mlp(cfg)  # an MoE layer replaces it in MoE blocks
         self.resid_dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor, rope=None) -> torch.Tensor:
-        x = x + self.resid_dropout(self.attn(self.attn_norm(x), rope))
+    def forward(self, x: torch.Tensor, rope=None, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.resid_dropout(self.attn(self.attn_norm(x), rope, attn_mask))
         return x + self.resid_dropout(self.mlp(self.mlp_norm(x)))

@@ -23,6 +23,7 @@ import warnings
 import torch
 from torch import nn
 
+from dsrecipes.data.config import weights_loss_by_tokens
 from dsrecipes.distributed.data_parallel import STRATEGIES, choose_strategy
 from dsrecipes.distributed.expert_parallel import split_expert_param_groups
 from dsrecipes.distributed.parallel_dims import ParallelDims
@@ -135,7 +136,7 @@ def build_engine(
         lr_scheduler,
         batch,
         precision,
-        runner=_runner(plan),
+        runner=_runner(plan, cfg),
         gradient_clipping=cfg.trainer.gradient_clipping,
         keep_last_checkpoints=cfg.checkpoint.keep_last,
         config_yaml=config_yaml,
@@ -164,7 +165,7 @@ def _optimizer_config(cfg, dims: ParallelDims):
     return optimizer_cfg
 
 
-def _runner(plan: ParallelPlan) -> StepRunner:
+def _runner(plan: ParallelPlan, cfg) -> StepRunner:
     if plan.pipeline is not None:
         return PipelineRunner(plan.pipeline, plan.sequence_parallel)
-    return MicroBatchRunner(plan.sequence_parallel)
+    return MicroBatchRunner(plan.sequence_parallel, token_weighted=weights_loss_by_tokens(getattr(cfg, "data", None)))

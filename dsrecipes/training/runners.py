@@ -26,6 +26,7 @@ from dsrecipes.distributed.pipeline_loss_terms import is_stage_local
 from dsrecipes.distributed.pipeline_parallel import PipelineParallel
 from dsrecipes.distributed.sequence_parallel import SequenceParallel, sequence_parallel_disabled
 from dsrecipes.distributed.utils import mean_over_ranks
+from dsrecipes.training.token_weights import IGNORE_INDEX, token_weights, with_a_label
 
 # fn(model, batch, output) -> {name: scalar tensor}, added to the language-model loss (MoE aux loss, distillation)
 LossTerm = Callable[[nn.Module, dict, object], dict]
@@ -48,8 +49,12 @@ class StepRunner:
 
 
 class MicroBatchRunner(StepRunner):
-    def __init__(self, sequence_parallel: SequenceParallel | None = None):
+    """token_weighted: the loss of a step is the mean over all label tokens of the global batch
+    (data.loss_mean=global_tokens, dsrecipes.training.token_weights), not the mean of per-micro-batch means."""
+
+    def __init__(self, sequence_parallel: SequenceParallel | None = None, token_weighted: bool = False):
         self.sequence_parallel = sequence_parallel
+        self.token_weighted = token_weighted
 
     def prepare(self, batch: dict, device: torch.device) -> dict:
         """The micro-batch on the device and, under sequence parallelism, cut to this rank's chunk."""
@@ -58,14 +63,21 @@ class MicroBatchRunner(StepRunner):
 
     @staticmethod
     def forward(engine, batch: dict):
-        extra = {"position_offset": batch["position_offset"]} if "position_offset" in batch else {}
+        extra = {key: batch[key] for key in ("position_offset", "position_ids") if key in batch}
         return engine(batch["input_ids"], labels=batch["labels"], **extra)
 
     def train_batch(self, engine, next_batch, loss_terms=()) -> dict[str, torch.Tensor]:
         totals: dict[str, torch.Tensor] = {}
-        for _ in range(engine.gradient_accumulation_steps):
-            batch = self.prepare(next_batch(), engine.device)
+        gas = engine.gradient_accumulation_steps
+        if self.token_weighted:  # every micro-batch of the step first: the weights need the step's label count
+            batches = [self.prepare(next_batch(), engine.device) for _ in range(gas)]
+            weights = token_weights([b["labels"] for b in batches], gas, engine.device)
+            batches = [with_a_label(b) if w == 0.0 else b for b, w in zip(batches, weights)]
+        for index in range(gas):
+            batch = batches[index] if self.token_weighted else self.prepare(next_batch(), engine.device)
             output = self.forward(engine, batch)
+            if self.token_weighted and weights[index] != 1.0:
+                output.loss = output.loss * weights[index]
             loss, terms = output.loss, {}
             if loss_terms:
                 terms["lm_loss"] = output.loss
@@ -81,11 +93,26 @@ class MicroBatchRunner(StepRunner):
         return totals
 
     def eval_loss(self, engine, batches) -> float:
+        if self.token_weighted:
+            return self._eval_token_mean(engine, batches)
         losses = [float(self.forward(engine, self.prepare(batch, engine.device)).loss) for batch in batches]
         loss = sum(losses) / max(1, len(losses))
         if self.sequence_parallel is not None:  # each rank scored its chunk: the mean is the full loss
             loss = float(mean_over_ranks(torch.tensor([loss], device=engine.device))[0])
         return loss
+
+    def _eval_token_mean(self, engine, batches) -> float:
+        """The validation loss as the mean over all its label tokens (batches without one add nothing)."""
+        total = torch.zeros(2, dtype=torch.float64, device=engine.device)  # sum of losses x labels, labels
+        for batch in batches:
+            batch = self.prepare(batch, engine.device)
+            count = int((batch["labels"] != IGNORE_INDEX).sum())
+            if count:
+                total += torch.tensor([float(self.forward(engine, batch).loss) * count, count],
+                                      dtype=torch.float64, device=engine.device)
+        if self.sequence_parallel is not None:  # each rank scored its chunk of every sequence
+            total = mean_over_ranks(total)
+        return float(total[0] / total[1]) if float(total[1]) else float("nan")
 
     def single_rank_module(self, engine):
         if self.sequence_parallel is None:

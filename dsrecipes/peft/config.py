@@ -1,0 +1,108 @@
+"""PeftConfig: what parameter-efficient fine-tuning (LoRA) does to a model, and its checks.
+
+A plain dataclass (no Hydra), so it serves both as an OmegaConf structured-config schema (only str / int / float /
+bool / list[str] fields, None-able with `| None`) and as the argument of `dsrecipes.peft.apply_lora` for Python users.
+`validate_peft_config` raises ValueError naming the key, its value and what would be valid, the way every dsrecipes
+config section does.
+
+target_modules follow PEFT's rules, so an adapter's config reads the same in both:
+  * "q_proj" matches a module whose qualified name is "q_proj" or ends with ".q_proj";
+  * "re:<regex>" matches a module whose qualified name the regex fullmatches;
+  * "all-linear" matches every nn.Linear but the LM head.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+PEFT_METHODS = ("none", "lora")
+LORA_BIASES = ("none", "all", "lora_only")
+ALL_LINEAR = "all-linear"
+REGEX_PREFIX = "re:"
+
+# dsrecipes' own blocks (dsrecipes.models.layers) and the Hugging Face Llama / Qwen / Mistral family alike
+DEFAULT_TARGET_MODULES = (
+    "q_proj", "kv_proj", "out_proj", "gate", "up", "fc_in", "fc_out",
+    "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+)
+
+
+@dataclass
+class PeftConfig:
+    """Parameter-efficient fine-tuning.
+
+    method: "none" (train every parameter) or "lora" (freeze the model, train low-rank adapters).
+    r: the adapters' rank; alpha: their scale numerator (the update is B @ A * alpha / r).
+    dropout: dropout on the adapters' input (PEFT's lora_dropout).
+    target_modules: which nn.Linear modules get an adapter (see the module docstring).
+    bias: PEFT's meaning: "none" (every bias frozen), "all" (every bias of the model trained),
+          "lora_only" (the biases of the adapted Linears trained).
+    init_seed: seed of lora_A's initialisation (its own generator, so every rank and device draws the same
+          values whatever the global random state); None = the global random stream.
+    """
+
+    method: str = "none"
+    r: int = 8
+    alpha: float = 16.0
+    dropout: float = 0.0
+    target_modules: list[str] = field(default_factory=lambda: list(DEFAULT_TARGET_MODULES))
+    bias: str = "none"
+    init_seed: int | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return str(self.method) == "lora"
+
+    @property
+    def scaling(self) -> float:
+        """The factor of the low-rank update: alpha / r."""
+        return float(self.alpha) / int(self.r)
+
+
+def validate_peft_config(cfg: PeftConfig, prefix: str = "peft") -> None:
+    """Raise ValueError naming the key, its value and what would be valid."""
+    if cfg.method not in PEFT_METHODS:
+        raise ValueError(f"{prefix}.method={cfg.method!r} is not valid; choose one of: {', '.join(PEFT_METHODS)}")
+    if cfg.bias not in LORA_BIASES:
+        raise ValueError(f"{prefix}.bias={cfg.bias!r} is not valid; choose one of: {', '.join(LORA_BIASES)}")
+    if isinstance(cfg.r, bool) or not isinstance(cfg.r, int) or cfg.r < 1:
+        raise ValueError(f"{prefix}.r={cfg.r!r} is not valid; the adapters' rank must be an integer >= 1")
+    if not _is_number(cfg.alpha) or not cfg.alpha > 0:
+        raise ValueError(f"{prefix}.alpha={cfg.alpha!r} is not valid; it must be a number > 0 (the update is "
+                         f"scaled by alpha / r)")
+    if not _is_number(cfg.dropout) or not 0 <= cfg.dropout < 1:
+        raise ValueError(f"{prefix}.dropout={cfg.dropout!r} is not valid; it must lie in [0, 1)")
+    if cfg.init_seed is not None and (isinstance(cfg.init_seed, bool) or not isinstance(cfg.init_seed, int)):
+        raise ValueError(f"{prefix}.init_seed={cfg.init_seed!r} is not valid; give an integer or null (the global "
+                         "random stream)")
+    targets = list(cfg.target_modules or [])
+    if not targets:
+        raise ValueError(f"{prefix}.target_modules={targets!r} is empty; name the nn.Linear modules to adapt (e.g. "
+                         f"[{', '.join(DEFAULT_TARGET_MODULES[:3])}], 're:<regex>' or '{ALL_LINEAR}')")
+    for entry in targets:
+        if not isinstance(entry, str) or not entry:
+            raise ValueError(f"{prefix}.target_modules entry {entry!r} is not valid; each entry is a module name, "
+                             f"'re:<regex>' or '{ALL_LINEAR}'")
+        if entry.startswith(REGEX_PREFIX):
+            try:
+                re.compile(entry[len(REGEX_PREFIX):])
+            except re.error as why:
+                raise ValueError(f"{prefix}.target_modules entry {entry!r} is not a valid regex: {why}") from None
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def target_matches(name: str, entry: str) -> bool:
+    """Whether the module qualified `name` is selected by one target_modules entry (PEFT's rule)."""
+    if entry.startswith(REGEX_PREFIX):
+        return re.fullmatch(entry[len(REGEX_PREFIX):], name) is not None
+    return name == entry or name.endswith("." + entry)
+
+
+def names_explicitly(name: str, entry: str) -> bool:
+    """Whether an entry names the module itself (a plain name, not a regex or all-linear): the LM head is adapted
+    only when named so."""
+    return entry != ALL_LINEAR and not entry.startswith(REGEX_PREFIX) and target_matches(name, entry)
