@@ -24,6 +24,7 @@ from dsrecipes.models.config import ModelConfig
 from dsrecipes.models.kernels_config import KernelsConfig, validate_kernels_config
 from dsrecipes.models.moe_config import MoEConfig
 from dsrecipes.models.sparse_attention import SparseAttentionConfig
+from dsrecipes.peft.config import PeftConfig
 from dsrecipes.profiling.config import FlopsProfilerConfig, ProfilerConfig
 from dsrecipes.training.config import CheckpointConfig, LoggerConfig, PrecisionConfig, TrainerConfig
 from dsrecipes.training.optim.lr_scheduler_config import LRSchedulerConfig, WarmupCosineConfig
@@ -31,8 +32,8 @@ from dsrecipes.training.optim.optimizer_config import AdamWConfig, OptimizerConf
 
 # Config groups, in the order docs/recipes.md's table documents them.
 CONFIG_GROUPS = (
-    "model", "data", "optimizer", "lr_scheduler", "precision", "fp8", "trainer", "checkpoint", "logger", "zero", "parallel",
-    "launcher", "kernels", "compile", "activation_checkpointing", "moe", "data_efficiency", "compression",
+    "model", "data", "peft", "optimizer", "lr_scheduler", "precision", "fp8", "trainer", "checkpoint", "logger", "zero",
+    "parallel", "launcher", "kernels", "compile", "activation_checkpointing", "moe", "data_efficiency", "compression",
     "sparse_attention", "generate",
     "flops_profiler", "profiler", "comms_logger",
 )
@@ -66,6 +67,7 @@ class RootConfig:
     profiler: ProfilerConfig = field(default_factory=ProfilerConfig)  # torch.profiler traces
     comms_logger: CommsLoggerConfig = field(default_factory=CommsLoggerConfig)  # dsrecipes.distributed.comms_logger
     fp8: Float8Config = field(default_factory=Float8Config)  # dsrecipes.distributed.float8 (torchao, CUDA only)
+    peft: PeftConfig = field(default_factory=PeftConfig)  # LoRA adapters on a frozen model (dsrecipes.peft)
     # a DeepSpeed config (JSON) translated onto the groups above, under the command line's overrides
     # (dsrecipes.config.ds_import); kept as the record of which file the recipe came from
     deepspeed_config: str | None = None

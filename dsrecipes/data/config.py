@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from dsrecipes.data.files import check_data_sources
+from dsrecipes.utils.compatibility_rows import Refusal, Supported
 from dsrecipes.utils.config_enum import ConfigEnum, check_choice, enum_values
 from dsrecipes.utils.inactive_rules import Inactive
 from dsrecipes.utils.ranges import POSITIVE_INT, SEED, at_least, between, ranged
@@ -83,6 +84,45 @@ TRAIN_ON_CHOICES = {"text": ("all",), "prompt_completion": ("completion", "all")
 MAX_VAL_FRACTION = 0.5
 
 
+def _pp_documents(root, dims):
+    if dims.pp > 1 and root.data.packing == "documents":
+        return (f"data.packing=documents is not supported with parallel.pp={dims.pp}: the pipeline stages take no "
+                "position ids; use data.packing=none or concat, or parallel.pp=1")
+    return None
+
+
+def _pp_token_mean(root, dims):
+    if dims.pp > 1 and weights_loss_by_tokens(root.data):
+        return (f"data.loss_mean=global_tokens is not supported with parallel.pp={dims.pp} (the schedule averages its "
+                f"micro-batches' means); use data.loss_mean=micro_batch, or parallel.pp=1")
+    return None
+
+
+def _sp_documents(root, dims):
+    if dims.sp > 1 and root.data.packing == "documents":
+        return (f"data.packing=documents is not supported with parallel.sp={dims.sp}: each sequence chunk would need "
+                "the whole row's document boundaries; use data.packing=none, or parallel.sp=1")
+    return None
+
+
+def _sparse_documents(root, dims):
+    if root.data.packing == "documents" and str(root.sparse_attention.mode) != "none":
+        return (f"data.packing=documents is not supported with sparse_attention.mode={root.sparse_attention.mode}: the "
+                "block-sparse layouts take no document mask; use sparse_attention=none or data.packing=none")
+    return None
+
+
+def _samples_data_efficiency(root, dims):
+    de = root.data_efficiency
+    on = [key for key, value in (("random_ltd", de.random_ltd.enabled),
+                                 ("curriculum_learning", de.curriculum_learning.enabled)) if value]
+    if on and uses_samples(root.data):
+        return (f"data_efficiency.{on[0]}.enabled=true is not supported with data.format={root.data.format} "
+                f"data.packing={root.data.packing}: it works on a text stream's blocks (no label mask, no document "
+                "boundaries); use data.format=text data.packing=concat, or turn it off")
+    return None
+
+
 @dataclass
 class DataConfig:
     """Where the training text comes from, how it is tokenized and cut into blocks.
@@ -125,6 +165,20 @@ class DataConfig:
         split_seed: seed of the deterministic document-level train/validation split.
     """
 
+    COMPATIBILITY: ClassVar[tuple[Refusal | Supported, ...]] = (
+        Refusal("pp with data.packing=documents", "the pipeline stages take no position ids yet", _pp_documents),
+        Refusal("pp with data.loss_mean=global_tokens", "the schedule averages micro-batch means; "
+                "data.loss_mean=micro_batch runs", _pp_token_mean),
+        Refusal("sp with data.packing=documents", "a chunk would need the whole row's document boundaries",
+                _sp_documents),
+        Refusal("sparse attention with data.packing=documents", "the block-sparse layouts take no document mask",
+                _sparse_documents),
+        Refusal("random-LTD or the curriculum with prompt/chat data or packing other than concat", "they work on a "
+                "text stream's blocks", _samples_data_efficiency),
+        Supported("data.packing=documents with chat data under ZeRO-3, global-token loss mean", "supported: each "
+                  "document its own causal block, the step's loss the mean over all label tokens of the global batch",
+                  ("sft-chat-documents-dp2-zero3",)),
+    )
     INACTIVE: ClassVar[tuple[Inactive, ...]] = (
         Inactive(lambda root, d: d.source != "files", lambda root, path: f"data.source={root.data.source} (paths are "
                  "for data=files)", keys=("paths",)),

@@ -7,6 +7,7 @@ The order (each step a small function below; a step whose config is off does not
 
  1. kernel injection        kernels.backend: norms, activations, RoPE, attention, loss -> Triton ops
  2. sparse attention        sparse_attention.mode: the attention function of every attention module
+    LoRA adapters           peft=lora: targeted nn.Linear wrapped, the rest frozen (dsrecipes.distributed.lora_adapters)
  3. activation checkpointing  activation_checkpointing.mode: block forwards recomputed in backward
  4. model transforms        the recipe's own (compression, random-LTD), given by the caller
  5. tensor parallel         parallel.tp: Megatron sharding of attention, MLP, embedding and LM head
@@ -49,6 +50,7 @@ from dsrecipes.distributed.expert_parallel import ExpertParallel, setup_expert_p
 from dsrecipes.distributed.float8 import apply_float8, float8_post_step_hooks
 from dsrecipes.distributed.hf_sequence_parallel import install_hf_ulysses
 from dsrecipes.distributed.hf_tensor_parallel import apply_hf_tensor_parallel
+from dsrecipes.distributed.lora_adapters import adapter_seed, apply_recipe_lora, lora_materialize
 from dsrecipes.distributed.parallel_dims import ParallelDims
 from dsrecipes.distributed.pipeline_parallel import PipelineParallel
 from dsrecipes.distributed.sequence_parallel import SequenceParallel
@@ -165,6 +167,10 @@ def parallelize(model: nn.Module, dims: ParallelDims, cfg, precision, device: to
     applied: list[str] = []
     _inject_kernels(model, cfg.kernels.backend, applied)
     _sparse_attention(model, cfg.sparse_attention, applied)
+    if getattr(cfg, "peft", None) is not None and cfg.peft.enabled:
+        apply_recipe_lora(model, cfg, applied)
+        if materialize is not None:
+            materialize = lora_materialize(materialize, adapter_seed(cfg))
     _activation_checkpointing(model, cfg.activation_checkpointing, applied)
     for transform in transforms:
         model = transform(model)

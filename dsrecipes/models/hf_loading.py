@@ -41,6 +41,7 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 
 from dsrecipes.models.config import ModelConfig
 from dsrecipes.models.hf_config import resolve_checkpoint_dir
+from dsrecipes.peft.lora import is_lora_key
 
 log = logging.getLogger("dsrecipes")
 
@@ -156,9 +157,13 @@ def fill_module(module: nn.Module, tensor_of: Callable[[str], torch.Tensor],
                 region_of: Callable[[str, tuple[slice, ...]], torch.Tensor] | None = None) -> int:
     """Fill every parameter of `module` (a tied one once) from tensor_of(its name), or, where the parameter is a
     plainly sharded DTensor and region_of is given, from region_of(its name, local_region): only this rank's part is
-    read. Returns how many elements this rank holds."""
+    read. Returns how many elements this rank holds. LoRA adapters are left alone; a wrapped Linear's weights are
+    read under their unwrapped names."""
     held = 0
     for name, param in module.named_parameters():
+        if is_lora_key(name):  # LoRA adapters are not in a base checkpoint (dsrecipes.distributed.lora_adapters)
+            continue
+        name = name.replace(".base_layer.", ".")  # a wrapped Linear's own weight, under the checkpoint's name
         region = local_region(param) if region_of is not None else None
         if region is not None:
             fill_local(param, region_of(name, region))

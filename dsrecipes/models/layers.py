@@ -172,8 +172,8 @@ class CausalSelfAttention(nn.Module):
         if self.q_norm is not None:  # [B, T, heads, head_dim]: tensor parallelism shards dim 2 (the heads)
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        if self.use_rope:
-            rope_fn = self.rope_fn if self.rope_fn is not None else apply_rope
+        if self.use_rope:  # per-token tables (packed documents) go through torch's rotation: the kernel takes [T, D/2]
+            rope_fn = self.rope_fn if self.rope_fn is not None and rope[0].dim() == 2 else apply_rope
             q, k = rope_fn(q, *rope), rope_fn(k, *rope)
         if self.attention_fn is not None and attn_mask is None:
             y = self.attention_fn(q, k, v)

@@ -20,6 +20,7 @@ from dsrecipes.peft.lora import (
     init_lora,
     lora_modules,
     lora_state_dict,
+    lora_state_dict_of,
     merge_lora_state,
     merged_state_dict,
     strip_base_layer_names,
@@ -33,7 +34,8 @@ from dsrecipes.peft.peft_export import (
 
 __all__ = [
     "DEFAULT_TARGET_MODULES", "LoRALinear", "PeftConfig", "add_base_layer_names", "apply_lora", "count_trainable",
-    "hf_module_adapter_state", "init_lora", "lora_modules", "lora_state_dict", "merge_lora_state",
+    "hf_module_adapter_state", "init_lora", "lora_modules", "lora_state_dict", "lora_state_dict_of",
+    "merge_lora_state",
     "merged_state_dict", "native_llama_adapter_state", "native_name_map", "strip_base_layer_names",
     "validate_peft_config", "write_peft_adapter",
 ]

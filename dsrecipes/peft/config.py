@@ -15,6 +15,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import ClassVar
+
+from dsrecipes.utils.compatibility_rows import Refusal, Supported
+from dsrecipes.utils.config_enum import ConfigEnum
 
 PEFT_METHODS = ("none", "lora")
 LORA_BIASES = ("none", "all", "lora_only")
@@ -28,6 +32,48 @@ DEFAULT_TARGET_MODULES = (
 )
 
 
+class PeftMethod(ConfigEnum):
+    """``peft.method``: train every parameter, or low-rank adapters on a frozen model."""
+
+    none = "none"
+    lora = "lora"
+
+
+class LoraBias(ConfigEnum):
+    """``peft.bias``: PEFT's meaning (none frozen, all trained, lora_only: the adapted Linears' biases trained)."""
+
+    none = "none"
+    all = "all"
+    lora_only = "lora_only"
+
+
+def _pp_lora(root, dims):
+    if dims.pp > 1 and root.peft.enabled:
+        return (f"peft.method=lora is not supported with parallel.pp={dims.pp}: the adapters are not placed on "
+                "pipeline stages yet; use parallel.pp=1")
+    return None
+
+
+def _tp_lora(root, dims):
+    if dims.tp > 1 and root.peft.enabled:
+        return (f"peft.method=lora is not supported with parallel.tp={dims.tp} yet: the tensor-parallel plans shard "
+                "nn.Linear modules, not the adapters around them; use ZeRO (zero.stage=0..3) for LoRA")
+    return None
+
+
+def _lora_with(root, dims):
+    if not root.peft.enabled:
+        return None
+    from dsrecipes.compression.config import compression_enabled
+
+    for key, on in (("compression", bool(compression_enabled(root))), ("moe", root.moe.enabled),
+                    ("fp8", root.fp8.enabled)):
+        if on:
+            return (f"peft.method=lora is not supported with {key} on: it replaces or reads the same nn.Linear "
+                    f"weights the adapters wrap; turn {key} off, or peft=none")
+    return None
+
+
 @dataclass
 class PeftConfig:
     """Parameter-efficient fine-tuning.
@@ -39,16 +85,29 @@ class PeftConfig:
     bias: PEFT's meaning: "none" (every bias frozen), "all" (every bias of the model trained),
           "lora_only" (the biases of the adapted Linears trained).
     init_seed: seed of lora_A's initialisation (its own generator, so every rank and device draws the same
-          values whatever the global random state); None = the global random stream.
+          values whatever the global random state); None = the global random stream (the recipe: trainer.seed).
     """
 
-    method: str = "none"
+    COMPATIBILITY: ClassVar[tuple[Refusal | Supported, ...]] = (
+        Refusal("LoRA with pp", "the adapters are not placed on pipeline stages yet", _pp_lora),
+        Refusal("LoRA with tp", "the tensor-parallel plans do not shard the adapters yet", _tp_lora),
+        Refusal("LoRA with compression, dsrecipes MoE or fp8", "they replace or read the wrapped Linears' weights",
+                _lora_with),
+        Supported("LoRA under ZeRO 0-3", "supported: only the adapters trained and given optimizer state, the base "
+                  "weights frozen and sharded like any parameter", ("lora-dp2-zero3", "lora-dp2-zero2")),
+    )
+
+    method: PeftMethod = PeftMethod.none
     r: int = 8
     alpha: float = 16.0
     dropout: float = 0.0
     target_modules: list[str] = field(default_factory=lambda: list(DEFAULT_TARGET_MODULES))
-    bias: str = "none"
+    bias: LoraBias = LoraBias.none
     init_seed: int | None = None
+
+    def check(self, facts) -> None:
+        """The group's keys (the rest is the compatibility matrix's)."""
+        validate_peft_config(self)
 
     @property
     def enabled(self) -> bool:

@@ -208,6 +208,19 @@ def lora_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
             if is_lora_key(name) or (name in trainable and name.rsplit(".", 1)[-1] == "bias")}
 
 
+def lora_state_dict_of(state: Mapping[str, torch.Tensor], bias: str = "none") -> dict[str, torch.Tensor]:
+    """lora_state_dict from a full state dict (one gathered from a sharded model): the adapter tensors and the
+    biases peft.bias trains (all: every bias; lora_only: the wrapped Linears' `base_layer.bias`)."""
+    def kept(name: str) -> bool:
+        if is_lora_key(name):
+            return True
+        if str(bias) == "all":
+            return name.endswith(".bias")
+        return str(bias) == "lora_only" and name.endswith(".base_layer.bias")
+
+    return {name: tensor for name, tensor in state.items() if kept(name)}
+
+
 def merge_lora_state(state: Mapping[str, torch.Tensor], scaling: float | Mapping[str, float]) -> dict:
     """A wrapped model's full state dict (model.state_dict(), or one gathered from a sharded model) with every
     adapter folded in: `m.weight = m.base_layer.weight + (m.lora_B.weight @ m.lora_A.weight) * scaling` (in float32,

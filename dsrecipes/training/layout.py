@@ -21,6 +21,7 @@ def describe_layout(plan, cfg, precision) -> str:
     parts = [_axes(plan.dims)]
     if plan.model_description:
         parts.append(f"model: {plan.model_description}")
+    parts += [line for line in plan.applied if line.startswith("peft: ")]  # what LoRA adapts, what trains
     if plan.dims.nodes > 1:
         parts.append(f"nodes: {plan.dims.describe_nodes()}")
     parts += plan.describe_model_parallel(cfg.parallel.tp_sequence_parallel)

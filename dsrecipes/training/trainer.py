@@ -29,6 +29,7 @@ from dsrecipes.models.config import padded_vocab_size
 from dsrecipes.models.hf_export import export_model
 from dsrecipes.models.hf_import import tokenizer_for_training
 from dsrecipes.models.hf_module_export import export_transformers
+from dsrecipes.models.lora_export import export_lora_adapter
 from dsrecipes.models.sampling import sample_tokens
 from dsrecipes.profiling.wall_clock import WallClockBreakdown
 from dsrecipes.training.assembly import build_engine
@@ -348,6 +349,8 @@ class Trainer:
         """The final model in <run dir>/export/: the Hugging Face layout (full-precision weights, tokenizer copied in)."""
         out = self.run_dir / "export"
         state = self.engine.module_state_dict()  # a collective under FSDP2: every rank takes part
+        if self.is_logging_rank and self.cfg.peft.enabled:  # the adapters merged in; adapter/ in PEFT's format
+            state = export_lora_adapter(state, self.cfg, out)
         if self.is_logging_rank:
             extra = {}
             if str(self.cfg.sparse_attention.mode) != "none":  # recorded for inference (which attends densely)

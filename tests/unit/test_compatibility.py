@@ -17,6 +17,7 @@ from tests.helpers.paths import DOCS, REPO
 HF = ["model=hf", "model.path=@hf:gemma3"]  # a tiny transformers-path checkpoint (made once per test session)
 
 # combination -> (overrides, world size, a fragment of the message)
+PP_BATCH = ("trainer.gradient_accumulation_steps=2", "trainer.train_micro_batch_size_per_gpu=16")
 CASES = {
     "pp with compression": (["parallel.pp=2", "compression=qat_int8", "trainer.gradient_accumulation_steps=2",
                              "trainer.train_micro_batch_size_per_gpu=16"], 2,
@@ -71,6 +72,23 @@ CASES = {
     "model.style=hf with pp": ([*HF, "parallel.pp=2", "trainer.gradient_accumulation_steps=2",
                                       "trainer.train_micro_batch_size_per_gpu=16"], 2,
                                "parallel.pp=2 with model.style=hf"),
+    # instruction data (dsrecipes.data.config) and LoRA (dsrecipes.peft.config)
+    "pp with data.packing=documents": (["parallel.pp=2", "data.packing=documents", "data.loss_mean=micro_batch",
+                                        *PP_BATCH], 2, "data.packing=documents is not supported with parallel.pp=2"),
+    "pp with data.loss_mean=global_tokens": (["parallel.pp=2", "data.packing=none", *PP_BATCH], 2,
+                                             "data.loss_mean=global_tokens is not supported with parallel.pp=2"),
+    "sp with data.packing=documents": (["parallel.sp=2", "data.packing=documents"], 2,
+                                       "data.packing=documents is not supported with parallel.sp=2"),
+    "sparse attention with data.packing=documents": (["sparse_attention=fixed", "data.packing=documents"], 1,
+                                                     "data.packing=documents is not supported with sparse_attention"),
+    "random-LTD or the curriculum with prompt/chat data or packing other than concat": (
+        ["data_efficiency=random_ltd", "data.packing=none"], 1, "data_efficiency.random_ltd.enabled=true is not "
+                                                                  "supported with data.format=text data.packing=none"),
+    "LoRA with pp": (["peft=lora", "parallel.pp=2", *PP_BATCH], 2, "peft.method=lora is not supported with "
+                                                                   "parallel.pp=2"),
+    "LoRA with tp": (["peft=lora", "parallel.tp=2"], 2, "peft.method=lora is not supported with parallel.tp=2"),
+    "LoRA with compression, dsrecipes MoE or fp8": (["peft=lora", "moe=top2"], 1,
+                                                    "peft.method=lora is not supported with moe on"),
 }
 
 

@@ -118,9 +118,18 @@ DATA_EFFICIENCY = Reference("data_efficiency", DATA_EFFICIENCY_RECIPE)
 # and experts, their gradients and Adam state ZeRO-2 sharded), qwen3 on dsrecipes' blocks (model.impl=auto: head_dim
 # 32, q/k norms)
 HF_GEMMA3 = Reference("hf_gemma3", ("model=hf", "model.path=@hf:gemma3"))
+# instruction data: the built-in chat tasks in the plain template, only assistant tokens labelled, whole
+# conversations packed into rows of 128 (positions restarting, a causal block each): micro-batches hold different
+# numbers of labels, so the loss is the global batch's token mean only if the step weighs them right
+SFT_CHAT = Reference("sft_chat", ("data.format=chat", "data.chat_template=plain", "data.packing=documents",
+                                  "model.max_seq_len=128"))
 HF_MIXTRAL = Reference("hf_mixtral", ("model=hf", "model.path=@hf:mixtral"))
 HF_QWEN3 = Reference("hf_qwen3", ("model=hf", "model.path=@hf:qwen3"))
-HF_REFERENCES = (HF_GEMMA3, HF_MIXTRAL, HF_QWEN3)
+# LoRA (peft=lora, rank 8 on every projection): only the adapters train; qwen3 on dsrecipes' blocks (loaded sharded,
+# adapters initialised after the load), gemma3 as the transformers module
+LORA_QWEN3 = Reference("lora_qwen3", (*HF_QWEN3.recipe, "peft=lora", "optimizer.lr=3e-3"))
+LORA_GEMMA3 = Reference("lora_gemma3", (*HF_GEMMA3.recipe, "peft=lora", "optimizer.lr=3e-3"))
+HF_REFERENCES = (HF_GEMMA3, HF_MIXTRAL, HF_QWEN3, LORA_QWEN3, LORA_GEMMA3)
 
 
 def world(n: int, micro: int) -> tuple[str, ...]:
@@ -171,6 +180,21 @@ def every_expert_exported(block: int = 0) -> Callable:
         key = f"blocks.{block}.mlp.experts.w_in"
         assert run.params[key].shape == reference.params[key].shape and run.params[key].shape[0] == 4
     return check
+
+
+def lora_exported(run, reference) -> None:
+    """The export is the merged model (no adapter tensors in it) and adapter/ holds the PEFT adapter, the same as the
+    single process's."""
+    import torch
+    from safetensors.torch import load_file
+
+    assert not any("lora_" in name or "base_layer" in name for name in run.params)
+    files = [run.run_dir / "export" / "adapter" / "adapter_model.safetensors",
+             reference.run_dir / "export" / "adapter" / "adapter_model.safetensors"]
+    mine, theirs = (load_file(str(f)) for f in files)
+    assert mine.keys() == theirs.keys() and mine
+    for key, tensor in mine.items():
+        torch.testing.assert_close(tensor, theirs[key], rtol=0, atol=5e-5, msg=key)
 
 
 def masters_exported_in_fp32(run, reference) -> None:
@@ -327,6 +351,13 @@ ROWS: tuple[Row, ...] = (
     Row("hf-gemma3-sp2", HF_GEMMA3, ("parallel.sp=2", *world(2, 8)), layout_line=("sp 2", GEMMA3_MODULE)),
     Row("hf-mixtral-dp2-zero2", HF_MIXTRAL, ("zero.stage=2", *world(2, 4)),
         layout_line=("model: transformers MixtralForCausalLM", ZERO_STRATEGY[2])),
+    # LoRA: frozen base weights sharded like any parameter, the adapters' gradients and Adam state only
+    Row("lora-dp2-zero3", LORA_QWEN3, ("zero.stage=3", *world(2, 4)), resume=True, check=lora_exported,
+        layout_line=("peft: LoRA r 8",)),
+    Row("lora-dp2-zero2", LORA_GEMMA3, ("zero.stage=2", *world(2, 4)), check=lora_exported,
+        layout_line=("peft: LoRA r 8", ZERO_STRATEGY[2])),
+    # instruction data: the global-token mean over ranks and accumulation, per-document attention under FSDP2
+    Row("sft-chat-documents-dp2-zero3", SFT_CHAT, ("zero.stage=3", *world(2, 4)), resume=True),
     Row("hf-qwen3-native-tp2", HF_QWEN3, ("parallel.tp=2", *world(2, 8)),
         layout_line=("model: native dsrecipes llama blocks from qwen3, head_dim 32, q/k norms",)),
 )

@@ -1,0 +1,78 @@
+"""The recipe's LoRA step (peft=lora): adapters on the model before any sharding, initialised alike on every rank.
+
+    _lora(model, cfg, applied)                         # parallelize's step: wrap, freeze, initialise (real weights)
+    materialize = lora_materialize(materialize, seed)  # a meta model: the checkpoint, then the adapters
+
+dsrecipes.peft.apply_lora wraps the targeted nn.Linear modules and freezes everything else, so the strategies
+(DDP, ZeRO-1/2, FSDP2) reduce and the optimizer steps only the adapters (frozen parameters get neither gradients
+nor optimizer state). The adapters' values come from one CPU generator seeded with peft.init_seed (else
+trainer.seed), drawn whole in the modules' order and then placed into whatever each rank holds (a DTensor shard
+included), so a layout starts from exactly the single process's adapters. A checkpoint's base weights load under
+their own names (dsrecipes.models.hf_loading.fill_module skips the adapters and reads `x.base_layer.weight` as
+`x.weight`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from dsrecipes.peft import apply_lora, count_trainable, lora_modules
+
+
+def adapter_seed(cfg) -> int:
+    """peft.init_seed, else trainer.seed (0 without a trainer section)."""
+    seed = cfg.peft.init_seed
+    return int(seed) if seed is not None else int(getattr(getattr(cfg, "trainer", None), "seed", 0))
+
+
+def _refuse_weight_readers(model: nn.Module, wrapped: list[str]) -> None:
+    """A fused kernel that reads a Linear's weight directly would compute without its adapter: refuse it."""
+    from dsrecipes.models.layers import GeluMLP
+
+    for name, module in model.named_modules():
+        if isinstance(module, GeluMLP) and module.bias_gelu_fn is not None and f"{name}.fc_in" in wrapped:
+            raise ValueError(f"peft.target_modules adapts {name}.fc_in, whose fused bias+GELU kernel "
+                             "(kernels.backend=triton) reads its weight directly; leave fc_in out of "
+                             "peft.target_modules or use kernels=torch")
+
+
+@torch.no_grad()
+def init_adapters(model: nn.Module, seed: int) -> None:
+    """lora_A = kaiming_uniform_(a=sqrt(5)) drawn whole from one seeded CPU generator in module order, lora_B = 0,
+    each filled into the parameter this rank holds (plain or DTensor)."""
+    from dsrecipes.models.hf_loading import fill_parameter
+
+    generator = torch.Generator().manual_seed(seed)
+    for module in lora_modules(model).values():
+        a, b = module.lora_A.weight, module.lora_B.weight
+        draw = torch.empty(tuple(a.shape), dtype=torch.float32)
+        nn.init.kaiming_uniform_(draw, a=math.sqrt(5), generator=generator)
+        fill_parameter(a, draw.to(a.dtype))
+        fill_parameter(b, torch.zeros(tuple(b.shape), dtype=b.dtype))
+
+
+def apply_recipe_lora(model: nn.Module, cfg, applied: list[str]) -> None:
+    """parallelize's LoRA step (a no-op without peft=lora)."""
+    peft = cfg.peft
+    if not peft.enabled:
+        return
+    wrapped = apply_lora(model, peft)
+    _refuse_weight_readers(model, wrapped)
+    if not any(p.is_meta for p in model.parameters()):
+        init_adapters(model, adapter_seed(cfg))
+    trainable, total = count_trainable(model)
+    leaves = sorted({name.rsplit(".", 1)[-1] for name in wrapped})
+    applied.append(f"peft: LoRA r {peft.r}, alpha {peft.alpha:g} on {len(wrapped)} Linear modules "
+                   f"({', '.join(leaves)}); {trainable:,} of {total:,} parameters train")
+
+
+def lora_materialize(materialize, seed: int):
+    """materialize(model, device), then the adapters (a meta model's lora_A/B are not in its checkpoint)."""
+    def load(target: nn.Module, device: torch.device) -> None:
+        materialize(target, device)
+        init_adapters(target, seed)
+
+    return load
