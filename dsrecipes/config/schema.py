@@ -29,10 +29,11 @@ from dsrecipes.profiling.config import FlopsProfilerConfig, ProfilerConfig
 from dsrecipes.training.config import CheckpointConfig, LoggerConfig, PrecisionConfig, TrainerConfig
 from dsrecipes.training.optim.lr_scheduler_config import LRSchedulerConfig, WarmupCosineConfig
 from dsrecipes.training.optim.optimizer_config import AdamWConfig, OptimizerConfig
+from dsrecipes.training.preference.config import DPOConfig
 
 # Config groups, in the order docs/recipes.md's table documents them.
 CONFIG_GROUPS = (
-    "model", "data", "peft", "optimizer", "lr_scheduler", "precision", "fp8", "trainer", "checkpoint", "logger", "zero",
+    "model", "data", "peft", "dpo", "optimizer", "lr_scheduler", "precision", "fp8", "trainer", "checkpoint", "logger", "zero",
     "parallel", "launcher", "kernels", "compile", "activation_checkpointing", "moe", "data_efficiency", "compression",
     "sparse_attention", "generate",
     "flops_profiler", "profiler", "comms_logger",
@@ -68,6 +69,7 @@ class RootConfig:
     comms_logger: CommsLoggerConfig = field(default_factory=CommsLoggerConfig)  # dsrecipes.distributed.comms_logger
     fp8: Float8Config = field(default_factory=Float8Config)  # dsrecipes.distributed.float8 (torchao, CUDA only)
     peft: PeftConfig = field(default_factory=PeftConfig)  # LoRA adapters on a frozen model (dsrecipes.peft)
+    dpo: DPOConfig = field(default_factory=DPOConfig)  # preference optimisation (dsrecipes.training.preference)
     # a DeepSpeed config (JSON) translated onto the groups above, under the command line's overrides
     # (dsrecipes.config.ds_import); kept as the record of which file the recipe came from
     deepspeed_config: str | None = None

@@ -27,6 +27,8 @@ STATE_KEYS = ("epoch", "batch_in_epoch", "seed", "micro_batch_size", "world_size
 
 #: The columns of rows packed sample by sample (dsrecipes.data.sample_packing), in the order a batch holds them.
 ROW_COLUMNS = ("input_ids", "labels", "position_ids")
+#: The columns of preference rows (dsrecipes.data.sample_packing.pack_pairs).
+PAIR_ROW_COLUMNS = ("chosen_input_ids", "chosen_labels", "rejected_input_ids", "rejected_labels", "index")
 
 
 def row_columns(dataset) -> list[str]:
@@ -37,6 +39,8 @@ def row_columns(dataset) -> list[str]:
         return ["tokens"]
     if "input_ids" in names and "labels" in names:
         return [c for c in ROW_COLUMNS if c in names]
+    if all(c in names for c in PAIR_ROW_COLUMNS):
+        return list(PAIR_ROW_COLUMNS)
     raise ValueError(f"dataset has neither a 'tokens' column nor 'input_ids' and 'labels' (columns: {', '.join(names)})")
 
 
@@ -67,7 +71,7 @@ def gather_batch(rows, indices) -> dict[str, torch.Tensor]:
     if "tokens" in picked:
         block = _stacked(picked["tokens"])
         return {"input_ids": block[:, :-1].contiguous(), "labels": block[:, 1:].contiguous()}
-    return {name: _stacked(picked[name]) for name in ROW_COLUMNS if name in picked}
+    return {name: _stacked(picked[name]) for name in (*ROW_COLUMNS, *PAIR_ROW_COLUMNS) if name in picked}
 
 
 def _stacked(column) -> torch.Tensor:

@@ -57,7 +57,7 @@ def _task(rng: random.Random, words: list[str]) -> tuple[str, str, str]:
 
 def _question(rng: random.Random, question: str, passages: list[str]) -> str:
     if rng.random() < 0.2:
-        return f"Here is some reference text: {rng.choice(passages)}\n\n{question}"
+        return f"Here is some reference text: {rng.choice(passages)[:rng.randint(100, 360)]}\n\n{question}"
     return question
 
 

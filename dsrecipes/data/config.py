@@ -35,11 +35,13 @@ SOURCES = enum_values(DataSource)
 
 
 class DataFormat(ConfigEnum):
-    """``data.format``: plain text, prompt/completion pairs, or chat conversations (a ``messages`` list)."""
+    """``data.format``: plain text, prompt/completion pairs, chat conversations (a ``messages`` list), or preference
+    pairs (prompt, chosen, rejected: DPO)."""
 
     text = "text"
     prompt_completion = "prompt_completion"
     chat = "chat"
+    preference = "preference"
 
 
 class TrainOn(ConfigEnum):
@@ -78,7 +80,8 @@ class LossMean(ConfigEnum):
 
 
 #: data.train_on choices each data.format allows (auto resolves to the first).
-TRAIN_ON_CHOICES = {"text": ("all",), "prompt_completion": ("completion", "all"), "chat": ("assistant", "all")}
+TRAIN_ON_CHOICES = {"text": ("all",), "prompt_completion": ("completion", "all"), "chat": ("assistant", "all"),
+                    "preference": ("completion",)}
 
 #: data.val_fraction is at most this: a larger hold-out would leave less data to train on than to evaluate.
 MAX_VAL_FRACTION = 0.5
@@ -140,7 +143,8 @@ class DataConfig:
         text_field: column holding the text for json/parquet/hub data (format=text).
         format: ``text`` (documents), ``prompt_completion`` (``prompt_field`` + ``completion_field`` columns) or
             ``chat`` (a ``messages_field`` list of {role, content} dicts, rendered by a chat template).
-        prompt_field / completion_field: the columns of format=prompt_completion.
+        prompt_field / completion_field: the columns of format=prompt_completion (prompt_field: of preference too).
+        chosen_field / rejected_field: the preferred and the rejected completion of format=preference.
         messages_field: the column of format=chat.
         chat_template: null (the tokenizer's own: chat_template.jinja or tokenizer_config.json beside its
             tokenizer.json), a built-in name (dsrecipes.data.chat_templates.BUILTIN_TEMPLATES) or a .jinja file.
@@ -186,9 +190,13 @@ class DataConfig:
                  "are for data=hub)", keys=("hub_name", "hub_config", "hub_split")),
         Inactive(lambda root, d: d.source == "builtin" or d.format != "text", lambda root, path: "the column name is for "
                  "format=text json / parquet / hub data", keys=("text_field",)),
+        Inactive(lambda root, d: d.format not in ("prompt_completion", "preference"), lambda root, path:
+                 f"data.format={root.data.format} (prompt_field is for format=prompt_completion / preference)",
+                 keys=("prompt_field",)),
         Inactive(lambda root, d: d.format != "prompt_completion", lambda root, path: f"data.format={root.data.format} "
-                 "(prompt_field / completion_field are for format=prompt_completion)",
-                 keys=("prompt_field", "completion_field")),
+                 "(completion_field is for format=prompt_completion)", keys=("completion_field",)),
+        Inactive(lambda root, d: d.format != "preference", lambda root, path: f"data.format={root.data.format} "
+                 "(chosen_field / rejected_field are for format=preference)", keys=("chosen_field", "rejected_field")),
         Inactive(lambda root, d: d.format != "chat", lambda root, path: f"data.format={root.data.format} "
                  "(messages_field / chat_template are for format=chat)", keys=("messages_field", "chat_template")),
         Inactive(lambda root, d: d.packing == "concat", lambda root, path: "data.packing=concat cuts a stream (no "
@@ -206,6 +214,8 @@ class DataConfig:
     format: DataFormat = DataFormat.text
     prompt_field: str = "prompt"
     completion_field: str = "completion"
+    chosen_field: str = "chosen"
+    rejected_field: str = "rejected"
     messages_field: str = "messages"
     chat_template: str | None = None
     train_on: TrainOn = TrainOn.auto
@@ -223,8 +233,27 @@ class DataConfig:
     def check(self, facts: RecipeFacts) -> None:
         """The group's own checks, and the block against the model's longest sequence."""
         validate_data_config(self)
+        if self.format == "chat":  # the template the run will render with, from the tokenizer it will use
+            from dsrecipes.data.chat_templates import check_chat_template
+
+            tokenizer = str(self.tokenizer)
+            if facts.root.model.path:
+                from dsrecipes.models.hf_import import tokenizer_for_training
+
+                tokenizer = tokenizer_for_training(facts.root.model.path, tokenizer)
+            check_chat_template(_WithTokenizer(self, tokenizer))
         if self.block_size > facts.root.model.max_seq_len:
             raise ValueError(f"data.block_size={self.block_size} exceeds model.max_seq_len={facts.root.model.max_seq_len}")
+
+
+class _WithTokenizer:
+    """A data config read as is, but for its tokenizer."""
+
+    def __init__(self, cfg, tokenizer: str):
+        self._cfg, self.tokenizer = cfg, tokenizer
+
+    def __getattr__(self, name):
+        return getattr(self._cfg, name)
 
 
 def validate_data_config(cfg) -> None:
@@ -252,12 +281,16 @@ def validate_data_config(cfg) -> None:
     check_choice("data.overlong", cfg.overlong, enum_values(Overlong))
     check_choice("data.train_on", cfg.train_on, enum_values(TrainOn))
     check_choice("data.loss_mean", cfg.loss_mean, enum_values(LossMean))
+    if cfg.format == "preference" and cfg.packing != "none":
+        raise ValueError(f"data.packing={cfg.packing} is not valid for data.format=preference: each row holds one "
+                         "(chosen, rejected) pair; use data.packing=none")
     allowed = TRAIN_ON_CHOICES[str(cfg.format)]
     if cfg.train_on != "auto" and cfg.train_on not in allowed:
         raise ValueError(f"data.train_on={cfg.train_on} is not valid for data.format={cfg.format}; choose one of: "
                          f"{', '.join(('auto',) + allowed)} (completion is for prompt_completion, assistant for chat)")
-    for key in ("prompt_field", "completion_field") if cfg.format == "prompt_completion" else \
-            ("messages_field",) if cfg.format == "chat" else ():
+    keys = {"prompt_completion": ("prompt_field", "completion_field"), "chat": ("messages_field",),
+            "preference": ("prompt_field", "chosen_field", "rejected_field")}.get(str(cfg.format), ())
+    for key in keys:
         if not getattr(cfg, key):
             raise ValueError(f"data.{key}={getattr(cfg, key)!r} is not valid; name the column")
     if not cfg.text_field:
@@ -285,8 +318,9 @@ def resolved_train_on(cfg) -> str:
 
 def weights_loss_by_tokens(cfg) -> bool:
     """Whether the training loss is weighted to the global mean over label tokens (data.loss_mean=global_tokens on
-    data whose rows may hold different numbers of labels)."""
-    return cfg is not None and uses_samples(cfg) and cfg.loss_mean == "global_tokens"
+    data whose rows may hold different numbers of labels; not preference pairs, whose DPO loss is a mean over pairs,
+    the same number in every micro-batch)."""
+    return cfg is not None and uses_samples(cfg) and cfg.loss_mean == "global_tokens" and cfg.format != "preference"
 
 
 def uses_samples(cfg) -> bool:

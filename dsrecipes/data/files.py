@@ -119,10 +119,12 @@ def _check_not_binary(path: str, head: bytes, kind: str) -> None:
 
 def required_columns(cfg) -> dict[str, str]:
     """The columns the data must hold, by the config key that names each: text_field (format=text), prompt_field
-    and completion_field (prompt_completion), messages_field (chat)."""
+    and completion_field (prompt_completion), messages_field (chat), prompt_field, chosen_field and rejected_field
+    (preference)."""
     fmt = str(getattr(cfg, "format", "text"))
     keys = {"text": ("text_field",), "prompt_completion": ("prompt_field", "completion_field"),
-            "chat": ("messages_field",)}.get(fmt, ("text_field",))
+            "chat": ("messages_field",), "preference": ("prompt_field", "chosen_field", "rejected_field")}.get(
+        fmt, ("text_field",))
     return {f"data.{key}": str(getattr(cfg, key)) for key in keys}
 
 

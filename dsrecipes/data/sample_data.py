@@ -26,8 +26,16 @@ import pyarrow.compute as pc
 from dsrecipes.data.cache import cache_file_names, map_with_reuse
 from dsrecipes.data.chat_templates import resolve_chat_template
 from dsrecipes.data.config import resolved_train_on
-from dsrecipes.data.sample_packing import SAMPLE_PACKING_VERSION, overlong_samples, pack_concat, pack_documents, pack_none
-from dsrecipes.data.samples import SAMPLES_VERSION, encode_batch, sample_spec
+from dsrecipes.data.sample_packing import (
+    PAIR_COLUMNS,
+    SAMPLE_PACKING_VERSION,
+    overlong_samples,
+    pack_concat,
+    pack_documents,
+    pack_none,
+    pack_pairs,
+)
+from dsrecipes.data.samples import SAMPLES_VERSION, encode_batch, encode_pair_batch, sample_spec
 from dsrecipes.data.sources import load_rows
 
 log = logging.getLogger("dsrecipes")
@@ -45,9 +53,11 @@ def encode_rows(rows: datasets.Dataset, cfg, tokenizer, num_proc: int | None = N
     template = resolve_chat_template(cfg) if cfg.format == "chat" else None
     spec = sample_spec(cfg, resolved_train_on(cfg), template)
     procs = None if num_proc is None or num_proc <= 1 else min(num_proc, max(1, len(rows)))
-    features = datasets.Features({"ids": datasets.List(datasets.Value("int32")),
-                                  "targets": datasets.List(datasets.Value("int8"))})
-    encoded, _ = map_with_reuse(rows, encode_batch, batched=True, with_indices=True, remove_columns=rows.column_names,
+    sides = ("chosen_", "rejected_") if cfg.format == "preference" else ("",)
+    features = datasets.Features({f"{side}{name}": datasets.List(datasets.Value(dtype)) for side in sides
+                                  for name, dtype in (("ids", "int32"), ("targets", "int8"))})
+    function = encode_pair_batch if cfg.format == "preference" else encode_batch
+    encoded, _ = map_with_reuse(rows, function, batched=True, with_indices=True, remove_columns=rows.column_names,
                                 fn_kwargs={"spec": spec, "tokenizer": tokenizer, "eos_id": tokenizer.eos_id,
                                            "version": SAMPLES_VERSION},
                                 features=features, num_proc=procs, desc=f"Encoding {cfg.format} samples")
@@ -60,7 +70,8 @@ def check_overlong(samples: datasets.Dataset, cfg, split_name: str) -> int:
         return 0
     long = overlong_samples(samples, cfg.block_size)
     if len(long) and cfg.overlong == "refuse":
-        length = len(samples[int(long[0])]["ids"])
+        first = samples[int(long[0])]
+        length = max(len(first[c]) for c in ("ids", "chosen_ids", "rejected_ids") if c in first)
         raise ValueError(f"data: {len(long)} {split_name} sample(s) are longer than a row of block_size + 1 = "
                          f"{cfg.block_size + 1} tokens (the first: {length} tokens) and data.overlong=refuse; raise "
                          "data.block_size, or data.overlong=truncate cuts them")
@@ -70,15 +81,18 @@ def check_overlong(samples: datasets.Dataset, cfg, split_name: str) -> int:
 def pack_split(samples: datasets.Dataset, cfg, tokenizer, split_name: str) -> tuple[datasets.Dataset, bool]:
     """One split packed into rows (step 4); returns (rows, whether they came from datasets' cache)."""
     packing, block = str(cfg.packing), int(cfg.block_size)
-    function = {"none": pack_none, "documents": pack_documents, "concat": pack_concat}[packing]
+    pairs = cfg.format == "preference"
+    function = pack_pairs if pairs else {"none": pack_none, "documents": pack_documents, "concat": pack_concat}[packing]
     kwargs = {"block_size": block, "version": SAMPLE_PACKING_VERSION}
-    features = dict(_ROW)
+    names = list(PAIR_COLUMNS) if pairs else list(_ROW)
     if packing != "concat":
         kwargs["pad_id"] = pad_id_of(tokenizer)
     if packing == "documents":
-        features["position_ids"] = datasets.List(datasets.Value("int32"))
-    features = {name: datasets.List(datasets.Value("int32"), length=block) for name in features}
-    packed, reused = map_with_reuse(samples.with_format("arrow"), function, batched=True,
+        names.append("position_ids")
+    features = {name: datasets.List(datasets.Value("int32"), length=block) for name in names}
+    if pairs:
+        features["index"] = datasets.Value("int32")
+    packed, reused = map_with_reuse(samples.with_format("arrow"), function, batched=True, with_indices=pairs,
                                     remove_columns=samples.column_names, fn_kwargs=kwargs,
                                     features=datasets.Features(features),
                                     desc=f"Packing {split_name} ({packing}) into rows of {block}")
@@ -91,9 +105,9 @@ def pack_split(samples: datasets.Dataset, cfg, tokenizer, split_name: str) -> tu
 
 def label_count(rows: datasets.Dataset) -> int:
     """Tokens that carry a label in a packed split."""
-    labels = rows.with_format("arrow")[:].column("labels")
-    flat = pc.list_flatten(labels).to_numpy()
-    return int(np.count_nonzero(flat != -100))
+    table = rows.with_format("arrow")[:]
+    columns = [c for c in ("labels", "chosen_labels", "rejected_labels") if c in table.column_names]
+    return sum(int(np.count_nonzero(pc.list_flatten(table.column(c)).to_numpy() != -100)) for c in columns)
 
 
 def prepare_samples(cfg, tokenizer, say: Callable[[str], None]):

@@ -107,6 +107,34 @@ def pack_documents(batch: pa.Table, block_size: int, pad_id: int,
     return _table({"input_ids": inputs, "labels": labels, "position_ids": positions}, block_size)
 
 
+def pack_pairs(batch: pa.Table, indices: list[int], block_size: int, pad_id: int,
+               version: int = SAMPLE_PACKING_VERSION) -> pa.Table:
+    """``Dataset.map`` function (arrow format, with indices) for preference pairs: each pair one row of
+    chosen_input_ids / chosen_labels / rejected_input_ids / rejected_labels (padded as pack_none pads) and its
+    index in the split (DPO's reference log-probs are looked up by it)."""
+    del version
+    columns: dict[str, list[np.ndarray]] = {name: [] for name in PAIR_COLUMNS}
+    kept = []
+    sides = {}
+    for side in ("chosen", "rejected"):
+        sides[side] = _samples(pa.table({"ids": batch.column(f"{side}_ids"), "targets": batch.column(f"{side}_targets")}))
+    for number, index in enumerate(indices):
+        rows = {side: _pairs(*sides[side][number], block_size) for side in sides}
+        if not all((labels != IGNORE).any() for _, labels in rows.values()):
+            continue
+        for side, (row_in, row_labels) in rows.items():
+            pad = block_size - len(row_in)
+            columns[f"{side}_input_ids"].append(np.concatenate([row_in, np.full(pad, pad_id)]))
+            columns[f"{side}_labels"].append(np.concatenate([row_labels, np.full(pad, IGNORE)]))
+        kept.append(int(index))
+    table = _table(columns, block_size)
+    return table.append_column("index", pa.array(np.asarray(kept, dtype=np.int32), type=pa.int32()))
+
+
+#: The columns of a preference row (pack_pairs), beside its "index".
+PAIR_COLUMNS = ("chosen_input_ids", "chosen_labels", "rejected_input_ids", "rejected_labels")
+
+
 def pack_concat(batch: pa.Table, block_size: int, version: int = SAMPLE_PACKING_VERSION) -> pa.Table:
     """``Dataset.map`` function (arrow format): the batch's stream cut into overlapping blocks of block_size+1
     (the incomplete tail dropped), labels where the target token is flagged."""
@@ -123,6 +151,8 @@ def pack_concat(batch: pa.Table, block_size: int, version: int = SAMPLE_PACKING_
 
 
 def overlong_samples(samples, block_size: int) -> np.ndarray:
-    """Indices of the samples longer than one row (block_size + 1 tokens)."""
-    lengths = pc.list_value_length(samples.with_format("arrow")[:].column("ids")).to_numpy()
+    """Indices of the samples (of preference pairs: the pairs with a side) longer than one row (block_size + 1)."""
+    table = samples.with_format("arrow")[:]
+    columns = [c for c in ("ids", "chosen_ids", "rejected_ids") if c in table.column_names]
+    lengths = np.max([pc.list_value_length(table.column(c)).to_numpy() for c in columns], axis=0)
     return np.flatnonzero(lengths > block_size + 1)

@@ -42,20 +42,23 @@ class SampleSpec:
     prompt_field: str = "prompt"
     completion_field: str = "completion"
     messages_field: str = "messages"
+    chosen_field: str = "chosen"
+    rejected_field: str = "rejected"
     template: ChatTemplate | None = None
 
     @property
     def columns(self) -> list[str]:
         """The source columns a sample reads."""
         return {"text": [self.text_field], "prompt_completion": [self.prompt_field, self.completion_field],
-                "chat": [self.messages_field]}[self.format]
+                "chat": [self.messages_field],
+                "preference": [self.prompt_field, self.chosen_field, self.rejected_field]}[self.format]
 
 
 def sample_spec(cfg, train_on: str, template: ChatTemplate | None) -> SampleSpec:
     """The SampleSpec of a data config (train_on already resolved from auto; text comes as the "text" column of
     dsrecipes.data.sources.load_documents)."""
-    return SampleSpec(str(cfg.format), train_on, "text", str(cfg.prompt_field),
-                      str(cfg.completion_field), str(cfg.messages_field), template)
+    return SampleSpec(str(cfg.format), train_on, "text", str(cfg.prompt_field), str(cfg.completion_field),
+                      str(cfg.messages_field), str(cfg.chosen_field), str(cfg.rejected_field), template)
 
 
 def _string(row: dict, key: str, column: str, index: int, allow_empty: bool = True) -> str:
@@ -111,6 +114,44 @@ def encode_sample(row: dict, spec: SampleSpec, tokenizer, eos_id: int | None, in
     if not targets.any():
         raise ValueError(f"data: row {index}: the assistant turns render to no token (template {spec.template.source})")
     return list(ids), targets.tolist()
+
+
+def encode_pair(row: dict, spec: SampleSpec, tokenizer, eos_id: int | None, index: int = 0) \
+        -> tuple[tuple[list[int], list[int]], tuple[list[int], list[int]]]:
+    """A preference row as two prompt_completion samples: (prompt + chosen) and (prompt + rejected), each with its
+    completion's tokens (and end-of-sequence) as the only targets."""
+    pairs = []
+    for key, column in (("chosen_field", spec.chosen_field), ("rejected_field", spec.rejected_field)):
+        completion = _string(row, key, column, index, allow_empty=False)
+        pairs.append(encode_sample({"prompt": row.get(spec.prompt_field), "completion": completion},
+                                   SampleSpec("prompt_completion", "completion", prompt_field="prompt",
+                                              completion_field="completion"), tokenizer, eos_id, index))
+    if pairs[0][0] == pairs[1][0]:
+        raise ValueError(f"data: row {index}: the chosen and the rejected completion are the same text, so the pair "
+                         "says nothing to prefer")
+    return pairs[0], pairs[1]
+
+
+def _lists(values: list[list[int]], dtype) -> pa.Array:
+    lengths = np.asarray([len(v) for v in values], dtype=np.int64)
+    offsets = np.zeros(len(values) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = np.concatenate([np.asarray(v, dtype=dtype) for v in values]) if values else np.zeros(0, dtype=dtype)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat))
+
+
+def encode_pair_batch(batch: dict, indices: list[int], spec: SampleSpec, tokenizer, eos_id: int | None,
+                      version: int = SAMPLES_VERSION) -> pa.Table:
+    """``Dataset.map`` function (batched, with indices) for format=preference: chosen_ids / chosen_targets /
+    rejected_ids / rejected_targets lists."""
+    del version
+    columns = list(batch)
+    pairs = [encode_pair({c: batch[c][i] for c in columns}, spec, tokenizer, eos_id, int(index))
+             for i, index in enumerate(indices)]
+    return pa.table({"chosen_ids": _lists([c[0] for c, _ in pairs], np.int32),
+                     "chosen_targets": _lists([c[1] for c, _ in pairs], np.int8),
+                     "rejected_ids": _lists([r[0] for _, r in pairs], np.int32),
+                     "rejected_targets": _lists([r[1] for _, r in pairs], np.int8)})
 
 
 def encode_batch(batch: dict, indices: list[int], spec: SampleSpec, tokenizer, eos_id: int | None,

@@ -143,7 +143,7 @@ def load_rows(cfg) -> datasets.Dataset:
     if cfg.source == "builtin":
         ds = datasets.Dataset.from_list(builtin_task_rows(str(cfg.format), seed=cfg.split_seed))
         defaults = {"data.prompt_field": "prompt", "data.completion_field": "completion",
-                    "data.messages_field": "messages"}
+                    "data.messages_field": "messages", "data.chosen_field": "chosen", "data.rejected_field": "rejected"}
         return ds.rename_columns({defaults[key]: name for key, name in columns.items() if defaults[key] != name})
     if cfg.source == "hub":
         ds = _load_hub(cfg)

@@ -19,6 +19,7 @@ from typing import ClassVar
 
 from dsrecipes.utils.compatibility_rows import Refusal, Supported
 from dsrecipes.utils.config_enum import ConfigEnum
+from dsrecipes.utils.ranges import POSITIVE, POSITIVE_INT, SEED_MAX, Range, between, ranged
 
 PEFT_METHODS = ("none", "lora")
 LORA_BIASES = ("none", "all", "lora_only")
@@ -98,12 +99,12 @@ class PeftConfig:
     )
 
     method: PeftMethod = PeftMethod.none
-    r: int = 8
-    alpha: float = 16.0
-    dropout: float = 0.0
+    r: int = ranged(8, POSITIVE_INT)
+    alpha: float = ranged(16.0, POSITIVE)
+    dropout: float = ranged(0.0, between(0, 1, high_open=True))
     target_modules: list[str] = field(default_factory=lambda: list(DEFAULT_TARGET_MODULES))
     bias: LoraBias = LoraBias.none
-    init_seed: int | None = None
+    init_seed: int | None = ranged(None, Range(low=0, high=SEED_MAX, nullable=True, null_means="trainer.seed"))
 
     def check(self, facts) -> None:
         """The group's keys (the rest is the compatibility matrix's)."""

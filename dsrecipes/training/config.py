@@ -72,6 +72,7 @@ class TrainerConfig:
     gradient_clipping: float = ranged(1.0, NON_NEGATIVE)  # global-norm clip; 0 disables (DeepSpeed's default is 1.0)
     log_interval: int = ranged(10, POSITIVE_INT)
     eval_interval: int = ranged(100, COUNT)  # 0 = only at the end
+    eval_on_start: bool = False  # also evaluate before the first step (step 0), as transformers' Trainer can
     eval_batches: int = ranged(16, COUNT)  # validation micro-batches per evaluation; 0 = the whole split
     seed: int = ranged(1234, SEED)
     device: str = "auto"  # auto (cuda when present, else cpu) | cpu | cuda | cuda:N

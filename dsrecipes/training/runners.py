@@ -33,6 +33,10 @@ LossTerm = Callable[[nn.Module, dict, object], dict]
 
 
 class StepRunner:
+    # objective(engine, batch) -> an output with .loss (and .metrics: {name: scalar}, logged as train/<name>) in place
+    # of the language-model forward: DPO's (dsrecipes.training.preference.objective); None = the model's own loss
+    objective = None
+
     def check_direct_use(self, call: str) -> None:
         """engine(...), engine.backward and engine.step are the per-micro-batch API; runners that own the
         whole step (pipelines) refuse them."""
@@ -75,10 +79,10 @@ class MicroBatchRunner(StepRunner):
             batches = [with_a_label(b) if w == 0.0 else b for b, w in zip(batches, weights)]
         for index in range(gas):
             batch = batches[index] if self.token_weighted else self.prepare(next_batch(), engine.device)
-            output = self.forward(engine, batch)
+            output = self.forward(engine, batch) if self.objective is None else self.objective(engine, batch)
             if self.token_weighted and weights[index] != 1.0:
                 output.loss = output.loss * weights[index]
-            loss, terms = output.loss, {}
+            loss, terms = output.loss, dict(getattr(output, "metrics", None) or {})
             if loss_terms:
                 terms["lm_loss"] = output.loss
                 for loss_term in loss_terms:
@@ -93,6 +97,8 @@ class MicroBatchRunner(StepRunner):
         return totals
 
     def eval_loss(self, engine, batches) -> float:
+        if self.objective is not None:
+            return self._eval_objective(engine, batches)
         if self.token_weighted:
             return self._eval_token_mean(engine, batches)
         losses = [float(self.forward(engine, self.prepare(batch, engine.device)).loss) for batch in batches]
@@ -100,6 +106,16 @@ class MicroBatchRunner(StepRunner):
         if self.sequence_parallel is not None:  # each rank scored its chunk: the mean is the full loss
             loss = float(mean_over_ranks(torch.tensor([loss], device=engine.device))[0])
         return loss
+
+    def _eval_objective(self, engine, batches) -> float:
+        """The objective's validation loss, each batch weighted by its rows (a last, smaller batch counts less)."""
+        total, rows = 0.0, 0
+        for batch in batches:
+            batch = self.prepare(batch, engine.device)
+            size = next(iter(batch.values())).shape[0]
+            total += float(self.objective(engine, batch).loss) * size
+            rows += size
+        return total / max(1, rows)
 
     def _eval_token_mean(self, engine, batches) -> float:
         """The validation loss as the mean over all its label tokens (batches without one add nothing)."""

@@ -291,6 +291,8 @@ class Trainer:
         cfg, t = self.cfg, self.cfg.trainer
         for callback in self.extensions.callbacks:
             callback.on_train_start(self.context)
+        if t.eval_on_start and self.engine.global_steps == 0:  # the starting point of the validation curve
+            self._evaluate_and_log(0)
         self.meter.start_training()
         first_loss, last_train, last_eval, last_checkpoint = None, {}, {}, None
         show_bar = t.progress_bar and self.is_logging_rank

@@ -159,6 +159,20 @@ ERRORS = [
     # fp8 (dsrecipes.distributed.float8; the CPU refusal: tests/unit/test_float8.py)
     (["fp8=rowwise", "fp8.enable_fsdp_float8_all_gather=true"],
      ["fp8.enable_fsdp_float8_all_gather=true", "needs fp8=tensorwise", "fp8.recipe=rowwise"]),
+    # instruction data (dsrecipes.data.config): the format's own keys, before any data is read
+    (["data=files", "data.paths=[{d}/body.jsonl]", "data.format=chat", "data.chat_template=plain"],
+     ["data.messages_field='messages'", "body.jsonl", "available columns: body"]),
+    (["data.format=chat"], ["data.chat_template is null and data.tokenizer=byte has no chat template",
+                            "chatml, llama3, plain"]),
+    (["data.format=preference", "data.packing=documents", "dpo=dpo"],
+     ["data.packing=documents is not valid for data.format=preference", "data.packing=none"]),
+    # peft (dsrecipes.peft.config)
+    (["peft=lora", "peft.r=0"], ["peft.r=0", "must be >= 1"]),
+    (["peft=lora", "peft.target_modules=[]"], ["peft.target_modules=[]", "is empty"]),
+    # dpo (dsrecipes.training.preference.config)
+    (["dpo=dpo"], ["dpo.enabled=true trains on preference pairs", "data.format=text", "data.format=preference"]),
+    (["data.format=preference", "data.packing=none", "dpo=dpo", "dpo.loss_type=ipo", "dpo.label_smoothing=0.1"],
+     ["dpo.label_smoothing=0.1", "dpo.loss_type=sigmoid only"]),
     # name: part of the run directory's name
     (["name="], ["name=''", "must not be empty"]),
     (["name=a/b"], ["name='a/b'", "single file name"]),

@@ -16,9 +16,10 @@ from dsrecipes.training.extensions.compression_extension import compression_exte
 from dsrecipes.training.extensions.data_efficiency_extension import data_efficiency_extension
 from dsrecipes.training.extensions.moe_extension import moe_extension
 from dsrecipes.training.extensions.profiling_extension import profiling_extension
+from dsrecipes.training.preference.objective import dpo_extension
 
 RECIPE_EXTENSIONS: tuple[ExtensionBuilder, ...] = (compression_extension, data_efficiency_extension, moe_extension,
-                                                   profiling_extension)
+                                                   dpo_extension, profiling_extension)
 
 
 def build_extensions(cfg) -> Extensions:

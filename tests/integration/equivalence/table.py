@@ -65,6 +65,7 @@ class Reference:
     name: str
     recipe: tuple[str, ...] = ()
     batch: tuple[str, ...] = ("trainer.train_micro_batch_size_per_gpu=8",)
+    trained_by: float = 0.3  # how far its loss falls in the 10 steps at least (the check that it trains at all)
 
     def overrides(self) -> list[str]:
         return merged(COMMON, self.recipe, ("launcher.nproc_per_node=1",), self.batch)
@@ -129,7 +130,12 @@ HF_QWEN3 = Reference("hf_qwen3", ("model=hf", "model.path=@hf:qwen3"))
 # adapters initialised after the load), gemma3 as the transformers module
 LORA_QWEN3 = Reference("lora_qwen3", (*HF_QWEN3.recipe, "peft=lora", "optimizer.lr=3e-3"))
 LORA_GEMMA3 = Reference("lora_gemma3", (*HF_GEMMA3.recipe, "peft=lora", "optimizer.lr=3e-3"))
-HF_REFERENCES = (HF_GEMMA3, HF_MIXTRAL, HF_QWEN3, LORA_QWEN3, LORA_GEMMA3)
+# DPO with LoRA on qwen3: the built-in preference pairs, reference log-probabilities computed once at the start
+# (shared out over the ranks) and carried by the checkpoint into the resumed run
+# (DPO's loss starts at log 2 = 0.693 and falls slowly: 0.693 -> 0.654 at step 9 here)
+DPO_LORA_QWEN3 = Reference("dpo_lora_qwen3", (*LORA_QWEN3.recipe, "data.format=preference", "data.packing=none",
+                                              "dpo=dpo"), trained_by=0.005)
+HF_REFERENCES = (HF_GEMMA3, HF_MIXTRAL, HF_QWEN3, LORA_QWEN3, LORA_GEMMA3, DPO_LORA_QWEN3)
 
 
 def world(n: int, micro: int) -> tuple[str, ...]:
@@ -356,6 +362,8 @@ ROWS: tuple[Row, ...] = (
         layout_line=("peft: LoRA r 8",)),
     Row("lora-dp2-zero2", LORA_GEMMA3, ("zero.stage=2", *world(2, 4)), check=lora_exported,
         layout_line=("peft: LoRA r 8", ZERO_STRATEGY[2])),
+    Row("dpo-lora-dp2-zero3", DPO_LORA_QWEN3, ("zero.stage=3", *world(2, 4)), resume=True, check=lora_exported,
+        metrics=(("train/reward_margin", 2e-5), ("train/reward_accuracy", 1e-6))),
     # instruction data: the global-token mean over ranks and accumulation, per-document attention under FSDP2
     Row("sft-chat-documents-dp2-zero3", SFT_CHAT, ("zero.stage=3", *world(2, 4)), resume=True),
     Row("hf-qwen3-native-tp2", HF_QWEN3, ("parallel.tp=2", *world(2, 8)),

@@ -61,7 +61,7 @@ def check_row(row: Row, tmp_path_factory) -> None:
     reference = cached_run(tmp_path_factory, row.reference.overrides())
     run = cached_run(tmp_path_factory, row.overrides(), timeout=row.timeout)
     assert_same_training(run.losses, run.params, reference.losses, reference.params, row.tolerance.loss,
-                         row.tolerance.params)
+                         row.tolerance.params, trained_by=row.reference.trained_by)
     assert_verify_verdict(run, reference, row.tolerance)
     for key, atol in row.metrics:
         got, want = run.metric(key), reference.metric(key)
