@@ -95,6 +95,12 @@ def main(argv: list[str] | None = None) -> list:
     with torch.device("meta"):
         gpt = GPT(model_cfg, cfg.moe)
     num_params = gpt.num_params()
+    trainable = None
+    if cfg.peft.enabled:  # LoRA: the adapters are all that trains (gradients, optimizer states, masters)
+        from dsrecipes.peft import apply_lora, count_trainable
+
+        apply_lora(gpt, cfg.peft)
+        trainable, num_params = count_trainable(gpt)
     if not dims.plain_data_parallel:
         layout = _refusing(estimate_layout, gpt, cfg, dims)
         print_table(make_console(), layout_table(layout, cfg, num_params))
@@ -103,11 +109,15 @@ def main(argv: list[str] | None = None) -> list:
         estimate_model_states(
             num_params, world_size, stage, cfg.precision.dtype, cfg.precision.master_weights,
             cfg.optimizer.name, getattr(cfg.optimizer, "momentum", 0.0),
-            hpz_partition_size=cfg.zero.zero_hpz_partition_size,
+            hpz_partition_size=cfg.zero.zero_hpz_partition_size, trainable_params=trainable,
         )
         for stage in range(4)
     ]
     table = stages_table(rows, cfg, num_params, largest_layer_params(gpt), per_node or min(world_size, 8))
+    if trainable is not None:
+        table.caption = (f"peft=lora r {cfg.peft.r}: {trainable:,} of {num_params:,} parameters train "
+                         f"({trainable / num_params:.2%}); gradients and optimizer states are theirs only (DeepSpeed's "
+                         "columns assume every parameter trains). " + (table.caption or ""))
     print_table(make_console(), table)
     if {str(cfg.zero.offload_optimizer), str(cfg.zero.offload_param)} != {"none"}:
         print_table(make_console(), offload_table(gpt, cfg, world_size))

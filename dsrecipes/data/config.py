@@ -163,7 +163,8 @@ class DataConfig:
         block_size: tokens per training example (the model's context length).
         val_fraction: fraction of documents held out for validation, in (0, 0.5].
         max_bytes: cap on the corpus size; documents are taken in sorted order
-            while the cumulative size fits (always at least one).
+            while the cumulative size fits (always at least one); for the built-in instruction tasks, rows while
+            their JSON size fits.
         num_proc: worker processes for ``datasets.Dataset.map``.
         cache_dir: datasets cache directory (``None``: datasets' default).
         split_seed: seed of the deterministic document-level train/validation split.

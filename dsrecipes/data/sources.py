@@ -20,6 +20,7 @@ dataset, the cache and HF_HUB_OFFLINE, instead of datasets' ~40 s of retries and
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Sequence
 
 import datasets
@@ -141,7 +142,11 @@ def load_rows(cfg) -> datasets.Dataset:
     if cfg.format == "text":  # one "text" column, whatever data.text_field named
         return load_documents(cfg)
     if cfg.source == "builtin":
-        ds = datasets.Dataset.from_list(builtin_task_rows(str(cfg.format), seed=cfg.split_seed))
+        rows = builtin_task_rows(str(cfg.format), seed=cfg.split_seed)
+        if cfg.max_bytes is not None:  # leading rows while their JSON size fits (at least two: a split needs them)
+            sizes = np.cumsum([len(json.dumps(row)) for row in rows])
+            rows = rows[:max(2, int(np.searchsorted(sizes, cfg.max_bytes, side="right")))]
+        ds = datasets.Dataset.from_list(rows)
         defaults = {"data.prompt_field": "prompt", "data.completion_field": "completion",
                     "data.messages_field": "messages", "data.chosen_field": "chosen", "data.rejected_field": "rejected"}
         return ds.rename_columns({defaults[key]: name for key, name in columns.items() if defaults[key] != name})

@@ -79,18 +79,27 @@ def estimate_model_states(
     optimizer: str = "adamw",
     momentum: float = 0.0,
     hpz_partition_size: int = 1,
+    trainable_params: int | None = None,
 ) -> MemoryEstimate:
     """Per-rank bytes of parameters, gradients and optimizer states held by dsrecipes' engine
     (plain data parallelism over world_size ranks). hpz_partition_size > 1 (ZeRO++ hpZ, stage 3)
-    adds the secondary partition, Ψ / hpz_partition_size per rank in the all-gather dtype."""
+    adds the secondary partition, Ψ / hpz_partition_size per rank in the all-gather dtype.
+    trainable_params: how many of the parameters train (LoRA: the adapters); the frozen rest holds weights only,
+    no gradient, no optimizer state, no fp32 master. None: all of them."""
     dims = ParallelDims.from_degrees(world_size, zero_stage=stage)
     strategy = STRATEGIES[choose_strategy(ZeroConfig(stage=stage), dims)]
     model_bytes = _DTYPE_BYTES[precision] if master_weights else 4
     hpz = {"hpz_partition_size": hpz_partition_size, "param_bytes": _DTYPE_BYTES[precision]} \
         if stage == 3 and hpz_partition_size > 1 else {}
-    held = strategy.model_state_bytes(num_params, world_size, model_bytes,
-                                      optimizer_state_bytes(optimizer, momentum), master_weights, **hpz)
-    return MemoryEstimate(stage, world_size, held.parameters, held.gradients, held.optimizer_states)
+    state_bytes = optimizer_state_bytes(optimizer, momentum)
+    if trainable_params is None or trainable_params == num_params:
+        held = strategy.model_state_bytes(num_params, world_size, model_bytes, state_bytes, master_weights, **hpz)
+        return MemoryEstimate(stage, world_size, held.parameters, held.gradients, held.optimizer_states)
+    weights = strategy.model_state_bytes(num_params, world_size, model_bytes, 0, False, **hpz).parameters
+    trained = strategy.model_state_bytes(trainable_params, world_size, model_bytes, state_bytes, master_weights)
+    masters = trained.parameters - strategy.model_state_bytes(trainable_params, world_size, model_bytes, 0,
+                                                              False).parameters
+    return MemoryEstimate(stage, world_size, weights + masters, trained.gradients, trained.optimizer_states)
 
 
 # --------------------------------------------------------------------------------------------

@@ -94,6 +94,9 @@ VALIDATE_ONLY = [
                                                        "tests/integration/test_onebit.py (and the communication "
                                                        "benchmark's example in docs/zero.md)"),
     (r"zero\.zero_quantized_weights=true", "2 workers; ZeRO++ at world 2: tests/integration/test_zeropp.py"),
+    (r"\+experiment=(sft|sft_lora|dpo)\b", "2 workers at ZeRO-3; the fine-tuning experiments run in full (a lower "
+                                          "validation loss than at their start) in tests/integration/"
+                                          f"test_fine_tuning.py, their layouts in rows sft-*, lora-*, dpo-* of {TABLE}"),
     (r"compile=blocks zero\.stage=3 launcher\.nproc_per_node=2", "2 workers; compile=blocks under ZeRO-3 (and DDP, tp 2, "
                                                                   f"with checkpointing): rows compile-* of {TABLE}"),
     (r"comms_logger=enabled zero\.stage=2", "2 workers; the comms logger in a world-2 Trainer: "
@@ -134,6 +137,9 @@ MODULE_ARGS = [
                                                             "--eval-interval", "2", "--eval-batches", "1",
                                                             "--max-bytes", "300000", "--cache-dir", "{cache}"],
      "4 variants x 4 steps instead of x 100"),
+    (r"^python -m dsrecipes\.benchmarks\.fine_tuning", ["--model", "gpt_debug", "--steps", "2", "--rounds", "1",
+                                                        "--block", "128", "--micro", "2"],
+     "gpt_debug's optimizer state and 2 steps of each packing instead of gpt2_124m and 30 x 2 rounds"),
     (r"^python -m dsrecipes\.benchmarks\.communication", ["--world-size", "2", "--steps", "4", "--freeze", "2",
                                                            "--log-interval", "1", "--eval-batches", "1", "--max-bytes",
                                                            "300000", "--variants", "onebitadam", "--cache-dir", "{cache}"],

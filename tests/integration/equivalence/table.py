@@ -201,6 +201,23 @@ def lora_exported(run, reference) -> None:
     assert mine.keys() == theirs.keys() and mine
     for key, tensor in mine.items():
         torch.testing.assert_close(tensor, theirs[key], rtol=0, atol=5e-5, msg=key)
+    assert_peft_loads_adapter(run.run_dir)
+
+
+def assert_peft_loads_adapter(run_dir) -> None:
+    """peft.PeftModel.from_pretrained(base checkpoint, export/adapter) computes the merged export's logits (1e-5)."""
+    import peft
+    import torch
+    import transformers
+    import yaml
+
+    base_path = yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text())["model"]["path"]
+    base = transformers.AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
+    adapted = peft.PeftModel.from_pretrained(base, str(run_dir / "export" / "adapter")).eval()
+    merged = transformers.AutoModelForCausalLM.from_pretrained(str(run_dir / "export"), dtype=torch.float32).eval()
+    ids = torch.randint(0, 256, (2, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(adapted(ids).logits, merged(ids).logits, rtol=0, atol=1e-5)
 
 
 def masters_exported_in_fp32(run, reference) -> None:
