@@ -169,7 +169,7 @@ class GPT(nn.Module):
         rope = rope_at(self.rope_cos, self.rope_sin, position_ids) if self.cfg.style == "llama" else None
         mask = document_causal_mask(position_ids)
         for block in self.blocks:
-            x = block(x, rope, mask)
+            x = block(x, rope, attn_mask=mask)
         logits, loss = self.head_and_loss(x, labels)
         return GPTOutput(logits=logits, loss=loss)
 

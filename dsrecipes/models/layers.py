@@ -199,5 +199,8 @@ class Block(nn.Module):
         self.resid_dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor, rope=None, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
-        x = x + self.resid_dropout(self.attn(self.attn_norm(x), rope, attn_mask))
+        # the mask only as a keyword, and only when there is one: tensor parallelism's PrepareModuleInput maps the
+        # positional inputs (x, rope) one to one
+        extra = {"attn_mask": attn_mask} if attn_mask is not None else {}
+        x = x + self.resid_dropout(self.attn(self.attn_norm(x), rope, **extra))
         return x + self.resid_dropout(self.mlp(self.mlp_norm(x)))

@@ -11,31 +11,30 @@ No Hydra here (the config is a plain dataclass) and no dependency on the `peft` 
 written in its format (dsrecipes.peft.peft_export).
 """
 
-from dsrecipes.peft.config import DEFAULT_TARGET_MODULES, PeftConfig, validate_peft_config
-from dsrecipes.peft.lora import (
-    LoRALinear,
-    add_base_layer_names,
-    apply_lora,
-    count_trainable,
-    init_lora,
-    lora_modules,
-    lora_state_dict,
-    lora_state_dict_of,
-    merge_lora_state,
-    merged_state_dict,
-    strip_base_layer_names,
-)
-from dsrecipes.peft.peft_export import (
-    hf_module_adapter_state,
-    native_llama_adapter_state,
-    native_name_map,
-    write_peft_adapter,
-)
+from dsrecipes.utils.lazy_exports import lazy_exports
 
-__all__ = [
-    "DEFAULT_TARGET_MODULES", "LoRALinear", "PeftConfig", "add_base_layer_names", "apply_lora", "count_trainable",
-    "hf_module_adapter_state", "init_lora", "lora_modules", "lora_state_dict", "lora_state_dict_of",
-    "merge_lora_state",
-    "merged_state_dict", "native_llama_adapter_state", "native_name_map", "strip_base_layer_names",
-    "validate_peft_config", "write_peft_adapter",
-]
+_EXPORTS = {
+    "DEFAULT_TARGET_MODULES": "dsrecipes.peft.config",
+    "PeftConfig": "dsrecipes.peft.config",
+    "validate_peft_config": "dsrecipes.peft.config",
+    "LoRALinear": "dsrecipes.peft.lora",
+    "add_base_layer_names": "dsrecipes.peft.lora",
+    "apply_lora": "dsrecipes.peft.lora",
+    "count_trainable": "dsrecipes.peft.lora",
+    "init_lora": "dsrecipes.peft.lora",
+    "lora_modules": "dsrecipes.peft.lora",
+    "lora_state_dict": "dsrecipes.peft.lora",
+    "lora_state_dict_of": "dsrecipes.peft.lora",
+    "merge_lora_state": "dsrecipes.peft.lora",
+    "merged_state_dict": "dsrecipes.peft.lora",
+    "strip_base_layer_names": "dsrecipes.peft.lora",
+    "hf_module_adapter_state": "dsrecipes.peft.peft_export",
+    "native_llama_adapter_state": "dsrecipes.peft.peft_export",
+    "native_name_map": "dsrecipes.peft.peft_export",
+    "write_peft_adapter": "dsrecipes.peft.peft_export",
+}
+
+__all__ = sorted(_EXPORTS)
+
+# Lazy: the recipe schema imports dsrecipes.peft.config, and composing a recipe (--help, --cfg) must not import torch.
+__getattr__ = lazy_exports(__name__, _EXPORTS)

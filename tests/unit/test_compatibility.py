@@ -89,6 +89,8 @@ CASES = {
     "LoRA with tp": (["peft=lora", "parallel.tp=2"], 2, "peft.method=lora is not supported with parallel.tp=2"),
     "LoRA with compression, dsrecipes MoE or fp8": (["peft=lora", "moe=top2"], 1,
                                                     "peft.method=lora is not supported with moe on"),
+    "DPO with pp, tp or sp": (["data.format=preference", "data.packing=none", "dpo=dpo", "parallel.tp=2"], 2,
+                              "dpo.enabled=true is not supported with parallel.pp=1 parallel.tp=2"),
 }
 
 

@@ -1,4 +1,4 @@
-"""dsrecipes.training.preference.dpo_loss: per-sequence log-probs, the DPO / IPO / hinge losses, their reduction.
+"""dsrecipes.training.preference.losses: per-sequence log-probs, the DPO / IPO / hinge losses, their reduction.
 
 What is checked and against what:
 * `sequence_logps` against a plain loop over positions (log_softmax of one position at a time, float64);
@@ -24,8 +24,8 @@ import torch
 
 from dsrecipes.training.preference import dpo_loss, sequence_logps
 
-# the package re-exports the function dpo_loss under its module's name, so reach the module through sys.modules
-dpo_module = importlib.import_module("dsrecipes.training.preference.dpo_loss")
+# the module itself (its private helpers), beside the functions the package exports
+dpo_module = importlib.import_module("dsrecipes.training.preference.losses")
 
 F64 = torch.float64
 

@@ -21,7 +21,7 @@ def test_recipe_extensions_are_one_ordered_list():
     from dsrecipes.training.extensions.recipe import RECIPE_EXTENSIONS, build_extensions
 
     assert [b.__name__ for b in RECIPE_EXTENSIONS] == ["compression_extension", "data_efficiency_extension",
-                                                       "moe_extension", "profiling_extension"]
+                                                       "moe_extension", "dpo_extension", "profiling_extension"]
     root, _ = validate_recipe(compose(["moe=top2", "data_efficiency=random_ltd", "compression=qat_int8"]),
                               dp_world_size=1)
     names = [type(c).__name__ for c in build_extensions(root).callbacks]

@@ -7,7 +7,7 @@ the base model itself, the adapters being zero) over every train and validation 
 ranks (each the same number of forwards: a ZeRO-3 forward is a collective), and keeps the two tables [pairs, 2]
 (chosen, rejected) in every checkpoint, so a resumed run scores against the same reference. `DPOObjective` then
 replaces the runner's language-model forward: chosen and rejected rows go through the model as one batch, their
-label log-probabilities are summed per sequence (dsrecipes.training.preference.dpo_loss.sequence_logps) and the DPO
+label log-probabilities are summed per sequence (dsrecipes.training.preference.losses.sequence_logps) and the DPO
 loss is taken against the table rows of the batch's pair indices. Every micro-batch holds the same number of pairs,
 so the runner's mean of micro-batch means is the mean over every pair of the global batch. Rewards, margins and
 accuracy are logged as train/rewards_chosen, train/rewards_rejected, train/reward_margin, train/reward_accuracy.
@@ -23,7 +23,7 @@ import torch.distributed as dist
 from dsrecipes.data.batches import gather_batch, row_columns
 from dsrecipes.distributed.utils import is_distributed
 from dsrecipes.training.extensions.base import Callback, Extensions, RunContext
-from dsrecipes.training.preference.dpo_loss import dpo_loss, sequence_logps
+from dsrecipes.training.preference.losses import dpo_loss, sequence_logps
 
 SIDES = ("chosen", "rejected")
 
