@@ -94,7 +94,7 @@ VALIDATE_ONLY = [
                                                        "tests/integration/test_onebit.py (and the communication "
                                                        "benchmark's example in docs/zero.md)"),
     (r"zero\.zero_quantized_weights=true", "2 workers; ZeRO++ at world 2: tests/integration/test_zeropp.py"),
-    (r"\+experiment=(sft|sft_lora|dpo)\b", "2 workers at ZeRO-3; the fine-tuning experiments run in full (a lower "
+    (r"\+experiment=(sft|sft_lora|dpo)\b", "2 workers at ZeRO-3; sft and dpo run shortened (to a lower "
                                           "validation loss than at their start) in tests/integration/"
                                           f"test_fine_tuning.py, their layouts in rows sft-*, lora-*, dpo-* of {TABLE}"),
     (r"compile=blocks zero\.stage=3 launcher\.nproc_per_node=2", "2 workers; compile=blocks under ZeRO-3 (and DDP, tp 2, "

@@ -123,7 +123,7 @@ HF_GEMMA3 = Reference("hf_gemma3", ("model=hf", "model.path=@hf:gemma3"))
 # conversations packed into rows of 128 (positions restarting, a causal block each): micro-batches hold different
 # numbers of labels, so the loss is the global batch's token mean only if the step weighs them right
 SFT_CHAT = Reference("sft_chat", ("data.format=chat", "data.chat_template=plain", "data.packing=documents",
-                                  "model.max_seq_len=128"))
+                                  "model.max_seq_len=128", "data.max_bytes=100000"))
 HF_MIXTRAL = Reference("hf_mixtral", ("model=hf", "model.path=@hf:mixtral"))
 HF_QWEN3 = Reference("hf_qwen3", ("model=hf", "model.path=@hf:qwen3"))
 # LoRA (peft=lora, rank 8 on every projection): only the adapters train; qwen3 on dsrecipes' blocks (loaded sharded,
@@ -134,7 +134,7 @@ LORA_GEMMA3 = Reference("lora_gemma3", (*HF_GEMMA3.recipe, "peft=lora", "optimiz
 # (shared out over the ranks) and carried by the checkpoint into the resumed run
 # (DPO's loss starts at log 2 = 0.693 and falls slowly: 0.693 -> 0.654 at step 9 here)
 DPO_LORA_QWEN3 = Reference("dpo_lora_qwen3", (*LORA_QWEN3.recipe, "data.format=preference", "data.packing=none",
-                                              "dpo=dpo"), trained_by=0.005)
+                                              "dpo=dpo", "data.max_bytes=60000"), trained_by=0.005)
 HF_REFERENCES = (HF_GEMMA3, HF_MIXTRAL, HF_QWEN3, LORA_QWEN3, LORA_GEMMA3, DPO_LORA_QWEN3)
 
 
