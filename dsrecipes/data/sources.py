@@ -122,6 +122,26 @@ def _load_hub(cfg) -> datasets.Dataset:
                          "cached copy), or use data=files") from None
 
 
+def _load_record_files(files: Sequence[str], kind: str, cache_dir) -> datasets.Dataset:
+    """JSON / Parquet files read by their packaged builder (offline); one line naming them when one is not what its
+    suffix says."""
+    try:
+        with hub_offline():
+            return datasets.load_dataset(kind, data_files=list(files), split="train", cache_dir=cache_dir)
+    except Exception as err:  # DatasetGenerationError / ArrowInvalid: a file that is not what its suffix says
+        raise ValueError(f"data.paths: the {kind} file(s) {', '.join(files)} could not be read: "
+                         f"{_root_cause(err)}") from err
+
+
+def _load_hub_split(cfg) -> datasets.Dataset:
+    """The data=hub dataset's one split (data.hub_split), online or from datasets' cache."""
+    ds = _load_hub(cfg)
+    if not isinstance(ds, datasets.Dataset):
+        raise ValueError(f"data.hub_split={cfg.hub_split!r} did not select a single split of {cfg.hub_name!r} "
+                         f"(got {type(ds).__name__})")
+    return ds
+
+
 def _select_columns(ds: datasets.Dataset, columns: dict[str, str], where: str) -> datasets.Dataset:
     from dsrecipes.data.files import missing_column_error
 
@@ -151,11 +171,7 @@ def load_rows(cfg) -> datasets.Dataset:
                     "data.messages_field": "messages", "data.chosen_field": "chosen", "data.rejected_field": "rejected"}
         return ds.rename_columns({defaults[key]: name for key, name in columns.items() if defaults[key] != name})
     if cfg.source == "hub":
-        ds = _load_hub(cfg)
-        if not isinstance(ds, datasets.Dataset):
-            raise ValueError(f"data.hub_split={cfg.hub_split!r} did not select a single split of {cfg.hub_name!r} "
-                             f"(got {type(ds).__name__})")
-        return _select_columns(ds, columns, f"the Hub dataset {cfg.hub_name}")
+        return _select_columns(_load_hub_split(cfg), columns, f"the Hub dataset {cfg.hub_name}")
     if len(cfg.paths) == 1 and is_saved_dataset(str(cfg.paths[0])):
         ds = datasets.load_from_disk(str(cfg.paths[0]))
         return _select_columns(ds, columns, f"the saved dataset {cfg.paths[0]}")
@@ -164,13 +180,7 @@ def load_rows(cfg) -> datasets.Dataset:
     if kind == "text":
         raise ValueError(f"data.format={cfg.format} reads records (json lines, parquet, a saved dataset folder), not "
                          f"text files: {', '.join(files)}")
-    try:
-        with hub_offline():
-            ds = datasets.load_dataset(kind, data_files=list(files), split="train", cache_dir=cfg.cache_dir)
-    except Exception as err:  # DatasetGenerationError / ArrowInvalid: a file that is not what its suffix says
-        raise ValueError(f"data.paths: the {kind} file(s) {', '.join(files)} could not be read: "
-                         f"{_root_cause(err)}") from err
-    return _select_columns(ds, columns, ", ".join(files))
+    return _select_columns(_load_record_files(files, kind, cfg.cache_dir), columns, ", ".join(files))
 
 
 def load_documents(cfg) -> datasets.Dataset:
@@ -186,19 +196,8 @@ def load_documents(cfg) -> datasets.Dataset:
         kind = common_kind(files)
         if kind == "text":
             return _load_text_files(cap_files_by_size(files, cfg.max_bytes), cfg.cache_dir)
-        try:
-            with hub_offline():
-                ds = datasets.load_dataset(kind, data_files=list(files), split="train", cache_dir=cfg.cache_dir)
-        except Exception as err:  # DatasetGenerationError / ArrowInvalid: a file that is not what its suffix says
-            raise ValueError(f"data.paths: the {kind} file(s) {', '.join(files)} could not be read: "
-                             f"{_root_cause(err)}") from err
+        ds = _load_record_files(files, kind, cfg.cache_dir)
         return cap_rows_by_bytes(select_text_column(ds, cfg.text_field), cfg.max_bytes)
     if cfg.source == "hub":
-        ds = _load_hub(cfg)
-        if not isinstance(ds, datasets.Dataset):
-            raise ValueError(
-                f"data.hub_split={cfg.hub_split!r} did not select a single split of {cfg.hub_name!r} "
-                f"(got {type(ds).__name__})"
-            )
-        return cap_rows_by_bytes(select_text_column(ds, cfg.text_field), cfg.max_bytes)
+        return cap_rows_by_bytes(select_text_column(_load_hub_split(cfg), cfg.text_field), cfg.max_bytes)
     raise ValueError(f"data.source={cfg.source!r} is not valid; choose one of: builtin, files, hub")
