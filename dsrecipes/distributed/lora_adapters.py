@@ -69,6 +69,38 @@ def apply_recipe_lora(model: nn.Module, cfg, applied: list[str]) -> None:
                    f"({', '.join(leaves)}); {trainable:,} of {total:,} parameters train")
 
 
+def lora_tensor_parallel_plan(module: nn.Module, plan: dict, sequence_parallel: bool) -> dict:
+    """A tensor-parallel plan with every LoRA-wrapped Linear's style moved onto its parts:
+
+    * column-parallel X: X.base_layer as planned, X.lora_B column-parallel too (its rows sharded as the weight's
+      output rows), X.lora_A whole on every rank (its output's gradient is summed over the ranks by lora_B's input);
+    * row-parallel X: X.base_layer as planned, X.lora_A row-parallel with the same output layout (its input columns
+      sharded as the weight's), X.lora_B whole (a replicated DTensor when the output is the sequence shard, so its
+      gradient is summed over the ranks' shards).
+    """
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
+
+    wrapped = lora_modules(module)
+    out = {}
+    for key, style in plan.items():
+        if key not in wrapped:
+            out[key] = style
+            continue
+        out[f"{key}.base_layer"] = style
+        if isinstance(style, ColwiseParallel):
+            out[f"{key}.lora_B"] = ColwiseParallel()
+        elif isinstance(style, RowwiseParallel):
+            from torch.distributed.tensor import Shard
+
+            out[f"{key}.lora_A"] = RowwiseParallel(output_layouts=Shard(1)) if sequence_parallel else RowwiseParallel()
+            if sequence_parallel:
+                out[f"{key}.lora_B"] = SequenceParallel(use_local_output=True)
+        else:
+            raise ValueError(f"peft.method=lora: no tensor-parallel layout for the adapters of {key} "
+                             f"({type(style).__name__})")
+    return out
+
+
 def lora_materialize(materialize, seed: int):
     """materialize(model, device), then the adapters (a meta model's lora_A/B are not in its checkpoint)."""
     def load(target: nn.Module, device: torch.device) -> None:

@@ -174,7 +174,9 @@ def parallelize(model: nn.Module, dims: ParallelDims, cfg, precision, device: to
     _activation_checkpointing(model, cfg.activation_checkpointing, applied)
     for transform in transforms:
         model = transform(model)
+    frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
     own_tp_plan = _tensor_parallel(model, dims, cfg.parallel, applied)
+    _keep_frozen(model, frozen)
     sequence_parallel = _sequence_parallel(model, dims, applied)
     pipeline = None
     if dims.pp > 1:
@@ -200,6 +202,14 @@ def parallelize(model: nn.Module, dims: ParallelDims, cfg, precision, device: to
     return ParallelPlan(module, dims, strategy, pipeline, sequence_parallel, expert_parallel, applied,
                         post_step_hooks=float8_post_step_hooks(module, cfg.fp8), layout_parts=float8[:1],
                         own_tp_plan=own_tp_plan)
+
+
+def _keep_frozen(model: nn.Module, frozen: set[str]) -> None:
+    """Parameters frozen before tensor parallelism stay frozen: torch's SequenceParallel style (norms) re-creates
+    its module's parameters as replicated DTensors that require grad, which would train a LoRA run's frozen norms."""
+    for name, param in model.named_parameters():
+        if name in frozen and param.requires_grad:
+            param.requires_grad_(False)
 
 
 def _optimizer_name(cfg) -> str | None:

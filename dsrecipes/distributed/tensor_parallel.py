@@ -53,6 +53,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from dsrecipes.distributed.lora_adapters import lora_tensor_parallel_plan
 from dsrecipes.models.layers import CausalSelfAttention, GeluMLP, SwiGLUMLP
 from dsrecipes.models.moe import MoELayer
 
@@ -113,7 +114,8 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, sequence_parall
     for block in model.blocks:
         if not isinstance(block.attn, CausalSelfAttention):
             raise ValueError(f"tensor parallelism expects CausalSelfAttention blocks, got {type(block.attn).__name__}")
-        parallelize_module(block, tp_mesh, block_plan(block, sequence_parallel))
+        plan = lora_tensor_parallel_plan(block, block_plan(block, sequence_parallel), sequence_parallel)
+        parallelize_module(block, tp_mesh, plan)
     parallelize_module(model, tp_mesh, model_plan(model, sequence_parallel))
     model.activation_seq_shards = tp_mesh.size() if sequence_parallel else 1
     if sequence_parallel:

@@ -56,9 +56,10 @@ def _pp_lora(root, dims):
 
 
 def _tp_lora(root, dims):
-    if dims.tp > 1 and root.peft.enabled:
-        return (f"peft.method=lora is not supported with parallel.tp={dims.tp} yet: the tensor-parallel plans shard "
-                "nn.Linear modules, not the adapters around them; use ZeRO (zero.stage=0..3) for LoRA")
+    if dims.tp > 1 and root.peft.enabled and root.model.runs_transformers:
+        return (f"peft.method=lora is not supported with parallel.tp={dims.tp} on the transformers path "
+                f"(model.style=hf) yet: its own tp plan shards the Linears, not the adapters around them; use ZeRO "
+                "(zero.stage=0..3), or model.impl=native where the architecture allows")
     return None
 
 
@@ -91,11 +92,14 @@ class PeftConfig:
 
     COMPATIBILITY: ClassVar[tuple[Refusal | Supported, ...]] = (
         Refusal("LoRA with pp", "the adapters are not placed on pipeline stages yet", _pp_lora),
-        Refusal("LoRA with tp", "the tensor-parallel plans do not shard the adapters yet", _tp_lora),
+        Refusal("LoRA with tp on the transformers path", "its own tp plan does not shard the adapters yet", _tp_lora),
         Refusal("LoRA with compression, dsrecipes MoE or fp8", "they replace or read the wrapped Linears' weights",
                 _lora_with),
         Supported("LoRA under ZeRO 0-3", "supported: only the adapters trained and given optimizer state, the base "
                   "weights frozen and sharded like any parameter", ("lora-dp2-zero3", "lora-dp2-zero2")),
+        Supported("LoRA with tp on dsrecipes' blocks", "supported: column-parallel Linears' lora_B sharded as their "
+                  "rows, row-parallel Linears' lora_A as their columns (sequence-parallel activations included)",
+                  ("lora-tp2",)),
     )
 
     method: PeftMethod = PeftMethod.none

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from dsrecipes.peft.config import ALL_LINEAR, PeftConfig, names_explicitly, target_matches, validate_peft_config
 
@@ -72,6 +73,8 @@ class LoRALinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         result = self.base_layer(x)
+        if isinstance(x, DTensor):  # a replicated input under tensor parallelism (dsrecipes.distributed.lora_adapters):
+            x = x.to_local()        # the adapters take it as the plain tensor each rank holds whole
         update = self.lora_B(self.lora_A(self.lora_dropout(x.to(self.lora_A.weight.dtype))))
         return result + (update * self.scaling).to(result.dtype)
 

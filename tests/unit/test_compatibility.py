@@ -86,7 +86,9 @@ CASES = {
                                                                   "supported with data.format=text data.packing=none"),
     "LoRA with pp": (["peft=lora", "parallel.pp=2", *PP_BATCH], 2, "peft.method=lora is not supported with "
                                                                    "parallel.pp=2"),
-    "LoRA with tp": (["peft=lora", "parallel.tp=2"], 2, "peft.method=lora is not supported with parallel.tp=2"),
+    "LoRA with tp on the transformers path": ([*HF, "peft=lora", "parallel.tp=2"], 2,
+                                              "peft.method=lora is not supported with parallel.tp=2 on the "
+                                              "transformers path"),
     "LoRA with compression, dsrecipes MoE or fp8": (["peft=lora", "moe=top2"], 1,
                                                     "peft.method=lora is not supported with moe on"),
     "DPO with pp, tp or sp": (["data.format=preference", "data.packing=none", "dpo=dpo", "parallel.tp=2"], 2,

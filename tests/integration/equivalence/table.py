@@ -385,6 +385,8 @@ ROWS: tuple[Row, ...] = (
     # LoRA: frozen base weights sharded like any parameter, the adapters' gradients and Adam state only
     Row("lora-dp2-zero3", LORA_QWEN3, ("zero.stage=3", *world(2, 4)), resume=True, check=lora_exported,
         layout_line=("peft: LoRA r 8",)),
+    Row("lora-tp2", LORA_QWEN3, ("parallel.tp=2", *world(2, 8)), check=lora_exported,
+        layout_line=("peft: LoRA r 8", "tp 2")),
     Row("lora-dp2-zero2", LORA_GEMMA3, ("zero.stage=2", *world(2, 4)), check=lora_exported,
         layout_line=("peft: LoRA r 8", ZERO_STRATEGY[2])),
     Row("dpo-lora-dp2-zero3", DPO_LORA_QWEN3, ("zero.stage=3", *world(2, 4)), resume=True, check=lora_exported,
