@@ -117,7 +117,10 @@ def main(argv: list[str] | None = None) -> list:
     if trainable is not None:
         table.caption = (f"peft=lora r {cfg.peft.r}: {trainable:,} of {num_params:,} parameters train "
                          f"({trainable / num_params:.2%}); gradients and optimizer states are theirs only (DeepSpeed's "
-                         "columns assume every parameter trains). " + (table.caption or ""))
+                         "columns assume every parameter trains). "
+                         + (f"peft.quantize_base={cfg.peft.quantize_base}: the adapted Linears' frozen weights take "
+                            "fewer bytes in the run than counted here (at the model dtype). "
+                            if str(cfg.peft.quantize_base) != "none" else "") + (table.caption or ""))
     print_table(make_console(), table)
     if {str(cfg.zero.offload_optimizer), str(cfg.zero.offload_param)} != {"none"}:
         print_table(make_console(), offload_table(gpt, cfg, world_size))

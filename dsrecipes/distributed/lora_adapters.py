@@ -14,12 +14,15 @@ their own names (dsrecipes.models.hf_loading.fill_module skips the adapters and 
 
 from __future__ import annotations
 
+import logging
 import math
 
 import torch
 from torch import nn
 
 from dsrecipes.peft import apply_lora, count_trainable, lora_modules
+
+log = logging.getLogger("dsrecipes")
 
 
 def adapter_seed(cfg) -> int:
@@ -63,10 +66,13 @@ def apply_recipe_lora(model: nn.Module, cfg, applied: list[str]) -> None:
     _refuse_weight_readers(model, wrapped)
     if not any(p.is_meta for p in model.parameters()):
         init_adapters(model, adapter_seed(cfg))
+        quantize_recipe_bases(model, peft)
     trainable, total = count_trainable(model)
     leaves = sorted({name.rsplit(".", 1)[-1] for name in wrapped})
     applied.append(f"peft: LoRA r {peft.r}, alpha {peft.alpha:g} on {len(wrapped)} Linear modules "
                    f"({', '.join(leaves)}); {trainable:,} of {total:,} parameters train")
+    if str(peft.quantize_base) != "none":
+        applied.append(f"peft: the adapted Linears' frozen weights in {peft.quantize_base} (dequantized per call)")
 
 
 def lora_tensor_parallel_plan(module: nn.Module, plan: dict, sequence_parallel: bool) -> dict:
@@ -101,10 +107,25 @@ def lora_tensor_parallel_plan(module: nn.Module, plan: dict, sequence_parallel: 
     return out
 
 
-def lora_materialize(materialize, seed: int):
-    """materialize(model, device), then the adapters (a meta model's lora_A/B are not in its checkpoint)."""
+def quantize_recipe_bases(model: nn.Module, peft) -> None:
+    """peft.quantize_base: the adapted Linears' frozen weights to int8 / int4 codes (after their values are in)."""
+    if str(peft.quantize_base) == "none":
+        return
+    from dsrecipes.peft.quantized_base import quantize_bases
+
+    bits = 8 if peft.quantize_base == "int8" else 4
+    saved = quantize_bases(model, bits, int(peft.quantize_group_size))
+    log.info("peft: the adapted Linears' weights quantized to int%d: %s MiB less on this rank", bits,
+             f"{saved / 2**20:,.2f}")
+
+
+def lora_materialize(materialize, seed: int, peft=None):
+    """materialize(model, device), then the adapters (a meta model's lora_A/B are not in its checkpoint) and, with
+    peft.quantize_base, the quantized bases."""
     def load(target: nn.Module, device: torch.device) -> None:
         materialize(target, device)
         init_adapters(target, seed)
+        if peft is not None:
+            quantize_recipe_bases(target, peft)
 
     return load

@@ -170,7 +170,7 @@ def parallelize(model: nn.Module, dims: ParallelDims, cfg, precision, device: to
     if getattr(cfg, "peft", None) is not None and cfg.peft.enabled:
         apply_recipe_lora(model, cfg, applied)
         if materialize is not None:
-            materialize = lora_materialize(materialize, adapter_seed(cfg))
+            materialize = lora_materialize(materialize, adapter_seed(cfg), cfg.peft)
     _activation_checkpointing(model, cfg.activation_checkpointing, applied)
     for transform in transforms:
         model = transform(model)

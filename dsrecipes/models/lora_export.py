@@ -24,6 +24,10 @@ ADAPTER_DIR = "adapter"
 def export_lora_adapter(state: dict, cfg, out_dir: str | Path) -> dict:
     """Write <out_dir>/adapter/ where the model has a base checkpoint and a PEFT layout; return the merged state."""
     peft, model_cfg = cfg.peft, cfg.model
+    if str(peft.quantize_base) != "none":  # QLoRA-style: the base's codes back to float weights first
+        from dsrecipes.peft.quantized_base import dequantized_state
+
+        state = dequantized_state(state)
     merged = merge_lora_state(state, peft.scaling)
     adapter = lora_state_dict_of(state, peft.bias)
     if not model_cfg.path:

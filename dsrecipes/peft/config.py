@@ -48,6 +48,24 @@ class LoraBias(ConfigEnum):
     lora_only = "lora_only"
 
 
+class QuantizeBase(ConfigEnum):
+    """``peft.quantize_base``: keep the frozen base weights of the adapted Linears in float, int8 or int4 (QLoRA)."""
+
+    none = "none"
+    int8 = "int8"
+    int4 = "int4"
+
+
+def _quantized_base_with(root, dims):
+    if not root.peft.enabled or root.peft.quantize_base == "none":
+        return None
+    if root.zero.stage == 3 or dims.tp > 1 or dims.pp > 1:
+        return (f"peft.quantize_base={root.peft.quantize_base} is not supported with zero.stage={root.zero.stage} "
+                f"parallel.tp={dims.tp} parallel.pp={dims.pp}: the codes are buffers that FSDP2 and the tp plans do not "
+                "shard; use zero.stage=0..2 (DDP, ZeRO-1/2) or peft.quantize_base=none")
+    return None
+
+
 def _pp_lora(root, dims):
     if dims.pp > 1 and root.peft.enabled:
         return (f"peft.method=lora is not supported with parallel.pp={dims.pp}: the adapters are not placed on "
@@ -86,6 +104,9 @@ class PeftConfig:
     target_modules: which nn.Linear modules get an adapter (see the module docstring).
     bias: PEFT's meaning: "none" (every bias frozen), "all" (every bias of the model trained),
           "lora_only" (the biases of the adapted Linears trained).
+    quantize_base: QLoRA-style: the adapted Linears' frozen weights kept as int8 (per output channel) or int4 (per
+          group of quantize_group_size inputs) codes, dequantized in each forward (dsrecipes.peft.quantized_base).
+    quantize_group_size: int4's group size (even, dividing every adapted Linear's input size).
     init_seed: seed of lora_A's initialisation (its own generator, so every rank and device draws the same
           values whatever the global random state); None = the global random stream (the recipe: trainer.seed).
     """
@@ -93,6 +114,10 @@ class PeftConfig:
     COMPATIBILITY: ClassVar[tuple[Refusal | Supported, ...]] = (
         Refusal("LoRA with pp", "the adapters are not placed on pipeline stages yet", _pp_lora),
         Refusal("LoRA with tp on the transformers path", "its own tp plan does not shard the adapters yet", _tp_lora),
+        Refusal("LoRA with a quantized base under ZeRO-3, tp or pp", "its codes are buffers FSDP2 and tp do not shard",
+                _quantized_base_with),
+        Supported("LoRA with an int8 / int4 base (QLoRA-style) under ZeRO 0-2", "supported: frozen codes dequantized "
+                  "per call, the adapters in float", ("qlora-int8-dp2-zero2",)),
         Refusal("LoRA with compression, dsrecipes MoE or fp8", "they replace or read the wrapped Linears' weights",
                 _lora_with),
         Supported("LoRA under ZeRO 0-3", "supported: only the adapters trained and given optimizer state, the base "
@@ -108,11 +133,16 @@ class PeftConfig:
     dropout: float = ranged(0.0, between(0, 1, high_open=True))
     target_modules: list[str] = field(default_factory=lambda: list(DEFAULT_TARGET_MODULES))
     bias: LoraBias = LoraBias.none
+    quantize_base: QuantizeBase = QuantizeBase.none
+    quantize_group_size: int = ranged(64, POSITIVE_INT)
     init_seed: int | None = ranged(None, Range(low=0, high=SEED_MAX, nullable=True, null_means="trainer.seed"))
 
     def check(self, facts) -> None:
         """The group's keys (the rest is the compatibility matrix's)."""
         validate_peft_config(self)
+        if self.enabled and self.quantize_base != "none" and self.bias != "none":
+            raise ValueError(f"peft.bias={self.bias} is not valid with peft.quantize_base={self.quantize_base}: a "
+                             "quantized base keeps its bias frozen; use peft.bias=none")
 
     @property
     def enabled(self) -> bool:

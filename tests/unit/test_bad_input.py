@@ -169,6 +169,8 @@ ERRORS = [
     # peft (dsrecipes.peft.config)
     (["peft=lora", "peft.r=0"], ["peft.r=0", "must be >= 1"]),
     (["peft=lora", "peft.target_modules=[]"], ["peft.target_modules=[]", "is empty"]),
+    (["peft=lora", "peft.quantize_base=int4", "peft.bias=all"], ["peft.bias=all is not valid with "
+                                                                 "peft.quantize_base=int4", "peft.bias=none"]),
     # dpo (dsrecipes.training.preference.config)
     (["dpo=dpo"], ["dpo.enabled=true trains on preference pairs", "data.format=text", "data.format=preference"]),
     (["data.format=preference", "data.packing=none", "dpo=dpo", "dpo.loss_type=ipo", "dpo.label_smoothing=0.1"],

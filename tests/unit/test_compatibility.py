@@ -91,6 +91,8 @@ CASES = {
                                               "transformers path"),
     "LoRA with compression, dsrecipes MoE or fp8": (["peft=lora", "moe=top2"], 1,
                                                     "peft.method=lora is not supported with moe on"),
+    "LoRA with a quantized base under ZeRO-3, tp or pp": (["peft=lora", "peft.quantize_base=int8", "zero.stage=3"], 2,
+                                                          "peft.quantize_base=int8 is not supported with zero.stage=3"),
     "DPO with pp, tp or sp": (["data.format=preference", "data.packing=none", "dpo=dpo", "parallel.tp=2"], 2,
                               "dpo.enabled=true is not supported with parallel.pp=1 parallel.tp=2"),
 }

@@ -135,7 +135,9 @@ LORA_GEMMA3 = Reference("lora_gemma3", (*HF_GEMMA3.recipe, "peft=lora", "optimiz
 # (DPO's loss starts at log 2 = 0.693 and falls slowly: 0.693 -> 0.654 at step 9 here)
 DPO_LORA_QWEN3 = Reference("dpo_lora_qwen3", (*LORA_QWEN3.recipe, "data.format=preference", "data.packing=none",
                                               "dpo=dpo", "data.max_bytes=60000"), trained_by=0.005)
-HF_REFERENCES = (HF_GEMMA3, HF_MIXTRAL, HF_QWEN3, LORA_QWEN3, LORA_GEMMA3, DPO_LORA_QWEN3)
+# QLoRA-style: the adapted Linears' frozen weights as int8 codes (buffers, replicated), dequantized per call
+QLORA_QWEN3 = Reference("qlora_qwen3", (*LORA_QWEN3.recipe, "peft.quantize_base=int8"))
+HF_REFERENCES = (HF_GEMMA3, HF_MIXTRAL, HF_QWEN3, LORA_QWEN3, LORA_GEMMA3, DPO_LORA_QWEN3, QLORA_QWEN3)
 
 
 def world(n: int, micro: int) -> tuple[str, ...]:
@@ -198,7 +200,13 @@ def first_step_within(atol: float) -> Callable:
 
 def lora_exported(run, reference) -> None:
     """The export is the merged model (no adapter tensors in it) and adapter/ holds the PEFT adapter, the same as the
-    single process's."""
+    single process's, which peft loads onto the base checkpoint to the merged model's logits."""
+    same_adapters(run, reference)
+    assert_peft_loads_adapter(run.run_dir)
+
+
+def same_adapters(run, reference) -> None:
+    """The merged export holds no adapter tensor; export/adapter/ holds the single process's adapters (5e-5)."""
     import torch
     from safetensors.torch import load_file
 
@@ -209,7 +217,6 @@ def lora_exported(run, reference) -> None:
     assert mine.keys() == theirs.keys() and mine
     for key, tensor in mine.items():
         torch.testing.assert_close(tensor, theirs[key], rtol=0, atol=5e-5, msg=key)
-    assert_peft_loads_adapter(run.run_dir)
 
 
 def assert_peft_loads_adapter(run_dir) -> None:
@@ -387,6 +394,8 @@ ROWS: tuple[Row, ...] = (
         layout_line=("peft: LoRA r 8",)),
     Row("lora-tp2", LORA_QWEN3, ("parallel.tp=2", *world(2, 8)), check=lora_exported,
         layout_line=("peft: LoRA r 8", "tp 2")),
+    Row("qlora-int8-dp2-zero2", QLORA_QWEN3, ("zero.stage=2", *world(2, 4)),
+        check=lambda run, reference: same_adapters(run, reference), layout_line=("frozen weights in int8",)),
     Row("lora-dp2-zero2", LORA_GEMMA3, ("zero.stage=2", *world(2, 4)), check=lora_exported,
         layout_line=("peft: LoRA r 8", ZERO_STRATEGY[2])),
     Row("dpo-lora-dp2-zero3", DPO_LORA_QWEN3, ("zero.stage=3", *world(2, 4)), resume=True, check=lora_exported,
