@@ -22,13 +22,15 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
+from dsrecipes.data.sample_packing import PAIR_COLUMNS
+
 STATE_KEYS = ("epoch", "batch_in_epoch", "seed", "micro_batch_size", "world_size")
 
 
 #: The columns of rows packed sample by sample (dsrecipes.data.sample_packing), in the order a batch holds them.
 ROW_COLUMNS = ("input_ids", "labels", "position_ids")
 #: The columns of preference rows (dsrecipes.data.sample_packing.pack_pairs).
-PAIR_ROW_COLUMNS = ("chosen_input_ids", "chosen_labels", "rejected_input_ids", "rejected_labels", "index")
+PAIR_ROW_COLUMNS = (*PAIR_COLUMNS, "index")
 
 
 def row_columns(dataset) -> list[str]:

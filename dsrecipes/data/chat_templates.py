@@ -131,7 +131,7 @@ def _marked_spans(marked: str) -> tuple[str, list[tuple[int, int]]]:
 def _generation_extension():
     """A jinja2 extension for {% generation %}...{% endgeneration %}: the body as is, between markers when the
     render asks for them."""
-    from jinja2 import nodes, pass_context
+    from jinja2 import nodes
     from jinja2.ext import Extension
 
     class Generation(Extension):
@@ -148,7 +148,6 @@ def _generation_extension():
             body = caller()
             return f"{_OPEN}{body}{_CLOSE}" if context.get(MARK_VARIABLE) else body
 
-    del pass_context
     return Generation
 
 
@@ -213,13 +212,12 @@ def resolve_chat_template(cfg) -> ChatTemplate:
     """
     name = cfg.chat_template
     tokenizer = str(cfg.tokenizer)
-    special = tokenizer_chat_template(tokenizer)[1] if tokenizer != "byte" else {}
+    text, special, looked = tokenizer_chat_template(tokenizer) if tokenizer != "byte" else (None, {}, "")
     choices = f"{', '.join(BUILTIN_TEMPLATES)} or the path of a .jinja file"
     if name is None:
         if tokenizer == "byte":
             raise ValueError(f"data.chat_template is null and data.tokenizer=byte has no chat template of its own; "
                              f"name one: {choices}")
-        text, special, looked = tokenizer_chat_template(tokenizer)
         if text is None:
             raise ValueError(f"data.chat_template is null and the tokenizer {tokenizer} has no chat template "
                              f"(looked in {looked}); name one: {choices}")

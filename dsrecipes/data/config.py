@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from dsrecipes.data.files import check_data_sources
+from dsrecipes.data.files import check_data_sources, required_columns
 from dsrecipes.utils.compatibility_rows import Refusal, Supported
 from dsrecipes.utils.config_enum import ConfigEnum, check_choice, enum_values
 from dsrecipes.utils.inactive_rules import Inactive
@@ -289,11 +289,10 @@ def validate_data_config(cfg) -> None:
     if cfg.train_on != "auto" and cfg.train_on not in allowed:
         raise ValueError(f"data.train_on={cfg.train_on} is not valid for data.format={cfg.format}; choose one of: "
                          f"{', '.join(('auto',) + allowed)} (completion is for prompt_completion, assistant for chat)")
-    keys = {"prompt_completion": ("prompt_field", "completion_field"), "chat": ("messages_field",),
-            "preference": ("prompt_field", "chosen_field", "rejected_field")}.get(str(cfg.format), ())
-    for key in keys:
-        if not getattr(cfg, key):
-            raise ValueError(f"data.{key}={getattr(cfg, key)!r} is not valid; name the column")
+    for key in required_columns(cfg):  # the format's column keys (text_field: its own message below)
+        value = getattr(cfg, key.removeprefix("data."))
+        if not value and key != "data.text_field":
+            raise ValueError(f"{key}={value!r} is not valid; name the column")
     if not cfg.text_field:
         raise ValueError(f"data.text_field={cfg.text_field!r} is not valid; name the column holding the text")
     if cfg.source == "files":

@@ -35,6 +35,8 @@ import pyarrow.compute as pc
 
 from dsrecipes.data.cache import cache_file_names, map_with_reuse
 from dsrecipes.data.config import uses_samples, validate_data_config
+from dsrecipes.data.sample_packing import stream_blocks
+from dsrecipes.data.samples import list_array
 from dsrecipes.data.sources import load_documents
 from dsrecipes.data.tokenizers import build_tokenizer
 
@@ -82,11 +84,7 @@ def tokenize_batch(batch: dict, tokenizer, add_eos: bool, version: int = PACKING
     del version  # only part of the cache fingerprint
     eos = [int(tokenizer.eos_id)] if add_eos else []
     encoded = tokenizer.encode_batch([text or "" for text in batch["text"]])
-    arrays = [np.asarray(list(ids) + eos, dtype=np.int32) for ids in encoded]
-    offsets = np.zeros(len(arrays) + 1, dtype=np.int32)
-    np.cumsum([len(a) for a in arrays], out=offsets[1:])
-    flat = np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.int32)
-    return pa.table({"ids": pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat))})
+    return pa.table({"ids": list_array([list(ids) + eos for ids in encoded], np.int32)})
 
 
 def pack_batch(batch: pa.Table, block_size: int, version: int = PACKING_VERSION) -> pa.Table:
@@ -97,9 +95,7 @@ def pack_batch(batch: pa.Table, block_size: int, version: int = PACKING_VERSION)
     """
     del version  # only part of the cache fingerprint
     stream = pc.list_flatten(batch.column("ids")).to_numpy().astype(np.int32, copy=False)
-    num_blocks = max(0, (len(stream) - 1) // block_size)
-    index = np.arange(num_blocks)[:, None] * block_size + np.arange(block_size + 1)[None, :]
-    blocks = pa.array(stream[index].reshape(-1), type=pa.int32())
+    blocks = pa.array(stream[stream_blocks(len(stream), block_size)].reshape(-1), type=pa.int32())
     return pa.table({"tokens": pa.FixedSizeListArray.from_arrays(blocks, block_size + 1)})
 
 

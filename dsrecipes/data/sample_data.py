@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow.compute as pc
 
 from dsrecipes.data.cache import cache_file_names, map_with_reuse
-from dsrecipes.data.chat_templates import resolve_chat_template
+from dsrecipes.data.chat_templates import ChatTemplate, resolve_chat_template
 from dsrecipes.data.config import resolved_train_on
 from dsrecipes.data.sample_packing import (
     PAIR_COLUMNS,
@@ -39,7 +39,6 @@ from dsrecipes.data.samples import SAMPLES_VERSION, encode_batch, encode_pair_ba
 from dsrecipes.data.sources import load_rows
 
 log = logging.getLogger("dsrecipes")
-_ROW = {"input_ids": datasets.List(datasets.Value("int32")), "labels": datasets.List(datasets.Value("int32"))}
 
 
 def pad_id_of(tokenizer) -> int:
@@ -48,9 +47,9 @@ def pad_id_of(tokenizer) -> int:
     return int(eos) if eos is not None else 0
 
 
-def encode_rows(rows: datasets.Dataset, cfg, tokenizer, num_proc: int | None = None) -> datasets.Dataset:
-    """Every row encoded into "ids" and "targets" (step 2)."""
-    template = resolve_chat_template(cfg) if cfg.format == "chat" else None
+def encode_rows(rows: datasets.Dataset, cfg, tokenizer, num_proc: int | None = None,
+                template: ChatTemplate | None = None) -> datasets.Dataset:
+    """Every row encoded into "ids" and "targets" (step 2); template: format=chat's (resolve_chat_template)."""
     spec = sample_spec(cfg, resolved_train_on(cfg), template)
     procs = None if num_proc is None or num_proc <= 1 else min(num_proc, max(1, len(rows)))
     sides = ("chosen_", "rejected_") if cfg.format == "preference" else ("",)
@@ -68,10 +67,9 @@ def check_overlong(samples: datasets.Dataset, cfg, split_name: str) -> int:
     """How many samples are longer than a row; ValueError naming the first under data.overlong=refuse."""
     if cfg.packing == "concat":
         return 0
-    long = overlong_samples(samples, cfg.block_size)
+    long, lengths = overlong_samples(samples, cfg.block_size)
     if len(long) and cfg.overlong == "refuse":
-        first = samples[int(long[0])]
-        length = max(len(first[c]) for c in ("ids", "chosen_ids", "rejected_ids") if c in first)
+        length = int(lengths[long[0]])
         raise ValueError(f"data: {len(long)} {split_name} sample(s) are longer than a row of block_size + 1 = "
                          f"{cfg.block_size + 1} tokens (the first: {length} tokens) and data.overlong=refuse; raise "
                          "data.block_size, or data.overlong=truncate cuts them")
@@ -84,7 +82,7 @@ def pack_split(samples: datasets.Dataset, cfg, tokenizer, split_name: str) -> tu
     pairs = cfg.format == "preference"
     function = pack_pairs if pairs else {"none": pack_none, "documents": pack_documents, "concat": pack_concat}[packing]
     kwargs = {"block_size": block, "version": SAMPLE_PACKING_VERSION}
-    names = list(PAIR_COLUMNS) if pairs else list(_ROW)
+    names = list(PAIR_COLUMNS) if pairs else ["input_ids", "labels"]
     if packing != "concat":
         kwargs["pad_id"] = pad_id_of(tokenizer)
     if packing == "documents":
@@ -116,10 +114,10 @@ def prepare_samples(cfg, tokenizer, say: Callable[[str], None]):
 
     say(f"Loading {cfg.format} rows (source={cfg.source})")
     rows = load_rows(cfg)
-    train_on = resolved_train_on(cfg)
-    say(f"Encoding {len(rows)} {cfg.format} rows (train_on={train_on}"
-        + (f", chat template: {resolve_chat_template(cfg).source})" if cfg.format == "chat" else ")"))
-    samples = encode_rows(rows, cfg, tokenizer, cfg.num_proc)
+    template = resolve_chat_template(cfg) if cfg.format == "chat" else None
+    say(f"Encoding {len(rows)} {cfg.format} rows (train_on={resolved_train_on(cfg)}"
+        + (f", chat template: {template.source})" if template is not None else ")"))
+    samples = encode_rows(rows, cfg, tokenizer, cfg.num_proc, template)
     train_samples, val_samples = split_documents(samples, cfg.val_fraction, cfg.split_seed)
     splits, reused = {}, True
     for name, split in (("train", train_samples), ("validation", val_samples)):

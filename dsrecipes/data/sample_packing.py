@@ -29,9 +29,10 @@ IGNORE = -100
 SAMPLE_PACKING_VERSION = 1
 
 
-def _samples(batch: pa.Table) -> list[tuple[np.ndarray, np.ndarray]]:
-    ids = batch.column("ids").combine_chunks()
-    targets = batch.column("targets").combine_chunks()
+def _samples(batch: pa.Table, prefix: str = "") -> list[tuple[np.ndarray, np.ndarray]]:
+    """Each sample's (ids, target flags) of the batch's `<prefix>ids` / `<prefix>targets` columns."""
+    ids = batch.column(f"{prefix}ids").combine_chunks()
+    targets = batch.column(f"{prefix}targets").combine_chunks()
     offsets = ids.offsets.to_numpy()
     flat_ids = ids.values.to_numpy(zero_copy_only=False).astype(np.int64)
     flat_targets = targets.values.to_numpy(zero_copy_only=False).astype(bool)
@@ -43,6 +44,19 @@ def _pairs(ids: np.ndarray, targets: np.ndarray, block_size: int) -> tuple[np.nd
     ids, targets = ids[:block_size + 1], targets[:block_size + 1]
     labels = np.where(targets[1:], ids[1:], IGNORE)
     return ids[:-1], labels
+
+
+def _padded(row_in: np.ndarray, row_labels: np.ndarray, block_size: int, pad_id: int) -> tuple[np.ndarray, ...]:
+    """A sample's (inputs, labels) padded at the end to block_size: inputs with pad_id, labels with IGNORE."""
+    pad = block_size - len(row_in)
+    return np.concatenate([row_in, np.full(pad, pad_id)]), np.concatenate([row_labels, np.full(pad, IGNORE)])
+
+
+def stream_blocks(length: int, block_size: int) -> np.ndarray:
+    """[blocks, block_size + 1] indices cutting a stream of `length` ids into blocks that overlap by one id (the
+    incomplete tail left out)."""
+    num_blocks = max(0, (length - 1) // block_size)
+    return np.arange(num_blocks)[:, None] * block_size + np.arange(block_size + 1)[None, :]
 
 
 def _table(columns: dict[str, list[np.ndarray]], block_size: int) -> pa.Table:
@@ -61,9 +75,9 @@ def pack_none(batch: pa.Table, block_size: int, pad_id: int, version: int = SAMP
         row_in, row_labels = _pairs(ids, targets, block_size)
         if not (row_labels != IGNORE).any():
             continue
-        pad = block_size - len(row_in)
-        inputs.append(np.concatenate([row_in, np.full(pad, pad_id)]))
-        labels.append(np.concatenate([row_labels, np.full(pad, IGNORE)]))
+        padded_in, padded_labels = _padded(row_in, row_labels, block_size, pad_id)
+        inputs.append(padded_in)
+        labels.append(padded_labels)
     return _table({"input_ids": inputs, "labels": labels}, block_size)
 
 
@@ -115,17 +129,15 @@ def pack_pairs(batch: pa.Table, indices: list[int], block_size: int, pad_id: int
     del version
     columns: dict[str, list[np.ndarray]] = {name: [] for name in PAIR_COLUMNS}
     kept = []
-    sides = {}
-    for side in ("chosen", "rejected"):
-        sides[side] = _samples(pa.table({"ids": batch.column(f"{side}_ids"), "targets": batch.column(f"{side}_targets")}))
+    sides = {side: _samples(batch, f"{side}_") for side in ("chosen", "rejected")}
     for number, index in enumerate(indices):
         rows = {side: _pairs(*sides[side][number], block_size) for side in sides}
         if not all((labels != IGNORE).any() for _, labels in rows.values()):
             continue
         for side, (row_in, row_labels) in rows.items():
-            pad = block_size - len(row_in)
-            columns[f"{side}_input_ids"].append(np.concatenate([row_in, np.full(pad, pad_id)]))
-            columns[f"{side}_labels"].append(np.concatenate([row_labels, np.full(pad, IGNORE)]))
+            padded_in, padded_labels = _padded(row_in, row_labels, block_size, pad_id)
+            columns[f"{side}_input_ids"].append(padded_in)
+            columns[f"{side}_labels"].append(padded_labels)
         kept.append(int(index))
     table = _table(columns, block_size)
     return table.append_column("index", pa.array(np.asarray(kept, dtype=np.int32), type=pa.int32()))
@@ -141,8 +153,7 @@ def pack_concat(batch: pa.Table, block_size: int, version: int = SAMPLE_PACKING_
     del version
     stream = pc.list_flatten(batch.column("ids")).to_numpy().astype(np.int64)
     flags = pc.list_flatten(batch.column("targets")).to_numpy().astype(bool)
-    num_blocks = max(0, (len(stream) - 1) // block_size)
-    index = np.arange(num_blocks)[:, None] * block_size + np.arange(block_size + 1)[None, :]
+    index = stream_blocks(len(stream), block_size)
     blocks, block_flags = stream[index], flags[index]
     keep = block_flags[:, 1:].any(axis=1)
     inputs = list(blocks[keep, :-1])
@@ -150,9 +161,10 @@ def pack_concat(batch: pa.Table, block_size: int, version: int = SAMPLE_PACKING_
     return _table({"input_ids": inputs, "labels": labels}, block_size)
 
 
-def overlong_samples(samples, block_size: int) -> np.ndarray:
-    """Indices of the samples (of preference pairs: the pairs with a side) longer than one row (block_size + 1)."""
+def overlong_samples(samples, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(indices of the samples longer than one row of block_size + 1 tokens, every sample's length); a preference
+    pair's length is its longer side's."""
     table = samples.with_format("arrow")[:]
     columns = [c for c in ("ids", "chosen_ids", "rejected_ids") if c in table.column_names]
     lengths = np.max([pc.list_value_length(table.column(c)).to_numpy() for c in columns], axis=0)
-    return np.flatnonzero(lengths > block_size + 1)
+    return np.flatnonzero(lengths > block_size + 1), lengths

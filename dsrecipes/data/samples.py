@@ -46,13 +46,6 @@ class SampleSpec:
     rejected_field: str = "rejected"
     template: ChatTemplate | None = None
 
-    @property
-    def columns(self) -> list[str]:
-        """The source columns a sample reads."""
-        return {"text": [self.text_field], "prompt_completion": [self.prompt_field, self.completion_field],
-                "chat": [self.messages_field],
-                "preference": [self.prompt_field, self.chosen_field, self.rejected_field]}[self.format]
-
 
 def sample_spec(cfg, train_on: str, template: ChatTemplate | None) -> SampleSpec:
     """The SampleSpec of a data config (train_on already resolved from auto; text comes as the "text" column of
@@ -84,6 +77,13 @@ def _messages(row: dict, spec: SampleSpec, index: int) -> list[dict]:
     return [{key_: value for key_, value in m.items() if value is not None} for m in messages]
 
 
+def _prompt_completion(prompt: list[int], completion: str, tokenizer, eos: list[int], completion_only: bool) \
+        -> tuple[list[int], list[int]]:
+    """The prompt's ids, then the completion's and end-of-sequence; the prompt flagged only unless completion_only."""
+    tokens = list(tokenizer.encode(completion)) + eos
+    return prompt + tokens, [0 if completion_only else 1] * len(prompt) + [1] * len(tokens)
+
+
 def encode_sample(row: dict, spec: SampleSpec, tokenizer, eos_id: int | None, index: int = 0) \
         -> tuple[list[int], list[int]]:
     """The ids of one row and its target flags (see the module docstring)."""
@@ -93,10 +93,8 @@ def encode_sample(row: dict, spec: SampleSpec, tokenizer, eos_id: int | None, in
         return ids, [1] * len(ids)
     if spec.format == "prompt_completion":
         prompt = list(tokenizer.encode(_string(row, "prompt_field", spec.prompt_field, index)))
-        completion = list(tokenizer.encode(_string(row, "completion_field", spec.completion_field, index,
-                                                   allow_empty=False))) + eos
-        first = 0 if spec.train_on == "completion" else 1
-        return prompt + completion, [first] * len(prompt) + [1] * len(completion)
+        completion = _string(row, "completion_field", spec.completion_field, index, allow_empty=False)
+        return _prompt_completion(prompt, completion, tokenizer, eos, spec.train_on == "completion")
     messages = _messages(row, spec, index)
     if spec.train_on == "all":
         ids, _ = tokenizer.encode_with_offsets(spec.template.render(messages))
@@ -120,19 +118,18 @@ def encode_pair(row: dict, spec: SampleSpec, tokenizer, eos_id: int | None, inde
         -> tuple[tuple[list[int], list[int]], tuple[list[int], list[int]]]:
     """A preference row as two prompt_completion samples: (prompt + chosen) and (prompt + rejected), each with its
     completion's tokens (and end-of-sequence) as the only targets."""
-    pairs = []
-    for key, column in (("chosen_field", spec.chosen_field), ("rejected_field", spec.rejected_field)):
-        completion = _string(row, key, column, index, allow_empty=False)
-        pairs.append(encode_sample({"prompt": row.get(spec.prompt_field), "completion": completion},
-                                   SampleSpec("prompt_completion", "completion", prompt_field="prompt",
-                                              completion_field="completion"), tokenizer, eos_id, index))
+    eos = [int(eos_id)] if eos_id is not None else []
+    prompt = list(tokenizer.encode(_string(row, "prompt_field", spec.prompt_field, index)))
+    pairs = [_prompt_completion(prompt, _string(row, key, column, index, allow_empty=False), tokenizer, eos, True)
+             for key, column in (("chosen_field", spec.chosen_field), ("rejected_field", spec.rejected_field))]
     if pairs[0][0] == pairs[1][0]:
         raise ValueError(f"data: row {index}: the chosen and the rejected completion are the same text, so the pair "
                          "says nothing to prefer")
     return pairs[0], pairs[1]
 
 
-def _lists(values: list[list[int]], dtype) -> pa.Array:
+def list_array(values: list, dtype) -> pa.Array:
+    """A pyarrow list array of `values` (int sequences) as `dtype`, with int32 offsets."""
     lengths = np.asarray([len(v) for v in values], dtype=np.int64)
     offsets = np.zeros(len(values) + 1, dtype=np.int32)
     np.cumsum(lengths, out=offsets[1:])
@@ -148,10 +145,10 @@ def encode_pair_batch(batch: dict, indices: list[int], spec: SampleSpec, tokeniz
     columns = list(batch)
     pairs = [encode_pair({c: batch[c][i] for c in columns}, spec, tokenizer, eos_id, int(index))
              for i, index in enumerate(indices)]
-    return pa.table({"chosen_ids": _lists([c[0] for c, _ in pairs], np.int32),
-                     "chosen_targets": _lists([c[1] for c, _ in pairs], np.int8),
-                     "rejected_ids": _lists([r[0] for _, r in pairs], np.int32),
-                     "rejected_targets": _lists([r[1] for _, r in pairs], np.int8)})
+    return pa.table({"chosen_ids": list_array([c[0] for c, _ in pairs], np.int32),
+                     "chosen_targets": list_array([c[1] for c, _ in pairs], np.int8),
+                     "rejected_ids": list_array([r[0] for _, r in pairs], np.int32),
+                     "rejected_targets": list_array([r[1] for _, r in pairs], np.int8)})
 
 
 def encode_batch(batch: dict, indices: list[int], spec: SampleSpec, tokenizer, eos_id: int | None,
@@ -161,12 +158,5 @@ def encode_batch(batch: dict, indices: list[int], spec: SampleSpec, tokenizer, e
     columns = list(batch)
     rows = [{column: batch[column][i] for column in columns} for i in range(len(indices))]
     encoded = [encode_sample(row, spec, tokenizer, eos_id, int(index)) for row, index in zip(rows, indices)]
-    lengths = np.asarray([len(ids) for ids, _ in encoded], dtype=np.int64)
-    offsets = np.zeros(len(encoded) + 1, dtype=np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    flat_ids = np.concatenate([np.asarray(ids, dtype=np.int32) for ids, _ in encoded]) if encoded \
-        else np.zeros(0, dtype=np.int32)
-    flat_targets = np.concatenate([np.asarray(t, dtype=np.int8) for _, t in encoded]) if encoded \
-        else np.zeros(0, dtype=np.int8)
-    return pa.table({"ids": pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat_ids)),
-                     "targets": pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat_targets))})
+    return pa.table({"ids": list_array([ids for ids, _ in encoded], np.int32),
+                     "targets": list_array([targets for _, targets in encoded], np.int8)})

@@ -15,12 +15,11 @@ their own names (dsrecipes.models.hf_loading.fill_module skips the adapters and 
 from __future__ import annotations
 
 import logging
-import math
 
 import torch
 from torch import nn
 
-from dsrecipes.peft import apply_lora, count_trainable, lora_modules
+from dsrecipes.peft import apply_lora, count_trainable, init_lora, lora_modules
 
 log = logging.getLogger("dsrecipes")
 
@@ -42,19 +41,10 @@ def _refuse_weight_readers(model: nn.Module, wrapped: list[str]) -> None:
                              "peft.target_modules or use kernels=torch")
 
 
-@torch.no_grad()
 def init_adapters(model: nn.Module, seed: int) -> None:
-    """lora_A = kaiming_uniform_(a=sqrt(5)) drawn whole from one seeded CPU generator in module order, lora_B = 0,
-    each filled into the parameter this rank holds (plain or DTensor)."""
-    from dsrecipes.models.hf_loading import fill_parameter
-
-    generator = torch.Generator().manual_seed(seed)
-    for module in lora_modules(model).values():
-        a, b = module.lora_A.weight, module.lora_B.weight
-        draw = torch.empty(tuple(a.shape), dtype=torch.float32)
-        nn.init.kaiming_uniform_(draw, a=math.sqrt(5), generator=generator)
-        fill_parameter(a, draw.to(a.dtype))
-        fill_parameter(b, torch.zeros(tuple(b.shape), dtype=b.dtype))
+    """lora_A = kaiming_uniform_(a=sqrt(5)) drawn whole from one generator seeded with `seed`, in module order,
+    lora_B = 0, into whatever each rank holds (dsrecipes.peft.init_lora: plain tensors or DTensor shards)."""
+    init_lora(model, seed)
 
 
 def apply_recipe_lora(model: nn.Module, cfg, applied: list[str]) -> None:

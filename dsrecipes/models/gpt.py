@@ -134,44 +134,40 @@ class GPT(nn.Module):
         restart at 0 with each document, and each document attends only to itself
         (dsrecipes.models.document_attention).
         """
+        positions, rope, mask = self._positions(input_ids.shape[1], int(position_offset), position_ids,
+                                                input_ids.device)
+        x = self.tok_emb(input_ids)
+        if self.pos_emb is not None:
+            x = x + self.pos_emb(positions)
+        x = self.emb_dropout(x)
+        extra = {"attn_mask": mask} if mask is not None else {}  # as Block passes it on: only when there is one
+        for block in self.blocks:
+            x = block(x, rope, **extra)
+        logits, loss = self.head_and_loss(x, labels)
+        return GPTOutput(logits=logits, loss=loss)
+
+    def _positions(self, seq_len: int, position_offset: int, position_ids: torch.Tensor | None, device):
+        """(positions for the position embedding, rotary tables or None, document mask or None) of forward's input:
+        positions offset .. offset+seq-1 with causal attention, or packed documents' own positions, each attending
+        inside its document."""
+        rope = None
         if position_ids is not None:
-            return self._forward_documents(input_ids, labels, position_ids)
-        seq_len = input_ids.shape[1]
-        position_offset = int(position_offset)
+            if int(position_ids.max()) >= self.cfg.max_seq_len:
+                raise ValueError(f"position_ids reach {int(position_ids.max())}, beyond model.max_seq_len="
+                                 f"{self.cfg.max_seq_len}")
+            if self.cfg.style == "llama":
+                rope = rope_at(self.rope_cos, self.rope_sin, position_ids)
+            return position_ids, rope, document_causal_mask(position_ids)
         if position_offset < 0 or position_offset + seq_len > self.cfg.max_seq_len:
             raise ValueError(
                 f"positions {position_offset}..{position_offset + seq_len - 1} (sequence length {seq_len}, "
                 f"position_offset {position_offset}) exceed model.max_seq_len={self.cfg.max_seq_len}"
             )
-        x = self.tok_emb(input_ids)
-        if self.pos_emb is not None:
-            x = x + self.pos_emb(torch.arange(position_offset, position_offset + seq_len, device=input_ids.device))
-        x = self.emb_dropout(x)
-        rope = None
+        end = position_offset + seq_len
         if self.cfg.style == "llama":  # tables sliced from the offset: blocks see rows 0.. as positions offset..
-            end = position_offset + seq_len
             rope = (self.rope_cos[position_offset:end], self.rope_sin[position_offset:end])
-        for block in self.blocks:
-            x = block(x, rope)
-        logits, loss = self.head_and_loss(x, labels)
-        return GPTOutput(logits=logits, loss=loss)
-
-    def _forward_documents(self, input_ids: torch.Tensor, labels: torch.Tensor | None,
-                           position_ids: torch.Tensor) -> GPTOutput:
-        """forward of packed documents: each token at its own position, attention inside its own document."""
-        if int(position_ids.max()) >= self.cfg.max_seq_len:
-            raise ValueError(f"position_ids reach {int(position_ids.max())}, beyond model.max_seq_len="
-                             f"{self.cfg.max_seq_len}")
-        x = self.tok_emb(input_ids)
-        if self.pos_emb is not None:
-            x = x + self.pos_emb(position_ids)
-        x = self.emb_dropout(x)
-        rope = rope_at(self.rope_cos, self.rope_sin, position_ids) if self.cfg.style == "llama" else None
-        mask = document_causal_mask(position_ids)
-        for block in self.blocks:
-            x = block(x, rope, attn_mask=mask)
-        logits, loss = self.head_and_loss(x, labels)
-        return GPTOutput(logits=logits, loss=loss)
+        positions = torch.arange(position_offset, end, device=device) if self.pos_emb is not None else None
+        return positions, rope, None
 
     def head_and_loss(self, x: torch.Tensor, labels: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Final norm, LM head and (with labels) the loss: one method, so compile=blocks can compile it as a unit."""

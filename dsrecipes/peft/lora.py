@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from dsrecipes.peft.config import ALL_LINEAR, PeftConfig, names_explicitly, target_matches, validate_peft_config
 
@@ -59,15 +59,19 @@ class LoRALinear(nn.Module):
     @torch.no_grad()
     def reset_lora_parameters(self, generator: torch.Generator | None = None) -> None:
         """lora_A = kaiming_uniform_(a=sqrt(5)), lora_B = 0, in place. With a (CPU) generator the values are drawn
-        on the CPU in float32 and copied in, so they do not depend on the device or the global random state."""
+        on the CPU in float32 and copied in, so they do not depend on the device or the global random state. A
+        sharded lora_A (a DTensor, after tensor parallelism or FSDP2) is drawn whole and each rank keeps its part,
+        so it holds exactly the values an unsharded one gets."""
         a, b = self.lora_A.weight, self.lora_B.weight
         if a.is_meta:
             return
-        if generator is None:
+        if generator is None and not isinstance(a, DTensor):
             nn.init.kaiming_uniform_(a, a=math.sqrt(5))
         else:
-            draw = torch.empty(a.shape, dtype=torch.float32)
+            draw = torch.empty(tuple(a.shape), dtype=torch.float32)
             nn.init.kaiming_uniform_(draw, a=math.sqrt(5), generator=generator)
+            if isinstance(a, DTensor):
+                draw = distribute_tensor(draw.to(a.device), a.device_mesh, a.placements, src_data_rank=None)
             a.copy_(draw)
         nn.init.zeros_(b)
 
