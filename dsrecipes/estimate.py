@@ -49,6 +49,7 @@ from dsrecipes.profiling.memory_estimator import (
     estimate_model_states,
     largest_layer_params,
 )
+from dsrecipes.training.optim.state_bytes import optimizer_state_of
 from dsrecipes.utils.console import make_console, print_table
 
 GIB = 2**30
@@ -110,6 +111,7 @@ def main(argv: list[str] | None = None) -> list:
             num_params, world_size, stage, cfg.precision.dtype, cfg.precision.master_weights,
             cfg.optimizer.name, getattr(cfg.optimizer, "momentum", 0.0),
             hpz_partition_size=cfg.zero.zero_hpz_partition_size, trainable_params=trainable,
+            state_bytes=optimizer_state_of(cfg.optimizer, gpt).per_param,
         )
         for stage in range(4)
     ]
@@ -222,8 +224,8 @@ def layout_table(layout: LayoutEstimate, cfg, num_params: int) -> Table:
 def offload_table(gpt, cfg, world_size: int) -> Table:
     """ZeRO-3 with CPU / NVMe offload: per-rank bytes on the device, in host memory and on NVMe."""
     from dsrecipes.distributed.offload.plan import plan_offload
-    from dsrecipes.profiling.memory_estimator import optimizer_state_bytes
     from dsrecipes.training.optim.optimizers import param_groups
+    from dsrecipes.training.optim.state_bytes import optimizer_state_bytes
 
     zero = cfg.zero
     groups = param_groups(gpt, 0.0, bool(getattr(cfg.optimizer, "no_decay_bias_and_norm", True)))

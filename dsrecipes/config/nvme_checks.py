@@ -17,7 +17,7 @@ import torch
 from dsrecipes.distributed.config import uses_nvme
 from dsrecipes.distributed.offload.plan import OffloadPlan, plan_offload
 from dsrecipes.distributed.offload.swap_file import check_nvme_path
-from dsrecipes.profiling.memory_estimator import optimizer_state_bytes
+from dsrecipes.training.optim.state_bytes import optimizer_state_bytes
 
 
 def parameter_shapes(root) -> list[tuple[int, ...]]:

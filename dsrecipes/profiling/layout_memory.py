@@ -29,7 +29,8 @@ from torch import nn
 from dsrecipes.distributed.data_parallel import STRATEGIES, DataParallelStrategy, choose_strategy
 from dsrecipes.distributed.parallel_dims import ParallelDims
 from dsrecipes.distributed.parameter_placement import ParameterPlacement
-from dsrecipes.profiling.memory_estimator import _DTYPE_BYTES, optimizer_state_bytes
+from dsrecipes.profiling.memory_estimator import _DTYPE_BYTES
+from dsrecipes.training.optim.state_bytes import optimizer_state_of
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,7 @@ def estimate_layout(gpt: nn.Module, cfg, dims: ParallelDims) -> LayoutEstimate:
     world = strategy.shard_ranks(dims)
     master_weights = bool(precision.master_weights)
     model_bytes = _DTYPE_BYTES[precision.dtype] if master_weights else 4
-    states = optimizer_state_bytes(optimizer.name, getattr(optimizer, "momentum", 0.0))
+    states = optimizer_state_of(optimizer, gpt).per_param
     hpz = zero.zero_hpz_partition_size
     extra = {"hpz_partition_size": hpz, "param_bytes": _DTYPE_BYTES[precision.dtype]} \
         if name == "fsdp2" and zero.stage == 3 and hpz > 1 else {}

@@ -21,7 +21,8 @@ or CPU offload runs on FSDP2 and holds the stage-3 figures at rest. ZeRO++ hpZ (
 zero.zero_hpz_partition_size = G > 1) adds its secondary parameter partition, bΨ/G (b of the
 all-gather dtype), held between forward and backward.
 s = optimizer state bytes per parameter (8 for Adam-family and LAMB, 4 for Lion, Adagrad and SGD
-with momentum, 0 for plain SGD).
+with momentum, 0 for plain SGD; optimizer=muon 4 on its Muon matrices and 8 on its Adam half, weighed over the
+model: dsrecipes.training.optim.state_bytes).
 
 Beside it, DeepSpeed's own estimator, re-stated (`deepspeed_zero2_bytes`, `deepspeed_zero3_bytes`):
 deepspeed.runtime.zero.stage_1_and_2.estimate_zero2_model_states_mem_needs and
@@ -45,9 +46,9 @@ from torch import nn
 from dsrecipes.distributed.config import ZeroConfig
 from dsrecipes.distributed.data_parallel import STRATEGIES, choose_strategy
 from dsrecipes.distributed.parallel_dims import ParallelDims
+from dsrecipes.training.optim.state_bytes import optimizer_state_bytes
 from dsrecipes.utils.dtensors import local
 
-_STATE_BYTES = {"adamw": 8, "adam": 8, "lamb": 8, "lion": 4, "adagrad": 4}
 _DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
@@ -64,12 +65,6 @@ class MemoryEstimate:
         return self.parameters + self.gradients + self.optimizer_states
 
 
-def optimizer_state_bytes(name: str, momentum: float = 0.0) -> int:
-    if name == "sgd":
-        return 4 if momentum else 0
-    return _STATE_BYTES.get(name, 8)
-
-
 def estimate_model_states(
     num_params: int,
     world_size: int,
@@ -80,18 +75,21 @@ def estimate_model_states(
     momentum: float = 0.0,
     hpz_partition_size: int = 1,
     trainable_params: int | None = None,
+    state_bytes: float | None = None,
 ) -> MemoryEstimate:
     """Per-rank bytes of parameters, gradients and optimizer states held by dsrecipes' engine
     (plain data parallelism over world_size ranks). hpz_partition_size > 1 (ZeRO++ hpZ, stage 3)
     adds the secondary partition, Ψ / hpz_partition_size per rank in the all-gather dtype.
     trainable_params: how many of the parameters train (LoRA: the adapters); the frozen rest holds weights only,
-    no gradient, no optimizer state, no fp32 master. None: all of them."""
+    no gradient, no optimizer state, no fp32 master. None: all of them. state_bytes: optimizer-state bytes per trained
+    parameter (dsrecipes.training.optim.state_bytes.optimizer_state_of, which weighs optimizer=muon's two halves over
+    the model); None: `optimizer`'s figure."""
     dims = ParallelDims.from_degrees(world_size, zero_stage=stage)
     strategy = STRATEGIES[choose_strategy(ZeroConfig(stage=stage), dims)]
     model_bytes = _DTYPE_BYTES[precision] if master_weights else 4
     hpz = {"hpz_partition_size": hpz_partition_size, "param_bytes": _DTYPE_BYTES[precision]} \
         if stage == 3 and hpz_partition_size > 1 else {}
-    state_bytes = optimizer_state_bytes(optimizer, momentum)
+    state_bytes = optimizer_state_bytes(optimizer, momentum) if state_bytes is None else state_bytes
     if trainable_params is None or trainable_params == num_params:
         held = strategy.model_state_bytes(num_params, world_size, model_bytes, state_bytes, master_weights, **hpz)
         return MemoryEstimate(stage, world_size, held.parameters, held.gradients, held.optimizer_states)

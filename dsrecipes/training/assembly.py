@@ -47,6 +47,7 @@ from dsrecipes.training.optim.optimizers import (
     resolve_param_groups,
     supported_impls,
 )
+from dsrecipes.training.optim.state_bytes import optimizer_state_of
 from dsrecipes.training.precision import Precision
 from dsrecipes.training.runners import MicroBatchRunner, PipelineRunner, StepRunner
 from dsrecipes.utils.device import resolve_device
@@ -114,8 +115,10 @@ def build_engine(
         rebind_lr_scheduler(lr_scheduler, client.original, optimizer)
     elif factory is not None:
         optimizer = build_from_factory(factory, strategy.optimizer_module(), named_groups, allow_missing=elsewhere)
+    state_part = f"client {type(optimizer).__name__}, state not counted" if optimizer is not None else None
     if optimizer is None:
         optimizer_cfg, module = _optimizer_config(cfg, dims), strategy.optimizer_module()
+        state_part = optimizer_state_of(optimizer_cfg, module).description
         groups = None
         if named_groups is not None:
             groups = resolve_param_groups(named_groups, module, optimizer_cfg, allow_missing=elsewhere)
@@ -128,7 +131,7 @@ def build_engine(
         lr_scheduler = build_lr_scheduler(cfg.lr_scheduler, optimizer, cfg.trainer.max_steps)
     elif callable(lr_scheduler) and not hasattr(lr_scheduler, "step"):
         lr_scheduler = lr_scheduler(optimizer)
-    layout = describe_layout(plan, cfg, precision)
+    layout = describe_layout(plan, cfg, precision, optimizer=state_part)
     log.info("layout: %s", layout)
     engine = Engine(
         plan,

@@ -16,8 +16,10 @@ from __future__ import annotations
 LAYOUT_KEY = "run/layout"
 
 
-def describe_layout(plan, cfg, precision) -> str:
-    """One line for the run log; plan: the ParallelPlan, cfg: the RootConfig, precision: the run's Precision."""
+def describe_layout(plan, cfg, precision, optimizer: str | None = None) -> str:
+    """One line for the run log; plan: the ParallelPlan, cfg: the RootConfig, precision: the run's Precision,
+    optimizer: what the optimizer holds (dsrecipes.training.optim.state_bytes: the option and its state bytes per
+    trained parameter; the part is left out when None)."""
     parts = [_axes(plan.dims)]
     if plan.model_description:
         parts.append(f"model: {plan.model_description}")
@@ -27,6 +29,8 @@ def describe_layout(plan, cfg, precision) -> str:
     parts += plan.describe_model_parallel(cfg.parallel.tp_sequence_parallel)
     strategy = plan.strategy
     parts.append(f"data parallel: {strategy.name}: {strategy.describe()}")
+    if optimizer:
+        parts.append(f"optimizer: {optimizer}")
     parts.append(f"offload: {_offload(cfg)}")
     parts.append(f"precision: {_precision(precision)}")
     parts.append(f"kernels: {_kernels(cfg, plan.applied)}")

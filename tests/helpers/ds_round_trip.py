@@ -576,3 +576,34 @@ def _with_absent_blocks(ds: dict, text: str) -> str:
 
 
 CASES = {name: (ds, _with_absent_blocks(ds, text)) for name, (ds, text) in CASES.items()}
+
+# DeepSpeed's Muon: muon_lr for the Muon half, lr for the Adam half (no adam_lr), its eps / betas defaults filled in;
+# DeepSpeed's name split and update scale come with it
+CASES["muon_zero2"] = ({
+    "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2, "zero_optimization": {"stage": 2},
+    "optimizer": {"type": "Muon", "params": {"lr": 5e-4, "muon_lr": 0.02, "momentum": 0.9, "weight_decay": 0.05,
+                                             "ns_method": "standard"}},
+}, """
+# @package _global_
+defaults:
+  - override /optimizer: muon
+  - override /lr_scheduler: constant
+trainer:
+  train_batch_size: null
+  train_micro_batch_size_per_gpu: 4
+  gradient_accumulation_steps: 2
+zero:
+  stage: 2
+optimizer:
+  no_decay_bias_and_norm: false
+  lr: 0.02
+  adam_lr: 5.0e-4
+  momentum: 0.9
+  weight_decay: 0.05
+  ns_method: standard
+  betas: [0.9, 0.95]
+  eps: 1.0e-10
+  update_scale: shape_ratio
+  adam_params: [embed, lm_head]
+  muon_params: [all-matrices]
+""")

@@ -398,8 +398,9 @@ def test_every_config_file_builds_and_trains(conf_name):
     assert losses[-1] < losses[0]
 
 
-# the 1-bit optimizers have one per-tensor path (their compressed all-reduce is per tensor): impl=auto only
-ONEBIT = ("onebitadam", "zerooneadam", "onebitlamb")
+# the 1-bit optimizers have one per-tensor path (their compressed all-reduce is per tensor): impl=auto only; so does
+# muon (each matrix gathered and orthogonalised on its own; tests/unit/test_muon.py)
+ONEBIT = ("onebitadam", "zerooneadam", "onebitlamb", "muon")
 
 
 @pytest.mark.parametrize("name", [n for n in BUILT_IN if n not in ONEBIT])

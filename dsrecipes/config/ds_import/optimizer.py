@@ -8,7 +8,9 @@ _target_=torch.optim.<type>). The communication-compressed OneBitAdam, ZeroOneAd
 optimizer=onebitadam / zerooneadam / onebitlamb with their params (comm_backend_name and cuda_aware
 have no effect: dsrecipes compresses over torch.distributed; bias_correction neither: DeepSpeed's
 1-bit optimizers never apply it, so optimizer.bias_correction stays false, their update). muP
-(MuAdam, MuAdamW, MuSGD) and Muon optimizers are refused. Params the block leaves out take the
+(MuAdam, MuAdamW, MuSGD) is refused. Muon maps to optimizer=muon with DeepSpeed's split (adam_params
+[embed, lm_head]), its lrs (muon_lr / adam_lr / lr) and update_scale=shape_ratio; per_head_muon is refused.
+Params the block leaves out take the
 defaults of the class DeepSpeed builds (FusedAdam / FusedLamb / FusedLion: betas (0.9, 0.999),
 weight_decay 0; torch_adam: torch's own), not the recipe's. DeepSpeed hands its optimizer the
 parameters as given, one weight decay for all, so no_decay_bias_and_norm is false.
@@ -30,7 +32,17 @@ import inspect
 from collections.abc import Mapping
 from typing import Any
 
-from dsrecipes.config.ds_import.rules import Custom, NoEffect, RefuseUnless, Rule, To, apply_table, positive_int
+from dsrecipes.config.ds_import.rules import (
+    Custom,
+    Handled,
+    NoEffect,
+    RefuseUnless,
+    Rule,
+    To,
+    apply_table,
+    one_of,
+    positive_int,
+)
 from dsrecipes.config.ds_import.translation import Translation
 
 _HF = {"lr": "TrainingArguments.learning_rate", "betas": "adam_beta1, adam_beta2", "eps": "adam_epsilon",
@@ -128,11 +140,27 @@ RMSPROP_TABLE: dict[str, Rule] = {
     "weight_decay": _param("weight_decay", 0.0), "momentum": To("optimizer.momentum", default=0.0),
     "centered": To("optimizer.centered", default=False), **_TORCH_EXTRAS,
 }
+# DeepSpeed's Muon (MuonWithAuxAdam): Muon for every matrix whose name holds neither "embed" nor "lm_head", Adam for
+# the rest; its defaults are MuonWithAuxAdam's (Muon lr 0.02, momentum 0.95, Adam lr 3e-4, betas (0.9, 0.95),
+# eps 1e-10, weight decay 0) and the shape-ratio update scale. lr / muon_lr / adam_lr are read together (_read_muon_lrs).
+_LRS = ("lr", "muon_lr", "adam_lr")
+MUON_TABLE: dict[str, Rule] = {
+    **{key: Handled() for key in _LRS},
+    "momentum": To("optimizer.momentum", default=0.95), "weight_decay": To("optimizer.weight_decay", default=0.0),
+    "ns_method": To("optimizer.ns_method", one_of("ns_method", {"gram": "gram", "standard": "standard"}),
+                    default="gram"),
+    "betas": To("optimizer.betas", list, default=[0.9, 0.95]), "eps": To("optimizer.eps", default=1e-10),
+    "adam_w_mode": RefuseUnless("the Adam half of optimizer=muon decouples weight decay (adam_w_mode true)",
+                                ok=(True,), ok_why="DeepSpeed's default: the Adam half decouples weight decay"),
+    "per_head_muon": RefuseUnless("per-head orthogonalisation of attention projections is not implemented; "
+                                  "optimizer=muon orthogonalises each whole matrix"),
+    "torch_adam": NoEffect("the Adam half is dsrecipes' own (no FusedAdam kernel)"),
+    "fp32_optimizer_states": _FP32_STATES, "max_grad_norm": _NO_MAX_GRAD_NORM,
+}
 REFUSED_OPTIMIZERS = {
     "muadam": "muP optimizers (the mup package) scale lr per parameter shape; not supported",
     "muadamw": "muP optimizers (the mup package) scale lr per parameter shape; not supported",
     "musgd": "muP optimizers (the mup package) scale lr per parameter shape; not supported",
-    "muon": "Muon (Newton-Schulz orthogonalised updates) is not supported",
 }
 DEEPSPEED_OPTIMIZERS = {"adam": "adam", "adamw": "adamw", "lamb": "lamb", "lion": "lion", "adagrad": "adagrad"}
 TORCH_OPTIONS = {"SGD": "sgd", "RMSprop": "rmsprop"}
@@ -179,6 +207,29 @@ def read_optimizer(t: Translation, key: str, block: Any) -> None:
         _read_custom(t, f"{key}.params", params, "optimizer", f"torch.optim.{name}")
     else:
         apply_table(t, f"{key}.params", params, table, f"{name} params")
+    if option == "muon":
+        _read_muon_lrs(t, f"{key}.params", params)
+
+
+def _read_muon_lrs(t: Translation, key: str, params: Mapping[str, Any]) -> None:
+    """Muon's two lrs as DeepSpeed resolves them: muon_lr, else lr, else 0.02 for the Muon half; adam_lr, else lr,
+    else 3e-4 for the Adam half. Plus what DeepSpeed's Muon does that the option's defaults do not: its name split
+    and its update scale."""
+    for name in _LRS:
+        value = params.get(name)
+        if name in params and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+            t.refused(f"{key}.{name}", value, "must be a number > 0 (Hugging Face's integration fills no Muon lr)")
+            return
+    halves = (("optimizer.lr", "muon_lr", 0.02), ("optimizer.adam_lr", "adam_lr", 3e-4))
+    for target, own, default in halves:
+        source = own if own in params else "lr" if "lr" in params else None
+        if source is None:
+            t.default(f"{key}.{own}", target, default, "MuonWithAuxAdam's")
+        else:
+            t.mapped(f"{key}.{source}", params[source], target, float(params[source]))
+    t.set("optimizer.update_scale", "shape_ratio")
+    t.set("optimizer.adam_params", ["embed", "lm_head"])
+    t.set("optimizer.muon_params", ["all-matrices"])
 
 
 def _optimizer_option(name: str, params: Mapping[str, Any]) -> tuple[str | None, dict | None, str]:
@@ -193,6 +244,9 @@ def _optimizer_option(name: str, params: Mapping[str, Any]) -> tuple[str | None,
     if lower in ONEBIT_TABLES:
         table, note = ONEBIT_TABLES[lower]
         return lower, table, note
+    if lower == "muon":
+        return "muon", MUON_TABLE, ("Muon for the matrices whose names hold neither embed nor lm_head, Adam for the "
+                                    "rest, shape-ratio update scale: DeepSpeed's MuonWithAuxAdam")
     if lower in DEEPSPEED_OPTIMIZERS:
         tables = {"lamb": (LAMB_TABLE, "FusedLamb's update and defaults"), "lion": (LION_TABLE, "FusedLion's defaults"),
                   "adagrad": (ADAGRAD_TABLE, "torch.optim.Adagrad")}

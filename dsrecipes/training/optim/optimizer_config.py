@@ -19,6 +19,7 @@ from dsrecipes.utils.ranges import (
     NON_NEGATIVE,
     POSITIVE,
     POSITIVE_INT,
+    above,
     between,
     in_range,
     ranged,
@@ -34,6 +35,40 @@ class OptimizerImpl(ConfigEnum):
     fused = "fused"
     foreach = "foreach"
     for_loop = "for_loop"
+
+
+class StateDtype(ConfigEnum):
+    """The dtype of the optimizer's state tensors: fp32, or bf16 (the Adam family's moments, stochastically rounded;
+    dsrecipes.training.optim.compact_adam)."""
+
+    fp32 = "fp32"
+    bf16 = "bf16"
+
+
+class MuonNSMethod(ConfigEnum):
+    """How optimizer=muon computes the Newton-Schulz polynomial: gram (DeepSpeed's default: on the small Gram matrix)
+    or standard (on the matrix itself); the same iteration."""
+
+    gram = "gram"
+    standard = "standard"
+
+
+class MuonNSDtype(ConfigEnum):
+    """The dtype of optimizer=muon's Newton-Schulz iteration: auto (DeepSpeed's choice for the method and device) or
+    one forced."""
+
+    auto = "auto"
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
+class MuonUpdateScale(ConfigEnum):
+    """optimizer=muon's scale of the orthogonalised update: match_adamw_rms (rms_target * sqrt(max(rows, cols))) or
+    shape_ratio (sqrt(max(1, rows / cols)))."""
+
+    match_adamw_rms = "match_adamw_rms"
+    shape_ratio = "shape_ratio"
 
 
 def _mixed_parameters_foreach(root, dims):
@@ -95,8 +130,15 @@ class OptimizerConfig:
     weight_decay: float = ranged(0.1, NON_NEGATIVE)
     impl: OptimizerImpl = OptimizerImpl.auto
     no_decay_bias_and_norm: bool = True
+    state_dtype: StateDtype = StateDtype.fp32
 
     CHECKED_BY_ENGINE: ClassVar[bool] = True  # dsrecipes.initialize checks it too (validate_engine_config)
+    # keys the engine reads to form the parameter groups (regroup), never passed to the class
+    GROUPING_KEYS: ClassVar[tuple[str, ...]] = ()
+
+    def regroup(self, module: Any, groups: list[dict]) -> list[dict]:
+        """The parameter groups the class is built over, from the decay groups (the option's own split; none)."""
+        return groups
 
     def check(self, facts: RecipeFacts) -> None:
         """The option's own checks (an unknown `name`, a key the option does not take, `custom`'s arguments)."""
@@ -227,6 +269,52 @@ class OneBitLambConfig(OptimizerConfig):
 
 
 @dataclass
+class MuonConfig(OptimizerConfig):
+    """optimizer=muon: Newton-Schulz orthogonalised momentum for the hidden matrices, Adam for the rest
+    (dsrecipes.training.optim.muon.Muon; the split by name: dsrecipes.training.optim.muon_params).
+
+    lr is Muon's and, unless adam_lr is set, Adam's too (DeepSpeed's rule); weight_decay is decoupled in both
+    halves. update_scale=match_adamw_rms (the default: Moonlight's, an update RMS of rms_target) lets AdamW's lr and
+    weight decay carry over; shape_ratio (DeepSpeed's and Keller Jordan's) wants lr ~0.02 and usually adam_lr.
+    ns_dtype auto runs the iteration in DeepSpeed's dtype for ns_method on the device (fp32 for gram on a CPU).
+    """
+
+    GROUPING_KEYS: ClassVar[tuple[str, ...]] = ("muon_params", "adam_params", "adam_lr")
+
+    name: str = "muon"
+    _target_: str = "dsrecipes.training.optim.muon.Muon"
+    lr: float = ranged(1e-3, POSITIVE)
+    adam_lr: float | None = ranged(None, above(0, nullable=True, null_means="optimizer.lr"))
+    momentum: float = ranged(0.95, between(0, 1, high_open=True))
+    nesterov: bool = True
+    ns_steps: int = ranged(5, POSITIVE_INT)
+    ns_method: MuonNSMethod = MuonNSMethod.gram
+    ns_dtype: MuonNSDtype = MuonNSDtype.auto
+    update_scale: MuonUpdateScale = MuonUpdateScale.match_adamw_rms
+    rms_target: float = ranged(0.2, POSITIVE)
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95], metadata=in_range(between(0, 1, high_open=True)))
+    eps: float = ranged(1e-8, NON_NEGATIVE)
+    muon_params: list[str] = field(default_factory=lambda: ["all-matrices"])
+    adam_params: list[str] = field(default_factory=lambda: ["embed", "lm_head", "tok_emb", "pos_emb", "wte", "wpe"])
+
+    def check(self, facts: RecipeFacts) -> None:
+        from dsrecipes.training.optim.muon_params import check_entries
+
+        super().check(facts)
+        check_entries(list(self.muon_params), "optimizer.muon_params")
+        check_entries(list(self.adam_params), "optimizer.adam_params")
+        if not self.muon_params:
+            raise ValueError("optimizer.muon_params=[] selects nothing for Muon; give name substrings, 're:<regex>' "
+                             "entries or all-matrices (or use optimizer=adamw)")
+
+    def regroup(self, module: Any, groups: list[dict]) -> list[dict]:
+        """Each decay group split into its Muon and Adam halves (use_muon true / false)."""
+        from dsrecipes.training.optim.muon_params import split_muon_groups
+
+        return split_muon_groups(module, groups, list(self.muon_params), list(self.adam_params), self.adam_lr)
+
+
+@dataclass
 class RMSpropConfig(OptimizerConfig):
     """optimizer=rmsprop: a plain torch.optim class as an option (its arguments as keys)."""
 
@@ -256,6 +344,6 @@ class CustomOptimizerConfig(ExtraArguments, OptimizerConfig):
 # The options of each group (conf/<group>/<name>.yaml extends `<name>_schema`), default first.
 OPTIMIZER_SCHEMAS: dict[str, type] = {
     cls.name: cls
-    for cls in (AdamWConfig, AdamConfig, SGDConfig, AdagradConfig, LambConfig, LionConfig, RMSpropConfig,
+    for cls in (AdamWConfig, AdamConfig, SGDConfig, AdagradConfig, LambConfig, LionConfig, MuonConfig, RMSpropConfig,
                 OneBitAdamConfig, ZeroOneAdamConfig, OneBitLambConfig, CustomOptimizerConfig)
 }

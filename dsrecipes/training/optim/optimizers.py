@@ -28,6 +28,8 @@ Each option names its class in `_target_` and its constructor arguments as flat 
     onebitadam / zerooneadam / onebitlamb   DeepSpeed's 1-bit optimizers (dsrecipes.training.optim.onebit_adam,
              zero_one_adam, onebit_lamb), run by the `onebit` data-parallel strategy
     lion     dsrecipes.training.optim.lion.Lion
+    muon     dsrecipes.training.optim.muon.Muon (Muon for the hidden matrices, Adam for the rest: the option's
+             `regroup` splits each decay group by parameter name, dsrecipes.training.optim.muon_params)
     rmsprop  torch.optim.RMSprop
     custom   any class by import path (optimizer._target_=torch.optim.NAdam), its arguments flat,
              much like DeepSpeed's fallback to `getattr(torch.optim, type)`
@@ -75,7 +77,7 @@ OPTIMIZER_IMPLS = tuple(impl.value for impl in OptimizerImpl)
 
 # Read by the engine itself, never passed to the class. weight_decay is the engine's too (it is set
 # per parameter group) and reaches the class only when the class takes it (_constructor_arguments).
-_ENGINE_KEYS = ("name", "_target_", "impl", "no_decay_bias_and_norm")
+_ENGINE_KEYS = ("name", "_target_", "impl", "no_decay_bias_and_norm", "state_dtype")
 # Arguments the engine sets: a config key must not name them.
 _RESERVED_ARGUMENTS = {
     "params": "the model's parameters are passed by the engine",
@@ -211,7 +213,8 @@ def resolve_param_groups(named_groups: list[dict], module: nn.Module, cfg: Optim
 
 def _class_arguments(cfg: OptimizerConfig) -> dict[str, Any]:
     """The config's keys that go to the class whatever it is: all but the engine's and weight_decay."""
-    return {key: value for key, value in config_items(cfg).items() if key not in (*_ENGINE_KEYS, "weight_decay")}
+    engine = (*_ENGINE_KEYS, *type(cfg).GROUPING_KEYS, "weight_decay")
+    return {key: value for key, value in config_items(cfg).items() if key not in engine}
 
 
 def _call(target: functools.partial, *args: Any, **kwargs: Any) -> Any:
@@ -404,6 +407,30 @@ def validate_optimizer_config(cfg: OptimizerConfig, prefix: str = "optimizer") -
     _check_arguments(cfg, target, cls, prefix)
     _check_impl_supported(cfg, cls, prefix)
     _check_values(cfg, prefix)
+    _check_state_dtype(cfg, cls, prefix)
+
+
+# the classes optimizer.state_dtype=bf16 replaces by CompactAdam, and whether their weight decay is decoupled
+_COMPACT_STATE = {torch.optim.AdamW: True, torch.optim.Adam: False}
+
+
+def _check_state_dtype(cfg: OptimizerConfig, cls: Callable[..., Any], prefix: str) -> None:
+    """ValueError for bf16 state with a class whose state CompactAdam does not hold (or amsgrad's extra maximum)."""
+    dtype = str(cfg.state_dtype)
+    if dtype == "fp32":
+        return
+    items = config_items(cfg)
+    if cls not in _COMPACT_STATE:
+        stateless = cfg.name == "sgd" and not items.get("momentum")
+        why = (f"optimizer={cfg.name} with momentum 0 has no state to store" if stateless
+               else f"it is implemented for the Adam family (optimizer=adamw, adam), not {_display_name(cfg)}")
+        raise ValueError(f"{prefix}.state_dtype={dtype}: {why}; use {prefix}.state_dtype=fp32")
+    if str(cfg.impl) in ("fused", "foreach"):
+        raise ValueError(f"{prefix}.state_dtype={dtype} with {prefix}.impl={cfg.impl}: the bf16-state Adam steps one "
+                         f"parameter at a time; use {prefix}.impl=auto or for_loop")
+    if items.get("amsgrad"):
+        raise ValueError(f"{prefix}.state_dtype={dtype} with {prefix}.amsgrad=true: AMSGrad's running maximum is not "
+                         "kept in bf16; set amsgrad false or state_dtype fp32")
 
 
 # --------------------------------------------------------------------------------------------
@@ -461,12 +488,20 @@ def build_optimizer(cfg: OptimizerConfig, model: nn.Module, groups: list[dict] |
     validate_optimizer_config(cfg)
     cls = optimizer_class(cfg)
     target = _target(cfg, _constructor_arguments(cfg, cls), "optimizer")
+    if str(cfg.state_dtype) == "bf16":  # the same update with its moments in bf16
+        from dsrecipes.training.optim.compact_adam import CompactAdam
+
+        keep = ("lr", "betas", "eps", "weight_decay")
+        target = functools.partial(CompactAdam, decoupled=_COMPACT_STATE[cls],
+                                   **{k: v for k, v in target.keywords.items() if k in keep})
+        cls = CompactAdam
     if groups is None:
         groups = param_groups(model, cfg.weight_decay, cfg.no_decay_bias_and_norm)
+    groups = cfg.regroup(model, groups)
     params = [p for g in groups for p in g["params"]]
     if not params:
         raise ValueError(f"{type(model).__name__} has no trainable parameters to optimize")
-    impl = _impl_kwargs(cfg, cls, target, params)
+    impl = {} if str(cfg.state_dtype) == "bf16" else _impl_kwargs(cfg, cls, target, params)
     try:
         optimizer = _call(target, groups, **impl)
     except TypeError as exc:

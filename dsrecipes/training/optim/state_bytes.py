@@ -1,0 +1,52 @@
+"""Optimizer-state bytes per trained parameter, by option: what the estimator counts and the layout line states.
+
+    counted = optimizer_state_of(cfg.optimizer, model)   # StateBytes(per_param=5.1, description="muon: ...")
+
+Per element of a trained parameter: Adam-family and LAMB 8 (two fp32 moments), Lion, Adagrad and SGD with momentum 4,
+plain SGD 0, anything else 8; optimizer.state_dtype=bf16 halves the Adam family's (two bf16 moments, 4).
+optimizer=muon is a mix: a Muon matrix holds its momentum (4), the Adam half its two moments
+(8), so its figure is the element-weighted mean over the model's trained parameters as optimizer.muon_params /
+adam_params split them (dsrecipes.training.optim.muon_params). Without a model, Muon counts its Adam half's 8 (the
+most any of its parameters holds).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+_STATE_BYTES = {"adamw": 8, "adam": 8, "lamb": 8, "lion": 4, "adagrad": 4, "muon": 8}
+MUON_MOMENTUM_BYTES = 4
+
+
+def optimizer_state_bytes(name: str, momentum: float = 0.0) -> int:
+    """Bytes per element of the optimizer's largest state (the figure for a whole-model count without the model)."""
+    if name == "sgd":
+        return 4 if momentum else 0
+    return _STATE_BYTES.get(name, 8)
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    per_param: float  # bytes per trained parameter, on average over the model's trained parameters
+    description: str  # the layout line's `optimizer:` part
+
+
+def optimizer_state_of(optimizer, model: nn.Module | None = None) -> StateBytes:
+    """The state bytes per trained parameter of the optimizer option `optimizer` on `model`."""
+    name = str(optimizer.name)
+    whole = optimizer_state_bytes(name, float(getattr(optimizer, "momentum", 0.0) or 0.0))
+    if str(getattr(optimizer, "state_dtype", "fp32")) == "bf16":  # CompactAdam: two bf16 moments
+        return StateBytes(whole / 2, f"{name}, state {whole // 2} B/param (bf16 moments, stochastic rounding)")
+    if name != "muon" or model is None:
+        return StateBytes(float(whole), f"{name}, state {whole} B/param")
+    from dsrecipes.training.optim.muon_params import muon_names
+
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    chosen = muon_names(named, list(optimizer.muon_params), list(optimizer.adam_params))
+    muon = sum(p.numel() for n, p in named if n in chosen)
+    total = sum(p.numel() for _, p in named) or 1
+    per_param = (MUON_MOMENTUM_BYTES * muon + whole * (total - muon)) / total
+    return StateBytes(per_param, f"muon, state {per_param:.2f} B/param (Muon momentum {MUON_MOMENTUM_BYTES} B on "
+                                 f"{muon / total:.1%} of the parameters, Adam {whole} B on the rest)")
