@@ -13,18 +13,17 @@ target_modules follow PEFT's rules, so an adapter's config reads the same in bot
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 from dsrecipes.utils.compatibility_rows import Refusal, Supported
 from dsrecipes.utils.config_enum import ConfigEnum
+from dsrecipes.utils.name_patterns import REGEX_PREFIX, check_regex, regex_matches
 from dsrecipes.utils.ranges import POSITIVE, POSITIVE_INT, SEED_MAX, Range, between, ranged
 
 PEFT_METHODS = ("none", "lora")
 LORA_BIASES = ("none", "all", "lora_only")
 ALL_LINEAR = "all-linear"
-REGEX_PREFIX = "re:"
 
 # dsrecipes' own blocks (dsrecipes.models.layers) and the Hugging Face Llama / Qwen / Mistral family alike
 DEFAULT_TARGET_MODULES = (
@@ -178,11 +177,7 @@ def validate_peft_config(cfg: PeftConfig, prefix: str = "peft") -> None:
         if not isinstance(entry, str) or not entry:
             raise ValueError(f"{prefix}.target_modules entry {entry!r} is not valid; each entry is a module name, "
                              f"'re:<regex>' or '{ALL_LINEAR}'")
-        if entry.startswith(REGEX_PREFIX):
-            try:
-                re.compile(entry[len(REGEX_PREFIX):])
-            except re.error as why:
-                raise ValueError(f"{prefix}.target_modules entry {entry!r} is not a valid regex: {why}") from None
+        check_regex(entry, f"{prefix}.target_modules")
 
 
 def _is_number(value) -> bool:
@@ -192,7 +187,7 @@ def _is_number(value) -> bool:
 def target_matches(name: str, entry: str) -> bool:
     """Whether the module qualified `name` is selected by one target_modules entry (PEFT's rule)."""
     if entry.startswith(REGEX_PREFIX):
-        return re.fullmatch(entry[len(REGEX_PREFIX):], name) is not None
+        return regex_matches(name, entry)
     return name == entry or name.endswith("." + entry)
 
 

@@ -18,15 +18,14 @@ optimizer is built for a checkpoint's model).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Sequence
 
 import torch
 from torch import nn
 
+from dsrecipes.utils.name_patterns import REGEX_PREFIX, check_regex, regex_matches
+
 ALL_MATRICES = "all-matrices"
-REGEX_PREFIX = "re:"
-DEFAULT_ADAM_PARAMS = ("embed", "lm_head", "tok_emb", "pos_emb", "wte", "wpe")
 
 
 def entry_selects(name: str, entry: str) -> bool:
@@ -34,7 +33,7 @@ def entry_selects(name: str, entry: str) -> bool:
     if entry == ALL_MATRICES:
         return True
     if entry.startswith(REGEX_PREFIX):
-        return re.fullmatch(entry[len(REGEX_PREFIX):], name) is not None
+        return regex_matches(name, entry)
     return entry in name
 
 
@@ -44,11 +43,7 @@ def check_entries(entries: Sequence[str], key: str) -> None:
         if not isinstance(entry, str) or not entry:
             raise ValueError(f"{key} entry {entry!r} must be a non-empty string (a name substring, 're:<regex>' or "
                              f"'{ALL_MATRICES}')")
-        if entry.startswith(REGEX_PREFIX):
-            try:
-                re.compile(entry[len(REGEX_PREFIX):])
-            except re.error as why:
-                raise ValueError(f"{key} entry {entry!r} is not a valid regex: {why}") from None
+        check_regex(entry, key)
 
 
 def muon_names(named: Iterable[tuple[str, torch.Tensor]], muon_params: Sequence[str], adam_params: Sequence[str],
