@@ -28,25 +28,28 @@ def kd_teacher(tmp_path, fast_overrides):
 @pytest.mark.slow
 def test_layer_reduction_student_learns_more_with_kd(tmp_path, fast_overrides, kd_teacher):
     """Student: teacher layers [0, 3] (2 of 4) plus embeddings / head, 30 steps x 8 sequences at lr 3e-3,
-    with KD (T=2, kd_weight=1, conf/compression/layer_reduction_kd.yaml) vs the same run with kd_weight=0.
+    with KD (T=2, kd_weight=1, conf/compression/layer_reduction_kd.yaml) vs the same run with kd_weight=0,
+    for student seeds 1-4 (about 2 s a pair).
 
-    Measured (2-core CPU, torch 2.13; teacher val 2.730; the reduced student starts at 2.928), val/loss
-    after 30 steps, KD vs no KD, per student seed: 1: 2.802 vs 2.847 (-0.045); 2: 2.776 vs 2.830 (-0.054);
-    3: 2.787 vs 2.851 (-0.064). On another 2-core machine (AMD EPYC, AVX-512 kernels; 2026-12-04) the same code
-    gives seed 2: 2.804 vs 2.821 (-0.018; teacher 2.734): the CPU's float rounding moves these short runs. The test
-    fixes seed 2 and asserts a margin of 0.01 (under two thirds of the smallest observed), and that the teacher is
-    clearly better than the student without KD."""
+    One seed is not enough: the gain moves with the CPU's float rounding in these short runs. Measured val/loss,
+    KD minus no KD, seeds 1-4: -0.037, -0.043, -0.047, -0.017 (mean -0.036; teacher 2.748; 2-core Intel Xeon,
+    torch 2.13, 2026-12-08); an AMD EPYC machine gave -0.018 for seed 2 where the Xeon gave -0.054, and a CI
+    machine failed a single-seed margin of 0.01. The test asserts the mean gain over the four seeds is above 0.01
+    (a quarter of the measured mean, about four standard errors of the seed spread below it), and that the
+    teacher is clearly better than the students without KD."""
     teacher_dir, teacher_loss = kd_teacher
-    student = small(fast_overrides, 30) + [
-        "optimizer.lr=3e-3", "trainer.seed=2", "compression=layer_reduction_kd",
-        f"compression.layer_reduction.teacher_path={teacher_dir}", "compression.export=false",
-        "checkpoint.export_safetensors=false"]
-    kd_trainer, with_kd = run(tmp_path, student, "kd")
-    _, without_kd = run(tmp_path, student + ["compression.layer_reduction.kd_weight=0"], "plain")
-    assert kd_trainer.gpt.cfg.n_layer == 2 and len(kd_trainer.gpt.blocks) == 2
-    assert kd_trainer.extensions.callbacks[-1].kd is not None  # the KD loss term was active
-    kd_loss = with_kd["metrics"]["val/loss"]
-    plain_loss = without_kd["metrics"]["val/loss"]
-    figures = {"teacher": teacher_loss, "kd": kd_loss, "plain": plain_loss}
-    assert teacher_loss < plain_loss - 0.05, figures
-    assert kd_loss < plain_loss - 0.01, figures
+    gains, plain_losses = [], []
+    for seed in (1, 2, 3, 4):
+        student = small(fast_overrides, 30) + [
+            "optimizer.lr=3e-3", f"trainer.seed={seed}", "compression=layer_reduction_kd",
+            f"compression.layer_reduction.teacher_path={teacher_dir}", "compression.export=false",
+            "checkpoint.export_safetensors=false"]
+        kd_trainer, with_kd = run(tmp_path, student, f"kd{seed}")
+        _, without_kd = run(tmp_path, student + ["compression.layer_reduction.kd_weight=0"], f"plain{seed}")
+        assert kd_trainer.gpt.cfg.n_layer == 2 and len(kd_trainer.gpt.blocks) == 2
+        assert kd_trainer.extensions.callbacks[-1].kd is not None  # the KD loss term was active
+        plain_losses.append(without_kd["metrics"]["val/loss"])
+        gains.append(plain_losses[-1] - with_kd["metrics"]["val/loss"])
+    figures = {"teacher": teacher_loss, "plain": plain_losses, "kd gain": gains}
+    assert teacher_loss < min(plain_losses) - 0.05, figures
+    assert sum(gains) / len(gains) > 0.01, figures

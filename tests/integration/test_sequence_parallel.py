@@ -159,10 +159,33 @@ def _sequence_parallel_step(ddp, opt, sp: SequenceParallel, batch: dict) -> floa
     return float(_mean_over_group(loss))
 
 
+LR = 3e-3
+
+
+def _key_bias_rows(model, name: str, p: torch.Tensor) -> torch.Tensor:
+    """A mask of the key half of attn.kv_proj.bias (rows laid out [kv_head, k|v, head_dim])."""
+    if not name.endswith("attn.kv_proj.bias"):
+        return torch.zeros_like(p, dtype=torch.bool)
+    mask = torch.zeros(p.numel() // model.cfg.head_dim // 2, 2, model.cfg.head_dim, dtype=torch.bool)
+    mask[:, 0] = True
+    return mask.reshape(p.shape)
+
+
 def _assert_same_run(losses, ref_losses, model, ref) -> None:
+    """Losses to 2e-5 (measured 4.8e-7 on 2 cores, 2026-12-08) and parameters to 1e-4 (measured 2.8e-5).
+
+    The key half of a kv_proj bias is held at STEPS x lr instead: softmax is invariant to a shift of every
+    key score, so that bias's gradient is zero in exact arithmetic and what it receives is rounding noise,
+    which Adam normalises into steps of up to lr of either sign (the reference and the sharded run round
+    differently). Its value is a function of noise, so only Adam's bound on its movement holds."""
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=0, atol=2e-5)
     for (name, p), (_, p_ref) in zip(model.named_parameters(), ref.named_parameters()):
-        torch.testing.assert_close(p.detach(), p_ref.detach(), rtol=0, atol=5e-5, msg=lambda m, n=name: f"{n}: {m}")
+        key_bias = _key_bias_rows(model, name, p)
+        got, want = p.detach(), p_ref.detach()
+        torch.testing.assert_close(got[~key_bias], want[~key_bias], rtol=0, atol=1e-4,
+                                   msg=lambda m, n=name: f"{n}: {m}")
+        torch.testing.assert_close(got[key_bias], want[key_bias], rtol=0, atol=STEPS * LR,
+                                   msg=lambda m, n=name: f"{n} (key bias): {m}")
 
 
 def _worker_training(rank: int, world: int) -> None:
@@ -171,10 +194,10 @@ def _worker_training(rank: int, world: int) -> None:
     for style in ("gpt2", "llama_gqa2"):
         ref = _model(style)
         model = copy.deepcopy(ref)
-        ref_opt = torch.optim.AdamW(ref.parameters(), lr=3e-3, weight_decay=0.1)
+        ref_opt = torch.optim.AdamW(ref.parameters(), lr=LR, weight_decay=0.1)
         sp = SequenceParallel(dist.group.WORLD)
         ddp = DDP(sp.install(model))
-        opt = torch.optim.AdamW(ddp.parameters(), lr=3e-3, weight_decay=0.1)
+        opt = torch.optim.AdamW(ddp.parameters(), lr=LR, weight_decay=0.1)
         ref_losses, losses = [], []
         for step in range(STEPS):
             batch = _batch(bsz=2, seed=10 + step % 2)  # two batches in turn: the loss falls as they are learnt
@@ -201,9 +224,9 @@ def _worker_dp2_sp2(rank: int, world: int) -> None:
     assert (sp.rank, sp.size) == (rank % sp_size, sp_size)
     ref = _model("llama_gqa2")
     model = copy.deepcopy(ref)
-    ref_opt = torch.optim.AdamW(ref.parameters(), lr=3e-3)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=LR)
     ddp = DDP(sp.install(model))  # gradients averaged over dp x sp = the whole world
-    opt = torch.optim.AdamW(ddp.parameters(), lr=3e-3)
+    opt = torch.optim.AdamW(ddp.parameters(), lr=LR)
     ref_losses, losses = [], []
     for step in range(3):
         per_dp = [_batch(bsz=2, seed=100 + 2 * step + d) for d in range(2)]

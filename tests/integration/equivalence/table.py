@@ -288,7 +288,7 @@ ROWS: tuple[Row, ...] = (
           resume=stage == 3) for stage in (0, 1, 2, 3)),
     Row("dp2-zero3-offload_param", GPT, ("zero.stage=3", "zero.offload_param=cpu", *world(2, 4)), layout_line=(
         "data parallel: fsdp2: FSDP2 (zero.stage=3): parameters, gradients and optimizer state sharded (over 2 ranks), "
-        "CPU offload | offload: parameters -> cpu |",)),
+        "CPU offload | optimizer: adamw, state 8 B/param | offload: parameters -> cpu |",)),
     Row("dp2-zero3-activation_checkpointing", GPT, ("zero.stage=3", "activation_checkpointing=full", *world(2, 4))),
     # tensor parallelism: matmuls split over the hidden dimension and summed by all-reduce, vocab-parallel lookups
     Row("tp2", GPT, ("parallel.tp=2", *world(2, 8)), resume=True),
