@@ -34,6 +34,7 @@ from dsrecipes.training.batch import BatchSizes
 from dsrecipes.training.checkpointing import engine_checkpoint
 from dsrecipes.training.precision import Precision
 from dsrecipes.training.runners import MicroBatchRunner, StepRunner
+from dsrecipes.utils.interrupts import signals_held
 
 
 class Engine:
@@ -253,9 +254,11 @@ class Engine:
 
         Call on every rank. Holds the model (full precision), optimizer, LR schedule, loss scaler,
         step counters, each rank's RNG states, the caller's client_state (e.g. the data position)
-        and the resolved config.
+        and the resolved config. A SIGINT/SIGTERM arriving meanwhile (under stop_on_signals) stops the run once the
+        checkpoint is complete (dsrecipes.utils.interrupts.signals_held).
         """
-        return engine_checkpoint.save(self, save_dir, tag or f"step_{self.global_steps}", client_state)
+        with signals_held():
+            return engine_checkpoint.save(self, save_dir, tag or f"step_{self.global_steps}", client_state)
 
     def load_checkpoint(
         self, load_dir: str | os.PathLike, tag: str | None = None, load_optimizer_states: bool = True

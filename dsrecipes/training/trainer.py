@@ -46,6 +46,7 @@ from dsrecipes.training.reporting.progress import TrainingProgress, progress_lin
 from dsrecipes.training.reporting.throughput import ThroughputMeter
 from dsrecipes.utils.console import make_console, print_table
 from dsrecipes.utils.device import peak_tflops, resolve_device
+from dsrecipes.utils.interrupts import signals_held
 from dsrecipes.utils.logging import get_logger, setup_logging
 from dsrecipes.utils.seed import seed_everything
 
@@ -219,8 +220,9 @@ class Trainer:
         save_dir = self.run_dir / self.cfg.checkpoint.dirname
         client_state = {"data": self.train_batches.state_dict(),
                         "callbacks": callback_states(self.extensions.callbacks)}
-        path = self.engine.save_checkpoint(save_dir, client_state=client_state)
-        self.log.info("checkpoint: %s", path)
+        with signals_held():  # a signal during the save stops the run after this line (the checkpoint named)
+            path = self.engine.save_checkpoint(save_dir, client_state=client_state)
+            self.log.info("checkpoint: %s", path)
         return path
 
     # ------------------------------------------------------------------ run
