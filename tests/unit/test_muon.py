@@ -50,6 +50,24 @@ def test_gram_and_standard_compute_the_same_polynomial(shape):
     assert torch.allclose(orthogonalize(g, 5, "gram"), orthogonalize(g, 5, "standard"), atol=2e-5)
 
 
+@pytest.mark.parametrize(("method", "dtype"), [("gram", torch.float32), ("gram", torch.float16), ("gram", torch.bfloat16),
+                                               ("standard", torch.float32), ("standard", torch.bfloat16)], ids=str)
+def test_newton_schulz_is_deepspeeds_op_for_op(method, dtype):
+    """Bitwise DeepSpeed 0.19.8's zeropower_via_gram_newtonschulz / zeropower_via_newtonschulz5 (run eagerly, their
+    compute dtype forced to `dtype`) on wide, tall, square and batched matrices: in fp16 / bf16 an iteration in
+    another order of operations differs by up to 0.1 (measured), which training turns into loss differences.
+    Not standard in fp16, a dtype DeepSpeed never runs it in: dsrecipes takes the norm before that cast (fp16's
+    range), DeepSpeed's function after it."""
+    original_muon = pytest.importorskip("deepspeed.runtime.zero.muon.original_muon")
+    theirs = (original_muon.zeropower_via_gram_newtonschulz if method == "gram"
+              else original_muon.zeropower_via_newtonschulz5)
+    with torch._dynamo.config.patch(disable=True), pytest.MonkeyPatch.context() as patch:
+        patch.setattr(original_muon, "ns_compute_dtype", lambda _method: dtype)
+        for shape in [(8, 6), (3, 8), (8, 8), (64, 32), (2, 12, 5)]:
+            g = torch.randn(*shape, generator=torch.Generator().manual_seed(sum(shape)))
+            assert torch.equal(orthogonalize(g, 5, method, dtype), theirs(g.clone(), steps=5)), shape
+
+
 def test_newton_schulz_refuses_what_is_not_a_matrix():
     with pytest.raises(ValueError, match="shape"):
         orthogonalize(torch.ones(4), 5)

@@ -17,6 +17,10 @@ Two ways of computing the same polynomial (`method`):
   m >> n). After two steps it re-forms X and R from Q (a "restart") so rounding in R does not compound; square
   matrices take the standard path (no saving). In fp32 the two agree to about 1e-6.
 
+Both follow DeepSpeed 0.19.8's functions (zeropower_via_newtonschulz5 / zeropower_via_gram_newtonschulz) operation
+for operation, the cast before or after the normalisation included, so that in fp16 / bf16, where another order
+rounds differently by up to 0.1, they give DeepSpeed's bits (tests/unit/test_muon.py holds them bitwise equal).
+
 `dtype` is the dtype the iteration runs in (fp32 for the equivalence tests; bf16/fp16 on an accelerator is
 what the Muon papers run). `DEEPSPEED_DTYPES` states DeepSpeed 0.19.8's choice per method and device kind.
 """
@@ -44,9 +48,13 @@ def deepspeed_dtype(method: str, device: torch.device) -> torch.dtype:
     return DEEPSPEED_DTYPES.get((method, "cuda" if device.type != "cpu" else "cpu"), torch.float32)
 
 
-def _normalised(matrix: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """matrix / (||matrix||_F + 1e-7) in `dtype`, the norm taken before any cast to 16 bits (an fp16 cast of a
-    large fp32 gradient would overflow to inf first)."""
+def _normalised(matrix: torch.Tensor, dtype: torch.dtype, cast_first: bool) -> torch.Tensor:
+    """matrix / (||matrix||_F + 1e-7) in `dtype`. DeepSpeed's order: the standard iteration casts and then divides
+    (cast_first), the gram one divides in the input's dtype and then casts. Into fp16 the norm is always taken
+    first, in fp32 at least (an fp16 cast of a large fp32 gradient would overflow to inf)."""
+    if cast_first and dtype != torch.float16:
+        x = matrix.to(dtype)
+        return x / (torch.linalg.matrix_norm(x, keepdim=True) + 1e-7)
     wide = matrix.float() if matrix.dtype == torch.float16 else matrix
     return (wide / (torch.linalg.matrix_norm(wide, keepdim=True) + 1e-7)).to(dtype)
 
@@ -59,21 +67,28 @@ def _quintic(x: torch.Tensor, steps: int) -> torch.Tensor:
     return x
 
 
-def _quintic_on_gram(x: torch.Tensor, steps: int) -> torch.Tensor:
-    """The quintic iteration carried by R = X X^T and the accumulated left factor Q (X_k = Q X_restart)."""
+def _quintic_on_gram(x: torch.Tensor, steps: int, tall: bool) -> torch.Tensor:
+    """The quintic iteration carried by R = X X^T and the accumulated left factor Q (X_k = Q X_restart), in
+    DeepSpeed's order of operations (so that in fp16 the two round alike); returns X_steps, transposed back when
+    the matrix was `tall`."""
     a, b, c = COEFFICIENTS
-    eye = torch.eye(x.size(-2), dtype=x.dtype, device=x.device)
-    r, q = x @ x.mT, eye
+    r, q = x @ x.mT, None
     for step in range(steps):
         if step == _RESTART_AT:
             x = q @ x
-            r, q = x @ x.mT, eye
+            r, q = x @ x.mT, None
         z = b * r + c * r @ r
-        left = a * eye + z  # X_{k+1} = left @ X_k; left is a polynomial in R_k, so it commutes with R_k
-        q = left @ q
-        if step < steps - 1 and step + 1 != _RESTART_AT:
-            r = left @ (left @ r)
-    return q @ x
+        if q is None:  # Q_1 = a I + Z_0
+            q = z.clone()
+            q.diagonal(dim1=-2, dim2=-1).add_(a)
+        else:  # Q_{k+1} = (a I + Z_k) Q_k
+            q = a * q + z @ q
+        if step < steps - 1 and step + 1 != _RESTART_AT:  # R_{k+1} = (a I + Z_k)^2 R_k (they commute)
+            rz = a * r + z @ r
+            r = a * rz + z @ rz
+    if q is None:
+        return x.mT if tall else x
+    return x.mT @ q.mT if tall else q @ x
 
 
 def orthogonalize(matrix: torch.Tensor, steps: int = 5, method: str = "standard",
@@ -85,7 +100,8 @@ def orthogonalize(matrix: torch.Tensor, steps: int = 5, method: str = "standard"
     if method not in METHODS:
         raise ValueError(f"Newton-Schulz method {method!r} is not one of {', '.join(METHODS)}")
     tall = matrix.size(-2) > matrix.size(-1)
-    x = _normalised(matrix.mT if tall else matrix, dtype)
-    square = x.size(-2) == x.size(-1)
-    x = _quintic_on_gram(x, steps) if method == "gram" and not square else _quintic(x, steps)
+    x = _normalised(matrix.mT if tall else matrix, dtype, cast_first=method == "standard")
+    if method == "gram" and x.size(-2) != x.size(-1):
+        return _quintic_on_gram(x, steps, tall)
+    x = _quintic(x, steps)  # standard, and gram's square matrices (no saving: DeepSpeed iterates them so too)
     return x.mT if tall else x
