@@ -213,7 +213,8 @@ class Engine:
         strategy.zero_grad()
 
     def get_lr(self) -> list[float]:
-        return [group["lr"] for group in self.optimizer.param_groups]
+        """Each parameter group's lr, as floats (torchao's optimizers hold it as a tensor)."""
+        return [float(group["lr"]) for group in self.optimizer.param_groups]
 
     # ------------------------------------------------------------------ checkpoints
     def module_state_dict(self) -> dict:

@@ -140,6 +140,11 @@ MODULE_ARGS = [
     (r"^python -m dsrecipes\.benchmarks\.fine_tuning", ["--model", "gpt_debug", "--steps", "2", "--rounds", "1",
                                                         "--block", "128", "--micro", "2"],
      "gpt_debug's optimizer state and 2 steps of each packing instead of gpt2_124m and 30 x 2 rounds"),
+    (r"^python -m dsrecipes\.benchmarks\.optimizers", ["--model", "gpt_debug", "--steps", "2", "--eval-batches", "1",
+                                                       "--max-bytes", "300000", "--cache-dir", "{cache}",
+                                                       "--variants", "adamw,adamw_bf16_state,muon"],
+     "gpt_debug for 2 steps, without adamw8bit (its compile: tests/integration/test_adamw8bit.py trains it), "
+     "instead of gpt_tiny x 200 steps x 4 optimizers"),
     (r"^python -m dsrecipes\.benchmarks\.communication", ["--world-size", "2", "--steps", "4", "--freeze", "2",
                                                            "--log-interval", "1", "--eval-batches", "1", "--max-bytes",
                                                            "300000", "--variants", "onebitadam", "--cache-dir", "{cache}"],

@@ -122,3 +122,24 @@ def test_bad_state_dtype_is_refused_by_key():
         validate_optimizer_config(AdamWConfig(state_dtype="bf16", amsgrad=True))
     with pytest.raises(ValueError, match=r"impl=foreach"):
         validate_optimizer_config(AdamWConfig(state_dtype="bf16", impl="foreach"))
+
+
+def test_adamw8bit_without_torchao_is_refused_naming_the_key(monkeypatch):
+    import importlib.util
+
+    from dsrecipes.training.optim.optimizer_config import AdamW8bitConfig
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torchao" else real(name, *a))
+    with pytest.raises(ValueError, match=r"^optimizer=adamw8bit needs torchao, which is not installed: pip install "
+                                         r"'dsrecipes\[torchao\]'"):
+        AdamW8bitConfig().check(None)
+
+
+def test_adamw8bit_state_bytes_are_its_codes_and_scales():
+    from dsrecipes.training.optim.optimizer_config import AdamW8bitConfig
+    from dsrecipes.training.optim.state_bytes import optimizer_state_of
+
+    counted = optimizer_state_of(AdamW8bitConfig())
+    assert counted.per_param == 2 + 8 / 256
+    assert counted.description == "adamw8bit, state 2.03 B/param (8-bit moments, fp32 scale per 256 elements)"

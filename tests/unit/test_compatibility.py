@@ -51,6 +51,9 @@ CASES = {
                                               "optimizer=onebitadam with zero.stage=1 is not supported"),
     "1-bit optimizers with tp / pp / sp / ep": (["optimizer=onebitlamb", "parallel.sp=2"], 2,
                                                 "optimizer=onebitlamb with parallel.sp=2 is not supported yet"),
+    "optimizer=adamw8bit with NVMe optimizer offload": (
+        ["optimizer=adamw8bit", "zero.stage=3", "zero.offload_optimizer=nvme", "zero.nvme_path=/tmp"], 2,
+        "optimizer=adamw8bit with zero.offload_optimizer=nvme is not supported"),
     "NVMe offload with tp / sp / pp / ep, hybrid sharding, qwZ or hpZ": (
         ["zero.stage=3", "zero.offload_param=nvme", "zero.nvme_path=/tmp", "parallel.tp=2"], 4,
         "zero.offload_param=nvme with parallel.tp is not supported yet"),

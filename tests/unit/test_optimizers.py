@@ -375,7 +375,12 @@ def test_every_option_has_a_config_file_and_a_schema():
         assert OPTIMIZER_SCHEMAS[name]().name == name and issubclass(OPTIMIZER_SCHEMAS[name], OptimizerConfig)
 
 
-@pytest.mark.parametrize("conf_name", CONF_NAMES)
+# torchao's AdamW8bit step is torch.compile'd: inductor runs a C++ compiler, a subprocess the unit tier refuses; it
+# trains in tests/integration/test_adamw8bit.py
+COMPILED_STEP = ("adamw8bit",)
+
+
+@pytest.mark.parametrize("conf_name", [name for name in CONF_NAMES if name not in COMPILED_STEP])
 def test_every_config_file_builds_and_trains(conf_name):
     first_line = (CONF_DIR / f"{conf_name}.yaml").read_text().splitlines()[0]
     assert first_line.startswith("# "), f"{conf_name}.yaml should start with a comment saying what it is"
@@ -400,7 +405,8 @@ def test_every_config_file_builds_and_trains(conf_name):
 
 # the 1-bit optimizers have one per-tensor path (their compressed all-reduce is per tensor): impl=auto only; so does
 # muon (each matrix gathered and orthogonalised on its own; tests/unit/test_muon.py)
-ONEBIT = ("onebitadam", "zerooneadam", "onebitlamb", "muon")
+# and so does torchao's adamw8bit (its own compiled step, no impl argument)
+ONEBIT = ("onebitadam", "zerooneadam", "onebitlamb", "muon", *COMPILED_STEP)
 
 
 @pytest.mark.parametrize("name", [n for n in BUILT_IN if n not in ONEBIT])

@@ -102,6 +102,14 @@ def _onebit_model_parallel(root, dims):
     return None
 
 
+def _quantized_state_nvme(root, dims):
+    if root.optimizer.name == "adamw8bit" and str(root.zero.offload_optimizer) == "nvme":
+        return ("optimizer=adamw8bit with zero.offload_optimizer=nvme is not supported: the NVMe swapper pages plain "
+                "state tensors, and torchao's 8-bit state is a tensor subclass (codes and block scales); use "
+                "zero.offload_optimizer=cpu or none, or optimizer=adamw with optimizer.state_dtype=bf16")
+    return None
+
+
 @dataclass
 class OptimizerConfig:
     """Keys every optimizer option has; the base of the option schemas below (not an option itself).
@@ -122,6 +130,8 @@ class OptimizerConfig:
                 "it too)", _onebit_zero),
         Refusal("1-bit optimizers with tp / pp / sp / ep", "not implemented yet (plain data parallelism only)",
                 _onebit_model_parallel),
+        Refusal("optimizer=adamw8bit with NVMe optimizer offload", "the NVMe swapper pages plain tensors; torchao's "
+                "8-bit state is a tensor subclass", _quantized_state_nvme),
     )
 
     name: str = MISSING
@@ -315,6 +325,31 @@ class MuonConfig(OptimizerConfig):
 
 
 @dataclass
+class AdamW8bitConfig(OptimizerConfig):
+    """optimizer=adamw8bit: torchao's AdamW8bit (torchao.optim), AdamW whose two moments are held in 8 bits (a
+    dynamic-tree code per element, one fp32 scale per block_size elements): about 2 bytes of state per parameter
+    instead of 8. torchao is an optional extra (pip install 'dsrecipes[torchao]'); without it the recipe is refused
+    before any work. bf16_stochastic_round rounds bf16 parameters stochastically (torchao's flag)."""
+
+    name: str = "adamw8bit"
+    _target_: str = "torchao.optim.AdamW8bit"
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95], metadata=in_range(between(0, 1, high_open=True)))
+    eps: float = ranged(1e-8, NON_NEGATIVE)
+    amsgrad: bool = False
+    block_size: int = ranged(256, POSITIVE_INT)
+    bf16_stochastic_round: bool = False
+
+    def check(self, facts: RecipeFacts) -> None:
+        import importlib.util
+
+        if importlib.util.find_spec("torchao") is None:
+            raise ValueError("optimizer=adamw8bit needs torchao, which is not installed: pip install "
+                             "'dsrecipes[torchao]' (or choose optimizer.state_dtype=bf16 with optimizer=adamw, 4 bytes "
+                             "of state per parameter)")
+        super().check(facts)
+
+
+@dataclass
 class RMSpropConfig(OptimizerConfig):
     """optimizer=rmsprop: a plain torch.optim class as an option (its arguments as keys)."""
 
@@ -344,6 +379,6 @@ class CustomOptimizerConfig(ExtraArguments, OptimizerConfig):
 # The options of each group (conf/<group>/<name>.yaml extends `<name>_schema`), default first.
 OPTIMIZER_SCHEMAS: dict[str, type] = {
     cls.name: cls
-    for cls in (AdamWConfig, AdamConfig, SGDConfig, AdagradConfig, LambConfig, LionConfig, MuonConfig, RMSpropConfig,
-                OneBitAdamConfig, ZeroOneAdamConfig, OneBitLambConfig, CustomOptimizerConfig)
+    for cls in (AdamWConfig, AdamConfig, SGDConfig, AdagradConfig, LambConfig, LionConfig, MuonConfig, AdamW8bitConfig,
+                RMSpropConfig, OneBitAdamConfig, ZeroOneAdamConfig, OneBitLambConfig, CustomOptimizerConfig)
 }
