@@ -38,6 +38,7 @@ test_param_groups.py and test_loss_scaler / test_precision*.py.
 
 from __future__ import annotations
 
+import importlib
 import os
 import warnings
 
@@ -48,6 +49,11 @@ import torch
 # comparisons run on CPU tensors over gloo, so ask for the CPU accelerator (an explicit choice wins).
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 deepspeed = pytest.importorskip("deepspeed")
+# deepspeed.init_distributed (and deepspeed.initialize without it) JIT-builds a shared-memory all-reduce op on a CPU
+# (deepspeed_shm_comm: about 50 s of g++ on a fresh machine) that only its inference_all_reduce uses; training, and
+# every oracle here, reduces through torch.distributed (gloo). Not built: the ranks forked from a test process that
+# imported this module inherit the patch.
+importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None  # (deepspeed.comm.torch is torch itself)
 
 from packaging.version import Version  # noqa: E402  (a DeepSpeed dependency)
 
