@@ -130,6 +130,12 @@ class OptimizerConfig:
                 "it too)", _onebit_zero),
         Refusal("1-bit optimizers with tp / pp / sp / ep", "not implemented yet (plain data parallelism only)",
                 _onebit_model_parallel),
+        Supported("optimizer=muon with ZeRO 0-3 and tp", "supported: each sharded matrix gathered whole for the "
+                  "Newton-Schulz iteration, every rank keeping its shard of the result; resumes in one process; "
+                  "DeepSpeed's Muon's losses at ZeRO 0-3", ("muon-dp2-zero3", "muon-tp2",
+                  "tests/integration/test_deepspeed_parity.py::test_muon_matches_deepspeed")),
+        Supported("optimizer.state_dtype=bf16 with ZeRO 0-3", "supported: stochastic rounding by each element's index in "
+                  "the whole tensor, so the sharding does not change it", ("adamw_bf16_state-dp2-zero3",)),
         Refusal("optimizer=adamw8bit with NVMe optimizer offload", "the NVMe swapper pages plain tensors; torchao's "
                 "8-bit state is a tensor subclass", _quantized_state_nvme),
     )

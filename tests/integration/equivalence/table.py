@@ -114,6 +114,13 @@ MOE_TOP2 = Reference("moe_top2", ("moe=top2", "moe.num_experts=4", "moe.use_rts=
                                   "moe.top2_2nd_expert_sampling=false"))
 COMPRESSED = Reference("compressed", (*COMPRESSION_RECIPE, *SAVES_STEP_5))  # also resumed from its own step 5
 DATA_EFFICIENCY = Reference("data_efficiency", DATA_EFFICIENCY_RECIPE)
+# optimizers whose step is more than elementwise: Muon (Newton-Schulz on the whole matrix, gathered from its shards),
+# AdamW with bf16 moments (stochastic rounding by each element's index in the whole tensor)
+# Muon's Newton-Schulz in fp32: ns_dtype=auto takes DeepSpeed's choice, fp16 on a CPU with MKLDNN fp16 (this one),
+# where the layouts' different fp32 summation orders flip fp16 roundings (3e-5 by step 10) and the row would measure
+# fp16 rounding instead of the layout
+MUON = Reference("muon", ("optimizer=muon", "optimizer.ns_dtype=float32"))
+ADAMW_BF16_STATE = Reference("adamw_bf16_state", ("optimizer.state_dtype=bf16",))
 # Hugging Face checkpoints (tests/helpers/hf_models.py: 2 layers of width 64, made once per run): gemma3 runs as the
 # transformers module (sandwich norms, scaled embeddings, q/k norms, its own tp_plan), mixtral too (its own router
 # and experts, their gradients and Adam state ZeRO-2 sharded), qwen3 on dsrecipes' blocks (model.impl=auto: head_dim
@@ -379,6 +386,13 @@ ROWS: tuple[Row, ...] = (
     # data efficiency under a pipeline: per-layer random-LTD draws, one schedule per batch shape
     Row("pp2-data_efficiency", DATA_EFFICIENCY, ("parallel.pp=2", *world(2, 8)), metrics=(("val/loss", 2e-5),),
         check=evaluated_twice),
+    # Muon over FSDP2 shards (each matrix gathered whole for the iteration, every rank keeping its shard of the result)
+    # and over tensor-parallel DTensors; bf16-state AdamW's rounding independent of the sharding
+    Row("muon-dp2-zero3", MUON, ("zero.stage=3", *world(2, 4)), resume=True,
+        layout_line=("| optimizer: muon, state 4.",)),
+    Row("muon-tp2", MUON, ("parallel.tp=2", *world(2, 8))),
+    Row("adamw_bf16_state-dp2-zero3", ADAMW_BF16_STATE, ("zero.stage=3", *world(2, 4)),
+        layout_line=("| optimizer: adamw, state 4 B/param (bf16 moments, stochastic rounding) |",)),
     # Hugging Face models: the transformers module wrapped per decoder layer (FSDP2 units, checkpointed layers), its
     # own tp_plan on DTensors, Ulysses around its attention interface; dsrecipes' blocks for a native architecture
     Row("hf-gemma3-dp2-zero3-activation_checkpointing", HF_GEMMA3, ("zero.stage=3", "activation_checkpointing=full",

@@ -19,11 +19,13 @@ import torch
 from tests.helpers.equivalence import assert_resumed_matches, assert_same_training
 from tests.helpers.run_cache import cached_run
 from tests.integration.equivalence.table import (
+    ADAMW_BF16_STATE,
     CHECKPOINT_STEP,
     COMPRESSED,
     DATA_EFFICIENCY,
     GPT,
     HF_REFERENCES,
+    MUON,
     ROWS,
     STEPS,
     Row,
@@ -37,7 +39,7 @@ def family(row: Row) -> str:
         return "hf"
     if any(o.startswith("compile=") for o in row.layout):
         return "compile"
-    if row.reference in (COMPRESSED, DATA_EFFICIENCY):
+    if row.reference in (COMPRESSED, DATA_EFFICIENCY, MUON, ADAMW_BF16_STATE):
         return "features"
     if "moe" in row.reference.name:
         return "moe"
@@ -118,7 +120,7 @@ TestDataParallel = _family_class("data_parallel", "Data parallelism and ZeRO 0-3
 TestModelParallel = _family_class("model_parallel", "Tensor, pipeline and sequence parallelism and their products.")
 TestMixtureOfExperts = _family_class("moe", "Expert, expert-data and expert-tensor parallelism; MoE under pipelines.")
 TestCompile = _family_class("compile", "compile=blocks / full against the eager single process.")
-TestFeatures = _family_class("features", "Compression and data efficiency under sharding and pipelines.")
+TestFeatures = _family_class("features", "Compression, data efficiency and optimizers under sharding and pipelines.")
 TestHuggingFace = _family_class("hf", "Hugging Face checkpoints: the transformers module and dsrecipes' blocks.")
 
 
