@@ -114,5 +114,6 @@ def initialize(
                                          seed=cfg.trainer.seed)
         else:
             sampler = RandomSampler(training_data, generator=generator)
-        dataloader = DataLoader(training_data, batch_size=batch.micro_batch_size, sampler=sampler, collate_fn=collate_fn)
+        dataloader = DataLoader(training_data, batch_size=batch.micro_batch_size, sampler=sampler, collate_fn=collate_fn,
+                                drop_last=cfg.trainer.dataloader_drop_last)
     return engine, engine.optimizer, dataloader, engine.lr_scheduler

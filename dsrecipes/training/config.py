@@ -82,6 +82,9 @@ class TrainerConfig:
     # DeepSpeed's wall_clock_breakdown: perf/{data,forward,backward,grad_reduce,optimizer}_s per log interval
     # (dsrecipes.profiling.wall_clock); synchronises the device at every phase, so off by default
     wall_clock_breakdown: bool = False
+    # DeepSpeed's dataloader_drop_last: the DataLoader dsrecipes.initialize(training_data=...) returns drops the last
+    # partial micro-batch of each epoch (the recipe's own data pipeline yields whole micro-batches only)
+    dataloader_drop_last: bool = False
     progress_bar: bool = True
     sample_prompt: str = "def "
     sample_tokens: int = ranged(200, COUNT)  # 0 = no text sample at the end

@@ -394,7 +394,7 @@ CASES["rmsprop_warmup_cosine"] = ({
                                                        "warmup_num_steps": 30, "cos_min_ratio": 0.05,
                                                        "warmup_type": "linear"}},
     "zero_optimization": {"stage": 3, "cpu_offload_param": True},
-    "wall_clock_breakdown": True,
+    "wall_clock_breakdown": True, "dataloader_drop_last": True,
     "flops_profiler": {"enabled": True, "recompute_fwd_factor": 0.5, "profile_step": 3, "module_depth": 2,
                        "top_modules": 3, "detailed": False, "output_file": "prof.md"},
     "comms_logger": {"enabled": True, "verbose": True, "prof_all": False, "prof_ops": ["all_reduce"], "debug": True},
@@ -408,6 +408,7 @@ trainer:
   train_micro_batch_size_per_gpu: null
   gradient_accumulation_steps: 2
   wall_clock_breakdown: true
+  dataloader_drop_last: true
 flops_profiler:
   enabled: true
   recompute_fwd_factor: 0.5

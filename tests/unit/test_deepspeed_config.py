@@ -291,7 +291,6 @@ REFUSED = [
     ({"compression_training": {"weight_quantization": {"shared_parameters": {
         "enabled": True, "fp16_mixed_quantize": {"enabled": True}}, "different_groups": {}}}},
      "compression_training.weight_quantization.shared_parameters.fp16_mixed_quantize"),
-    ({"dataloader_drop_last": True}, "dataloader_drop_last"),
     ({"data_types": {"param_dtype": "bf16"}}, "data_types.param_dtype"),
 ]
 
@@ -381,6 +380,20 @@ def test_initialize_takes_a_deepspeed_json_and_prints_the_report(tmp_path, capsy
         engine.backward(torch.nn.functional.mse_loss(engine(x), y))
         engine.step()
     assert engine.global_steps == 2
+
+
+@pytest.mark.parametrize("drop_last, batches", [(True, 2), (False, 3)])
+def test_dataloader_drop_last_reaches_the_dataloader_initialize_returns(tmp_path, drop_last, batches):
+    """DeepSpeed's dataloader_drop_last: 10 samples at micro-batch 4 are 2 whole micro-batches (the partial third
+    dropped) or 3 (DeepSpeed's default: kept)."""
+    import dsrecipes
+
+    ds = {"train_batch_size": 4, "train_micro_batch_size_per_gpu": 4, "dataloader_drop_last": drop_last,
+          "zero_optimization": {"stage": 0}}
+    data = torch.utils.data.TensorDataset(torch.randn(10, 3), torch.randn(10, 1))
+    _, _, loader, _ = dsrecipes.initialize(model=torch.nn.Linear(3, 1), config=str(_write(tmp_path, "ds", ds)),
+                                           training_data=data)
+    assert loader.drop_last is drop_last and len(loader) == batches == len(list(loader))
 
 
 def test_the_command_line_picks_an_option_over_the_deepspeed_block(tmp_path):

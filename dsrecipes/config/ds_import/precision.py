@@ -68,8 +68,10 @@ _AUTO_CAST = To("precision.auto_cast", one_of("auto_cast", {True: True, False: F
 _FP16_REFUSE = RefuseUnless("DeepSpeed would keep fp16 master weights and gradients (ZeRO 1/2 with CPU offload); "
                             "dsrecipes has no fp16 master copy, so it cannot train this the same way: remove the key to "
                             "train with fp32 master weights (precision=fp16), a different update")
-_BF16_MASTER = RefuseUnless("bf16 master weights / optimizer states change the numerics; dsrecipes keeps fp32 "
-                            "master weights and states (precision=bf16_master)")
+_BF16_MASTER = RefuseUnless("DeepSpeed would step bf16 master weights (and round bf16 Adam moments to nearest); "
+                            "dsrecipes has no bf16 master copy: remove the key to train with fp32 master weights "
+                            "(precision=bf16_master), with optimizer.state_dtype=bf16 for bf16 moments (rounded "
+                            "stochastically), a different update")
 _GRAD_OVERFLOW = To("precision.nonfinite_grads", one_of("check_grad_overflow", {True: "skip", False: "error"}),
                     default=True, note="true: skip the step, as DeepSpeed; false: dsrecipes stops the run where "
                                           "DeepSpeed would step on inf/nan gradients")

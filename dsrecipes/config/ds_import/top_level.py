@@ -250,9 +250,8 @@ TOP_LEVEL: dict[str, Rule] = {
     "checkpoint": Sub(CHECKPOINT_TABLE, "checkpoint"),
     "datastates": _CHECKPOINT_IO, "nebula": _CHECKPOINT_IO, "aio": Sub(AIO_TABLE, "aio"),
     "data_types": Sub(DATA_TYPES_TABLE, "data_types"),
-    "dataloader_drop_last": RefuseUnless("dsrecipes.initialize's DataLoader keeps the last partial micro-batch "
-                                         "(DeepSpeed's default); build your own DataLoader(drop_last=True)",
-                                         ok_why="DeepSpeed's default, what dsrecipes does"),
+    "dataloader_drop_last": To("trainer.dataloader_drop_last",
+                               note="the DataLoader dsrecipes.initialize(training_data=...) returns"),
     "prescale_gradients": NoEffect("divides before instead of after the reduction: the same mean"),
     "gradient_predivide_factor": NoEffect("splits the division around the reduction: the same mean"),
     "gradient_allreduce_op": RefuseUnless("dsrecipes averages gradients over data-parallel ranks; a sum changes their "
