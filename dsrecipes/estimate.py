@@ -112,6 +112,7 @@ def main(argv: list[str] | None = None) -> list:
             cfg.optimizer.name, getattr(cfg.optimizer, "momentum", 0.0),
             hpz_partition_size=cfg.zero.zero_hpz_partition_size, trainable_params=trainable,
             state_bytes=optimizer_state_of(cfg.optimizer, gpt).per_param,
+            bf16_masters=str(cfg.precision.master_dtype) == "bf16",
         )
         for stage in range(4)
     ]

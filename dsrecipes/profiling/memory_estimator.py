@@ -76,6 +76,7 @@ def estimate_model_states(
     hpz_partition_size: int = 1,
     trainable_params: int | None = None,
     state_bytes: float | None = None,
+    bf16_masters: bool = False,
 ) -> MemoryEstimate:
     """Per-rank bytes of parameters, gradients and optimizer states held by dsrecipes' engine
     (plain data parallelism over world_size ranks). hpz_partition_size > 1 (ZeRO++ hpZ, stage 3)
@@ -83,13 +84,16 @@ def estimate_model_states(
     trainable_params: how many of the parameters train (LoRA: the adapters); the frozen rest holds weights only,
     no gradient, no optimizer state, no fp32 master. None: all of them. state_bytes: optimizer-state bytes per trained
     parameter (dsrecipes.training.optim.state_bytes.optimizer_state_of, which weighs optimizer=muon's two halves over
-    the model); None: `optimizer`'s figure."""
+    the model); None: `optimizer`'s figure. bf16_masters (precision.master_dtype=bf16): the bf16 weights are what the
+    optimizer steps, no fp32 copy, and its state is bf16 (half the state bytes)."""
     dims = ParallelDims.from_degrees(world_size, zero_stage=stage)
     strategy = STRATEGIES[choose_strategy(ZeroConfig(stage=stage), dims)]
-    model_bytes = _DTYPE_BYTES[precision] if master_weights else 4
+    model_bytes = _DTYPE_BYTES[precision] if master_weights or bf16_masters else 4
+    master_weights = master_weights and not bf16_masters
     hpz = {"hpz_partition_size": hpz_partition_size, "param_bytes": _DTYPE_BYTES[precision]} \
         if stage == 3 and hpz_partition_size > 1 else {}
     state_bytes = optimizer_state_bytes(optimizer, momentum) if state_bytes is None else state_bytes
+    state_bytes = state_bytes / 2 if bf16_masters else state_bytes  # torch keeps a bf16 weight's state in bf16
     if trainable_params is None or trainable_params == num_params:
         held = strategy.model_state_bytes(num_params, world_size, model_bytes, state_bytes, master_weights, **hpz)
         return MemoryEstimate(stage, world_size, held.parameters, held.gradients, held.optimizer_states)

@@ -103,6 +103,8 @@ def build_engine(
     device = resolve_device(cfg.trainer.device)
     precision = Precision(cfg.precision, device)
     _to_device(model, device)
+    if precision.bf16_masters:  # the weights are the masters: bf16 from here on, for every strategy alike
+        model._apply(lambda t: t.to(torch.bfloat16) if t.is_floating_point() else t)
     plan = parallelize(model, dims, cfg, precision, device, micro_batches=batch.gradient_accumulation_steps,
                        transforms=transforms, materialize=materialize)
     if model_description:
@@ -118,7 +120,7 @@ def build_engine(
     state_part = f"client {type(optimizer).__name__}, state not counted" if optimizer is not None else None
     if optimizer is None:
         optimizer_cfg, module = _optimizer_config(cfg, dims), strategy.optimizer_module()
-        state_part = optimizer_state_of(optimizer_cfg, module).description
+        state_part = optimizer_state_of(optimizer_cfg, module, bf16_weights=precision.bf16_masters).description
         groups = None
         if named_groups is not None:
             groups = resolve_param_groups(named_groups, module, optimizer_cfg, allow_missing=elsewhere)

@@ -161,6 +161,15 @@ class NonfiniteGrads(ConfigEnum):
     skip = "skip"
 
 
+class MasterDtype(ConfigEnum):
+    """The dtype of the weights the optimizer steps with precision.master_weights=true: fp32 (a master copy beside
+    the bf16/fp16 model) or bf16 (dtype bf16 only: no copy, the optimizer steps the bf16 weights and keeps its state
+    in bf16, DeepSpeed's bf16.bf16_master_weights_and_grads with bf16_optimizer_states)."""
+
+    fp32 = "fp32"
+    bf16 = "bf16"
+
+
 # the keys of DeepSpeed's fp16 block: loss scaling, static or dynamic
 _FP16_KEYS = ("loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis", "consecutive_hysteresis",
               "min_loss_scale", "raise_error_at_min_scale")
@@ -205,6 +214,7 @@ class PrecisionConfig:
 
     dtype: PrecisionDtype = PrecisionDtype.fp32  # fp32 | bf16 | fp16 | auto (bf16 where the device is fast at it)
     master_weights: bool = False
+    master_dtype: MasterDtype = MasterDtype.fp32  # with master_weights: fp32 copies, or bf16 (the weights themselves)
     loss_scale: float = ranged(0.0, NON_NEGATIVE)
     initial_scale_power: int = ranged(16, between(0, 127))  # 2**power must be a finite fp32 number
     loss_scale_window: int = ranged(1000, POSITIVE_INT)

@@ -66,6 +66,8 @@ def _precision(precision) -> str:
         text = "fp32 weights and compute"
     elif precision.master_weights:
         text = f"{name} weights and compute, fp32 master weights in the optimizer"
+    elif getattr(precision, "bf16_masters", False):
+        text = "bf16 weights and compute, stepped in bf16 (no fp32 master copy), bf16 optimizer state"
     else:
         text = f"{name} autocast compute over fp32 weights"
     scaler = precision.loss_scaler

@@ -48,6 +48,10 @@ def validate_precision_config(cfg: PrecisionConfig, prefix: str = "precision") -
                          f"dtype={cfg.dtype}); DeepSpeed's key lives in its fp16 block")
     if cfg.master_weights and cfg.dtype == "fp32":
         raise ValueError(f"{prefix}.master_weights=true needs dtype bf16 or fp16 (got dtype=fp32)")
+    if str(getattr(cfg, "master_dtype", "fp32")) == "bf16" and (cfg.dtype != "bf16" or not cfg.master_weights):
+        raise ValueError(f"{prefix}.master_dtype=bf16 (the optimizer steps the bf16 weights themselves) needs "
+                         f"{prefix}.dtype=bf16 and {prefix}.master_weights=true (got dtype={cfg.dtype}, "
+                         f"master_weights={str(cfg.master_weights).lower()}); choose from fp32, bf16")
     if cfg.loss_scale < 0:
         raise ValueError(f"{prefix}.loss_scale={cfg.loss_scale} must be >= 0 (0 = dynamic)")
     if cfg.dtype == "fp16" and cfg.loss_scale == 0:
@@ -99,7 +103,13 @@ class Precision:
     @property
     def master_weights(self) -> bool:
         """The model itself computes in bf16/fp16 and the optimizer steps fp32 masters."""
-        return bool(self.cfg.master_weights)
+        return bool(self.cfg.master_weights) and not self.bf16_masters
+
+    @property
+    def bf16_masters(self) -> bool:
+        """precision.master_dtype=bf16: the model is cast to bf16 and the optimizer steps those weights (no fp32
+        copy; its state is bf16 too)."""
+        return str(getattr(self.cfg, "master_dtype", "fp32")) == "bf16"
 
     @property
     def loss_scale(self) -> float:

@@ -608,3 +608,30 @@ optimizer:
   adam_params: [embed, lm_head]
   muon_params: [all-matrices]
 """)
+
+# DeepSpeedExamples' bf16_master_weight configs: the ZeRO optimizer steps the bf16 weights, its state in bf16
+CASES["bf16_masters_zero2"] = ({
+    "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2, "zero_optimization": {"stage": 2},
+    "bf16": {"enabled": True, "bf16_master_weights_and_grads": True, "bf16_optimizer_states": True},
+}, """
+# @package _global_
+defaults:
+  - override /optimizer: adamw
+  - override /lr_scheduler: constant
+trainer:
+  train_batch_size: null
+  train_micro_batch_size_per_gpu: 4
+  gradient_accumulation_steps: 2
+precision:
+  master_weights: true
+  dtype: bf16
+  master_dtype: bf16
+  nonfinite_grads: skip
+zero:
+  stage: 2
+optimizer:
+  lr: 0.001
+  betas: [0.9, 0.95]
+  eps: 1.0e-08
+  weight_decay: 0.1
+""")

@@ -51,6 +51,9 @@ CASES = {
                                               "optimizer=onebitadam with zero.stage=1 is not supported"),
     "1-bit optimizers with tp / pp / sp / ep": (["optimizer=onebitlamb", "parallel.sp=2"], 2,
                                                 "optimizer=onebitlamb with parallel.sp=2 is not supported yet"),
+    "compact optimizer state (state_dtype=bf16, adamw8bit) with precision.master_dtype=bf16": (
+        ["precision=bf16_master", "precision.master_dtype=bf16", "optimizer.state_dtype=bf16", "zero.stage=2"], 2,
+        "optimizer.state_dtype=bf16 with precision.master_dtype=bf16 is not supported"),
     "optimizer=adamw8bit with NVMe optimizer offload": (
         ["optimizer=adamw8bit", "zero.stage=3", "zero.offload_optimizer=nvme", "zero.nvme_path=/tmp"], 2,
         "optimizer=adamw8bit with zero.offload_optimizer=nvme is not supported"),

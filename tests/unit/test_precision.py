@@ -97,6 +97,43 @@ def test_bf16_master_weights_keep_fp32_optimizer_and_save_fp32(tmp_path):
         assert torch.equal(a, b)
 
 
+def test_bf16_masters_step_the_bf16_weights_themselves_and_resume_bitwise(tmp_path):
+    """precision.master_dtype=bf16 (DeepSpeed's bf16_master_weights_and_grads + bf16_optimizer_states): no fp32 copy,
+    the optimizer steps the module's bf16 parameters and holds bf16 state; the layout line and the estimator say so;
+    a checkpoint resumes bitwise. At world 2 against DeepSpeed: tests/integration/test_deepspeed_parity.py."""
+    from dsrecipes.profiling.memory_estimator import estimate_model_states
+
+    bf16_masters = {"dtype": "bf16", "master_weights": True, "master_dtype": "bf16"}
+    engine = make_engine(bf16_masters)
+    stepped = [p for g in engine.optimizer.param_groups for p in g["params"]]
+    assert {id(p) for p in stepped} == {id(p) for p in engine.module.parameters()}  # no master copy
+    assert all(p.dtype == torch.bfloat16 for p in stepped) and engine.masters is None
+    assert "precision: bf16 weights and compute, stepped in bf16 (no fp32 master copy), bf16 optimizer state" \
+        in engine.layout and "optimizer: adamw, state 4 B/param (bf16" in engine.layout
+    x = torch.randn(64, 8)
+    y = x.sum(dim=1, keepdim=True)
+    losses = [train_step(engine, x[i % 8 * 8:(i % 8 + 1) * 8], y[i % 8 * 8:(i % 8 + 1) * 8]).item() for i in range(40)]
+    assert sum(losses[-8:]) < 0.5 * sum(losses[:8])
+    assert {v.dtype for state in engine.optimizer.state.values() for v in state.values() if v.dim()} == {torch.bfloat16}
+    engine.save_checkpoint(tmp_path)
+    fresh = make_engine(bf16_masters)
+    fresh.load_checkpoint(tmp_path)
+    for engine_ in (engine, fresh):
+        train_step(engine_, x[:8], y[:8])
+    for a, b in zip(engine.module.parameters(), fresh.module.parameters()):
+        assert torch.equal(a, b)
+    states = estimate_model_states(1000, 1, 0, "bf16", True, bf16_masters=True)  # 2 + 2 + 4 bytes a parameter
+    assert (states.parameters, states.gradients, states.optimizer_states) == (2000, 2000, 4000)
+
+
+@pytest.mark.parametrize("precision", [{"dtype": "fp32", "master_dtype": "bf16"},
+                                       {"dtype": "bf16", "master_weights": False, "master_dtype": "bf16"}])
+def test_bf16_masters_need_bf16_with_master_weights(precision):
+    with pytest.raises(ValueError, match=r"precision.master_dtype=bf16 .* needs precision.dtype=bf16 and "
+                                         r"precision.master_weights=true"):
+        make_engine(precision)
+
+
 def test_fp32_nonfinite_loss_stops_with_the_step():
     engine = make_engine({"dtype": "fp32"})
     x, y = torch.randn(8, 8), torch.randn(8, 1)

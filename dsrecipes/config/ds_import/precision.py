@@ -25,7 +25,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from dsrecipes.config.ds_import.rules import ABSENT, Handled, NoEffect, RefuseUnless, Rule, To, apply_table, one_of
+from dsrecipes.config.ds_import.rules import (
+    ABSENT,
+    Custom,
+    Handled,
+    NoEffect,
+    RefuseUnless,
+    Rule,
+    To,
+    apply_table,
+    one_of,
+)
 from dsrecipes.config.ds_import.translation import DEFAULT, MAPPED, Translation
 
 BATCH_KEYS = {
@@ -68,10 +78,10 @@ _AUTO_CAST = To("precision.auto_cast", one_of("auto_cast", {True: True, False: F
 _FP16_REFUSE = RefuseUnless("DeepSpeed would keep fp16 master weights and gradients (ZeRO 1/2 with CPU offload); "
                             "dsrecipes has no fp16 master copy, so it cannot train this the same way: remove the key to "
                             "train with fp32 master weights (precision=fp16), a different update")
-_BF16_MASTER = RefuseUnless("DeepSpeed would step bf16 master weights (and round bf16 Adam moments to nearest); "
-                            "dsrecipes has no bf16 master copy: remove the key to train with fp32 master weights "
-                            "(precision=bf16_master), with optimizer.state_dtype=bf16 for bf16 moments (rounded "
-                            "stochastically), a different update")
+_BF16_MASTER = RefuseUnless("bf16 master weights are read only in the enabled bf16 block", ok_why="DeepSpeed's "
+                            "default: fp32 master weights")
+# the enabled bf16 block's pair, read together by _read_bf16_masters (mapped to precision.master_dtype, or refused)
+_BF16_MASTERS_READ = Custom(lambda t, key, value: None, kind="mapped")
 _GRAD_OVERFLOW = To("precision.nonfinite_grads", one_of("check_grad_overflow", {True: "skip", False: "error"}),
                     default=True, note="true: skip the step, as DeepSpeed; false: dsrecipes stops the run where "
                                           "DeepSpeed would step on inf/nan gradients")
@@ -90,9 +100,10 @@ def _fp16_table(with_defaults: bool) -> dict[str, Rule]:
 def _bf16_table(with_defaults: bool) -> dict[str, Rule]:
     overflow = _GRAD_OVERFLOW if with_defaults else To(_GRAD_OVERFLOW.target, _GRAD_OVERFLOW.convert,
                                                        note=_GRAD_OVERFLOW.note)
+    masters = _BF16_MASTERS_READ if with_defaults else _BF16_MASTER
     return {"enabled": Handled(), "immediate_grad_update": NoEffect("a speed option of DeepSpeed's bf16 optimizer"),
-            "check_grad_overflow": overflow, "bf16_master_weights_and_grads": _BF16_MASTER,
-            "bf16_optimizer_states": _BF16_MASTER}
+            "check_grad_overflow": overflow, "bf16_master_weights_and_grads": masters,
+            "bf16_optimizer_states": masters}
 
 
 AUTOCAST_TABLE: dict[str, Rule] = {
@@ -146,8 +157,11 @@ def read_precision(t: Translation, ds: Mapping[str, Any]) -> None:
                  "and precision.master_weights=true, raise_error_at_min_scale=true: DeepSpeed's FP16 optimizer")
     elif chosen == bf16:
         t.set("precision.master_weights", True)
+        bf16_masters = blocks[bf16].get("bf16_master_weights_and_grads") is True
         t.mapped(f"{bf16}.enabled", True, "precision.dtype", "bf16",
-                 "and precision.master_weights=true: DeepSpeed's bf16 optimizer keeps fp32 master weights")
+                 "and precision.master_weights=true: DeepSpeed's bf16 optimizer keeps "
+                 + ("the master weights bf16_master_weights_and_grads says" if bf16_masters else "fp32 master weights"))
+        _read_bf16_masters(t, bf16, blocks[bf16], ds)
     elif chosen == "torch_autocast":
         _read_autocast_dtype(t, blocks["torch_autocast"])
     for name in autos:
@@ -170,6 +184,37 @@ def read_precision(t: Translation, ds: Mapping[str, Any]) -> None:
             t.ignored(f"{name}.enabled", block["enabled"], "disabled")
     for name, block in blocks.items():
         _read_block_keys(t, name, block, chosen, autos, bf16)
+
+
+def _read_bf16_masters(t: Translation, bf16: str, block: Mapping[str, Any], ds: Mapping[str, Any]) -> None:
+    """bf16_master_weights_and_grads with bf16_optimizer_states: DeepSpeed's ZeRO optimizer steps the bf16 weights
+    themselves (bf16 flat partitions, torch's optimizer keeping bf16 state) -> precision.master_dtype=bf16. Masters
+    without bf16 states DeepSpeed runs only through ZeRO-Offload's DeepSpeedCPUAdam (fp32 moments of bf16 masters),
+    which dsrecipes has no counterpart of; states without masters, or either at ZeRO-0, DeepSpeed refuses."""
+    masters_key, states_key = f"{bf16}.bf16_master_weights_and_grads", f"{bf16}.bf16_optimizer_states"
+    masters, states = block.get("bf16_master_weights_and_grads", False), block.get("bf16_optimizer_states", False)
+    given = [(key, value) for key, value in ((masters_key, masters), (states_key, states))
+             if key.split(".", 1)[1] in block]
+    if masters is not True and states is not True:
+        for key, value in given:
+            t.ignored(key, value, "DeepSpeed's default: fp32 master weights")
+        return
+    stage = (ds.get("zero_optimization") or {}).get("stage", 0)
+    if stage not in (1, 2, 3):
+        for key, value in given:
+            t.refused(key, value, f"DeepSpeed takes bf16 master weights at ZeRO stage 1-3 only (zero_optimization.stage="
+                                  f"{stage}) and refuses this file too")
+        return
+    if masters is True and states is True:
+        note = "the optimizer steps the bf16 weights themselves, its state in bf16: no fp32 copy"
+        t.mapped(masters_key, True, "precision.master_dtype", "bf16", note)
+        t.mapped(states_key, True, "precision.master_dtype", "bf16", note)
+    elif masters is True:
+        t.refused(masters_key, True, "bf16 master weights with fp32 optimizer states: DeepSpeed runs them only through "
+                                     "ZeRO-Offload's DeepSpeedCPUAdam, which dsrecipes has no counterpart of; add "
+                                     f"{states_key}: true (bf16 weights and state) or remove the key (fp32 masters)")
+    else:
+        t.refused(states_key, True, f"bf16 optimizer states need {masters_key} (DeepSpeed refuses it too)")
 
 
 def _read_block_keys(t: Translation, name: str, block: Mapping[str, Any], chosen: str | None, autos: list[str],

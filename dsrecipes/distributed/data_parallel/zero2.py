@@ -26,7 +26,8 @@ class ReplicatedZeroStage2Strategy(DataParallelStrategy):
 
     def wrap(self, model: nn.Module, ignored_params: set[nn.Parameter] | None = None) -> nn.Module:
         low_precision = self.precision.compute_dtype if self.precision.master_weights else None
-        self.zero2 = ZeroStage2(model, self.dims.get_mesh("dp"), low_precision)
+        self.zero2 = ZeroStage2(model, self.dims.get_mesh("dp"), low_precision,
+                                keep_dtype=getattr(self.precision, "bf16_masters", False))
         self.unwrapped = self.module = model
         return model
 

@@ -97,7 +97,10 @@ class ZeroStage2:
     """
 
     def __init__(self, module: nn.Module, mesh: DeviceMesh, low_precision: torch.dtype | None = None,
-                 bucket_bytes: int = BUCKET_BYTES):
+                 bucket_bytes: int = BUCKET_BYTES, keep_dtype: bool = False):
+        # keep_dtype (precision.master_dtype=bf16): a bf16 parameter's shard stays bf16, as do its gradients (the
+        # optimizer steps bf16 weights, DeepSpeed's bf16_master_weights_and_grads); else every shard is fp32
+        self.keep_dtype = keep_dtype
         if mesh.ndim != 1:
             raise ValueError(f"ZeroStage2 needs a 1-D data-parallel mesh, got {mesh.ndim} dimensions")
         self.module = module
@@ -161,8 +164,8 @@ class ZeroStage2:
     def _make_master(self, shard: _ParamShard, separate: bool) -> nn.Parameter:
         p = shard.param
         local = p.detach()[shard.lo:shard.hi]
-        if separate or not p.is_contiguous() or p.dtype != torch.float32:
-            local = local.float().clone()
+        if separate or not p.is_contiguous() or (p.dtype != torch.float32 and not self.keep_dtype):
+            local = (local if self.keep_dtype else local.float()).clone()
         dtensor = DTensor.from_local(local, self.mesh, [Shard(0)], run_check=False, shape=p.shape, stride=p.stride())
         return nn.Parameter(dtensor, requires_grad=True)
 
@@ -237,7 +240,8 @@ class ZeroStage2:
             data = receive[:bucket.section]
             used_flags.append(receive[bucket.section:] > 0)
             if bucket.grad_shard is None:  # first backward: this buffer and its gradient views stay for the run
-                bucket.grad_shard = torch.zeros_like(data)
+                # fp32, or with keep_dtype the masters' own dtype (reduced in fp32, accumulated in it)
+                bucket.grad_shard = torch.zeros_like(data, dtype=bucket.shards[0].master.dtype)
                 bucket.grads = [self._grad_view(bucket, shard) for shard in bucket.shards]
             if all(shard.master.grad is None for shard in bucket.shards):  # first micro-batch since zero_grad
                 torch.div(data, self.world, out=bucket.grad_shard)

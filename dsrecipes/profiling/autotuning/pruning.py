@@ -49,6 +49,7 @@ class RecipeMemory:
     master_weights: bool = False
     optimizer: str = "adamw"
     momentum: float = 0.0
+    bf16_masters: bool = False  # precision.master_dtype=bf16: no fp32 copy, bf16 optimizer state
     tp: int = 1
     pp: int = 1
     sp: int = 1
@@ -96,7 +97,8 @@ def model_state_bytes(recipe: RecipeMemory, group: Group, world_size: int) -> fl
     if group.offload != "none":  # FSDP2 CPU offload: states on the CPU, ~two blocks' fp32 parameters in flight
         return 2 * 4 * params / max(recipe.n_layer, 1)
     states = estimate_model_states(int(params), recipe.data_parallel(world_size), group.zero_stage, recipe.precision,
-                                   recipe.master_weights, recipe.optimizer, recipe.momentum)
+                                   recipe.master_weights, recipe.optimizer, recipe.momentum,
+                                   bf16_masters=recipe.bf16_masters)
     return states.total
 
 

@@ -42,7 +42,7 @@ def recipe_facts(root) -> RecipeFacts:
         vocab_size=model_cfg.vocab_size, seq_len=seq_len, style=str(model_cfg.style), precision=str(root.precision.dtype),
         master_weights=bool(root.precision.master_weights), optimizer=str(root.optimizer.name),
         momentum=float(getattr(root.optimizer, "momentum", 0.0) or 0.0),
-        tp=root.parallel.tp, pp=root.parallel.pp, sp=root.parallel.sp)
+        bf16_masters=str(root.precision.master_dtype) == "bf16", tp=root.parallel.tp, pp=root.parallel.pp, sp=root.parallel.sp)
     return RecipeFacts(memory, gpt.flops_per_token(seq_len), str(root.activation_checkpointing.mode) == "full",
                        trial_device(str(root.trainer.device)))
 

@@ -102,6 +102,17 @@ def _onebit_model_parallel(root, dims):
     return None
 
 
+def _compact_state_of_bf16_masters(root, dims):
+    if str(getattr(root.precision, "master_dtype", "fp32")) != "bf16":
+        return None
+    if root.optimizer.name == "adamw8bit" or str(getattr(root.optimizer, "state_dtype", "fp32")) != "fp32":
+        what = ("optimizer=adamw8bit" if root.optimizer.name == "adamw8bit"
+                else f"optimizer.state_dtype={root.optimizer.state_dtype}")
+        return (f"{what} with precision.master_dtype=bf16 is not supported: with bf16 master weights the optimizer's "
+                "state is bf16 already (the weights' dtype); use optimizer.state_dtype=fp32 with optimizer=adamw")
+    return None
+
+
 def _quantized_state_nvme(root, dims):
     if root.optimizer.name == "adamw8bit" and str(root.zero.offload_optimizer) == "nvme":
         return ("optimizer=adamw8bit with zero.offload_optimizer=nvme is not supported: the NVMe swapper pages plain "
@@ -136,6 +147,8 @@ class OptimizerConfig:
                   "tests/integration/test_deepspeed_parity.py::test_muon_matches_deepspeed")),
         Supported("optimizer.state_dtype=bf16 with ZeRO 0-3", "supported: stochastic rounding by each element's index in "
                   "the whole tensor, so the sharding does not change it", ("adamw_bf16_state-dp2-zero3",)),
+        Refusal("compact optimizer state (state_dtype=bf16, adamw8bit) with precision.master_dtype=bf16", "the "
+                "state of bf16 master weights is bf16 already", _compact_state_of_bf16_masters),
         Refusal("optimizer=adamw8bit with NVMe optimizer offload", "the NVMe swapper pages plain tensors; torchao's "
                 "8-bit state is a tensor subclass", _quantized_state_nvme),
     )

@@ -38,8 +38,17 @@ class StateBytes:
     description: str  # the layout line's `optimizer:` part
 
 
-def optimizer_state_of(optimizer, model: nn.Module | None = None) -> StateBytes:
-    """The state bytes per trained parameter of the optimizer option `optimizer` on `model`."""
+def optimizer_state_of(optimizer, model: nn.Module | None = None, bf16_weights: bool = False) -> StateBytes:
+    """The state bytes per trained parameter of the optimizer option `optimizer` on `model`; bf16_weights
+    (precision.master_dtype=bf16): the optimizer steps bf16 weights, and torch keeps their state in bf16 (half)."""
+    counted = _state_of(optimizer, model)
+    if not bf16_weights:
+        return counted
+    half = counted.per_param / 2
+    return StateBytes(half, f"{optimizer.name}, state {half:g} B/param (bf16, the dtype of the weights it steps)")
+
+
+def _state_of(optimizer, model: nn.Module | None) -> StateBytes:
     name = str(optimizer.name)
     whole = optimizer_state_bytes(name, float(getattr(optimizer, "momentum", 0.0) or 0.0))
     if str(getattr(optimizer, "state_dtype", "fp32")) == "bf16":  # CompactAdam: two bf16 moments
