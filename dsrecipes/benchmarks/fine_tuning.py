@@ -29,15 +29,11 @@ from pathlib import Path
 import torch
 from rich.table import Table
 
+from dsrecipes.training.optim.state_bytes import held_state_bytes
 from dsrecipes.utils.console import make_console, print_table
 from dsrecipes.utils.tables import write_table
 
 LORA_TARGET, PACKING_TARGET = 0.05, 2.0
-
-
-def _state_bytes(optimizer: torch.optim.Optimizer) -> int:
-    return sum(t.numel() * t.element_size() for state in optimizer.state.values() for t in state.values()
-               if isinstance(t, torch.Tensor))
 
 
 def _model_cfg(name: str):
@@ -67,7 +63,7 @@ def lora_part(model_name: str, rank: int) -> dict:
         ids = torch.randint(0, cfg.model.vocab_size, (1, 32))
         model(ids, labels=ids).loss.backward()
         optimizer.step()
-        out[way] = {"parameters": total, "trainable": trainable, "optimizer_state_bytes": _state_bytes(optimizer)}
+        out[way] = {"parameters": total, "trainable": trainable, "optimizer_state_bytes": held_state_bytes(optimizer)}
         del model, optimizer
     out["ratio"] = out["lora"]["optimizer_state_bytes"] / out["full"]["optimizer_state_bytes"]
     out["model"], out["rank"] = model_name, rank

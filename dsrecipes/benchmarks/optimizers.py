@@ -27,6 +27,7 @@ import torch
 from rich.table import Table
 
 from dsrecipes.benchmarks.results import BarChart, write_rows
+from dsrecipes.training.optim.state_bytes import held_state_bytes
 from dsrecipes.utils.console import make_console, print_table
 
 VARIANTS = {  # name -> (overrides, the state-bytes ratio target against adamw fp32)
@@ -36,29 +37,6 @@ VARIANTS = {  # name -> (overrides, the state-bytes ratio target against adamw f
     "muon": (["optimizer=muon"], 0.55),
 }
 LOSS_TARGET = 0.02  # the final validation loss within 2% of AdamW fp32's
-
-
-def state_bytes(optimizer: torch.optim.Optimizer) -> int:
-    """Bytes held by the optimizer's state tensors (a DTensor counts its local shard; torchao's quantized state its
-    codes and scales)."""
-    total = 0
-    for state in optimizer.state.values():
-        for value in state.values():
-            if isinstance(value, torch.Tensor):
-                local = getattr(value, "to_local", None)
-                value = local() if callable(local) else value
-                total += _tensor_bytes(value)
-    return total
-
-
-def _tensor_bytes(tensor: torch.Tensor) -> int:
-    """A plain tensor's bytes, or a tensor subclass's (torchao's OptimState8bit: codes, scales, qmap) summed over the
-    inner tensors it declares."""
-    flatten = getattr(tensor, "__tensor_flatten__", None)
-    if callable(flatten) and type(tensor) is not torch.Tensor:
-        names, _ = flatten()
-        return sum(_tensor_bytes(getattr(tensor, name)) for name in names)
-    return tensor.numel() * tensor.element_size()
 
 
 def available(name: str) -> str | None:
@@ -90,7 +68,7 @@ def run_variant(overrides: list[str], run_dir: Path) -> dict:
     summary = trainer.fit()
     seconds = time.perf_counter() - start
     trained = sum(p.numel() for p in trainer.gpt.parameters() if p.requires_grad)
-    held = state_bytes(trainer.engine.optimizer)
+    held = held_state_bytes(trainer.engine.optimizer)
     return {"val_loss": summary["metrics"]["val/loss"], "state_bytes": held, "parameters": trained,
             "state_bytes_per_param": held / trained, "train_s": seconds}
 

@@ -12,11 +12,10 @@ import io
 import pytest
 import torch
 
-from dsrecipes.benchmarks.optimizers import state_bytes
 from dsrecipes.models.gpt import GPT, ModelConfig
 from dsrecipes.training.optim.optimizer_config import AdamW8bitConfig, AdamWConfig
 from dsrecipes.training.optim.optimizers import build_optimizer
-from dsrecipes.training.optim.state_bytes import optimizer_state_of
+from dsrecipes.training.optim.state_bytes import held_state_bytes, optimizer_state_of
 
 pytest.importorskip("torchao.optim", reason="torchao (dsrecipes[torchao], in the dev extra) provides AdamW8bit")
 pytestmark = pytest.mark.slow
@@ -59,7 +58,7 @@ def test_adamw8bit_trains_like_adamw_in_a_quarter_of_the_state_and_resumes_bitwi
     # the state held, per parameter: 8-bit codes and per 256 elements an fp32 scale per moment on the tensors of
     # >= 4096 elements, fp32 moments on the small ones (on this small model their share is large): the estimator's
     # figure, their code tables (2 KiB per quantized tensor) included
-    measured = state_bytes(optimizer) / sum(p.numel() for p in model.parameters())
+    measured = held_state_bytes(optimizer) / sum(p.numel() for p in model.parameters())
     counted = optimizer_state_of(cfg, model).per_param
     assert measured == pytest.approx(counted, rel=1e-3) and counted < 8 * 0.35
     # checkpoint after 6 steps, resume into a fresh model and optimizer: the same bits as the uninterrupted run

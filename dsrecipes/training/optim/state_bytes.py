@@ -1,6 +1,7 @@
 """Optimizer-state bytes per trained parameter, by option: what the estimator counts and the layout line states.
 
     counted = optimizer_state_of(cfg.optimizer, model)   # StateBytes(per_param=5.1, description="muon: ...")
+    held = held_state_bytes(optimizer)                   # what a built optimizer's state tensors hold, measured
 
 Per element of a trained parameter: Adam-family and LAMB 8 (two fp32 moments), Lion, Adagrad and SGD with momentum 4,
 plain SGD 0, anything else 8; optimizer.state_dtype=bf16 halves the Adam family's (two bf16 moments, 4);
@@ -19,7 +20,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from torch import nn
+
+from dsrecipes.utils.dtensors import local
 
 _STATE_BYTES = {"adamw": 8, "adam": 8, "lamb": 8, "lion": 4, "adagrad": 4, "muon": 8, "adamw8bit": 2}
 MUON_MOMENTUM_BYTES = 4
@@ -85,3 +89,18 @@ def _adamw8bit_state(block: int, model: nn.Module | None) -> StateBytes:
     return StateBytes(per_param, f"adamw8bit, state {per_param:.2f} B/param (8-bit moments, fp32 scale per {block} "
                                  f"elements, on {(total - small) / total:.1%} of the parameters; fp32 on tensors under "
                                  f"{QUANTIZED_MIN_NUMEL} elements)")
+
+
+def held_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes the optimizer's state tensors hold on this rank: a DTensor's local shard, a tensor subclass's inner
+    tensors (torchao's 8-bit state: codes, scales, code table), scalars (`step`) included."""
+    return sum(_tensor_bytes(local(value)) for state in optimizer.state.values() for value in state.values()
+               if isinstance(value, torch.Tensor))
+
+
+def _tensor_bytes(tensor: torch.Tensor) -> int:
+    flatten = getattr(tensor, "__tensor_flatten__", None)
+    if callable(flatten) and type(tensor) is not torch.Tensor:
+        names, _ = flatten()
+        return sum(_tensor_bytes(getattr(tensor, name)) for name in names)
+    return tensor.numel() * tensor.element_size()
