@@ -50,6 +50,7 @@ from dsrecipes.profiling.memory_estimator import (
     largest_layer_params,
 )
 from dsrecipes.training.optim.state_bytes import optimizer_state_of
+from dsrecipes.training.precision import steps_bf16_masters
 from dsrecipes.utils.console import make_console, print_table
 
 GIB = 2**30
@@ -112,7 +113,7 @@ def main(argv: list[str] | None = None) -> list:
             cfg.optimizer.name, getattr(cfg.optimizer, "momentum", 0.0),
             hpz_partition_size=cfg.zero.zero_hpz_partition_size, trainable_params=trainable,
             state_bytes=optimizer_state_of(cfg.optimizer, gpt).per_param,
-            bf16_masters=str(cfg.precision.master_dtype) == "bf16",
+            bf16_masters=steps_bf16_masters(cfg.precision),
         )
         for stage in range(4)
     ]

@@ -29,8 +29,9 @@ from torch import nn
 from dsrecipes.distributed.data_parallel import STRATEGIES, DataParallelStrategy, choose_strategy
 from dsrecipes.distributed.parallel_dims import ParallelDims
 from dsrecipes.distributed.parameter_placement import ParameterPlacement
-from dsrecipes.profiling.memory_estimator import _DTYPE_BYTES
+from dsrecipes.profiling.memory_estimator import _DTYPE_BYTES, weight_bytes
 from dsrecipes.training.optim.state_bytes import optimizer_state_of
+from dsrecipes.training.precision import steps_bf16_masters
 
 
 @dataclass(frozen=True)
@@ -88,15 +89,15 @@ def estimate_layout(gpt: nn.Module, cfg, dims: ParallelDims) -> LayoutEstimate:
     name = choose_strategy(zero, dims, optimizer.name)
     strategy = STRATEGIES[name]
     world = strategy.shard_ranks(dims)
-    bf16_masters = str(getattr(precision, "master_dtype", "fp32")) == "bf16"  # no fp32 copy; bf16 state
-    master_weights = bool(precision.master_weights) and not bf16_masters
-    model_bytes = _DTYPE_BYTES[precision.dtype] if master_weights or bf16_masters else 4
-    states = optimizer_state_of(optimizer, gpt).per_param / (2 if bf16_masters else 1)
+    bf16_masters = steps_bf16_masters(precision)  # no fp32 copy; bf16 state
+    model_bytes, master_weights = weight_bytes(str(precision.dtype), bool(precision.master_weights), bf16_masters)
+    states = optimizer_state_of(optimizer, gpt, bf16_weights=bf16_masters).per_param
     hpz = zero.zero_hpz_partition_size
     extra = {"hpz_partition_size": hpz, "param_bytes": _DTYPE_BYTES[precision.dtype]} \
         if name == "fsdp2" and zero.stage == 3 and hpz > 1 else {}
     # experts: outside the wrapper, whole on their rank; FSDP2 keeps them (like all its parameters) in fp32
-    expert_bytes, expert_masters = (2 if bf16_masters else 4, False) if name == "fsdp2" else (model_bytes, master_weights)
+    expert_bytes, expert_masters = (weight_bytes(str(precision.dtype), False, bf16_masters)[0], False) \
+        if name == "fsdp2" else (model_bytes, master_weights)
     # zero1_boundary partitions the experts' optimizer states over their expert-data-parallel group
     expert_strategy, expert_world = (strategy, dims.world_size // dims.ep) if name == "zero1_boundary" \
         else (DataParallelStrategy, 1)

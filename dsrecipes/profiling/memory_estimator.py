@@ -65,6 +65,12 @@ class MemoryEstimate:
         return self.parameters + self.gradients + self.optimizer_states
 
 
+def weight_bytes(dtype: str, master_weights: bool, bf16_masters: bool = False) -> tuple[int, bool]:
+    """(bytes of each weight the model holds, whether fp32 master copies sit beside it): fp32 weights 4; a bf16/fp16
+    model with master weights 2 and fp32 copies; with bf16_masters (precision.master_dtype=bf16) 2 and no copy."""
+    return (_DTYPE_BYTES[dtype] if master_weights or bf16_masters else 4), master_weights and not bf16_masters
+
+
 def estimate_model_states(
     num_params: int,
     world_size: int,
@@ -88,8 +94,7 @@ def estimate_model_states(
     optimizer steps, no fp32 copy, and its state is bf16 (half the state bytes)."""
     dims = ParallelDims.from_degrees(world_size, zero_stage=stage)
     strategy = STRATEGIES[choose_strategy(ZeroConfig(stage=stage), dims)]
-    model_bytes = _DTYPE_BYTES[precision] if master_weights or bf16_masters else 4
-    master_weights = master_weights and not bf16_masters
+    model_bytes, master_weights = weight_bytes(precision, master_weights, bf16_masters)
     hpz = {"hpz_partition_size": hpz_partition_size, "param_bytes": _DTYPE_BYTES[precision]} \
         if stage == 3 and hpz_partition_size > 1 else {}
     state_bytes = optimizer_state_bytes(optimizer, momentum) if state_bytes is None else state_bytes

@@ -35,6 +35,11 @@ def warn_fp16_on_cpu(cfg: PrecisionConfig, device_name: str, device: torch.devic
         )
 
 
+def steps_bf16_masters(cfg) -> bool:
+    """precision.master_dtype=bf16: the optimizer steps the bf16 weights themselves (no fp32 copy, bf16 state)."""
+    return str(getattr(cfg, "master_dtype", "fp32")) == "bf16"
+
+
 def validate_precision_config(cfg: PrecisionConfig, prefix: str = "precision") -> None:
     """ValueError naming the key, value and valid choices (DeepSpeed's fp16 validators included)."""
     if cfg.dtype not in PRECISIONS:
@@ -48,7 +53,7 @@ def validate_precision_config(cfg: PrecisionConfig, prefix: str = "precision") -
                          f"dtype={cfg.dtype}); DeepSpeed's key lives in its fp16 block")
     if cfg.master_weights and cfg.dtype == "fp32":
         raise ValueError(f"{prefix}.master_weights=true needs dtype bf16 or fp16 (got dtype=fp32)")
-    if str(getattr(cfg, "master_dtype", "fp32")) == "bf16" and (cfg.dtype != "bf16" or not cfg.master_weights):
+    if steps_bf16_masters(cfg) and (cfg.dtype != "bf16" or not cfg.master_weights):
         raise ValueError(f"{prefix}.master_dtype=bf16 (the optimizer steps the bf16 weights themselves) needs "
                          f"{prefix}.dtype=bf16 and {prefix}.master_weights=true (got dtype={cfg.dtype}, "
                          f"master_weights={str(cfg.master_weights).lower()}); choose from fp32, bf16")
@@ -109,7 +114,7 @@ class Precision:
     def bf16_masters(self) -> bool:
         """precision.master_dtype=bf16: the model is cast to bf16 and the optimizer steps those weights (no fp32
         copy; its state is bf16 too)."""
-        return str(getattr(self.cfg, "master_dtype", "fp32")) == "bf16"
+        return steps_bf16_masters(self.cfg)
 
     @property
     def loss_scale(self) -> float:

@@ -30,6 +30,7 @@ def recipe_facts(root) -> RecipeFacts:
     from dsrecipes.data.tokenizers import build_tokenizer
     from dsrecipes.models import GPT
     from dsrecipes.models.config import padded_vocab_size
+    from dsrecipes.training.precision import steps_bf16_masters
 
     model_cfg = copy.deepcopy(root.model)
     if model_cfg.vocab_size is None:
@@ -42,7 +43,7 @@ def recipe_facts(root) -> RecipeFacts:
         vocab_size=model_cfg.vocab_size, seq_len=seq_len, style=str(model_cfg.style), precision=str(root.precision.dtype),
         master_weights=bool(root.precision.master_weights), optimizer=str(root.optimizer.name),
         momentum=float(getattr(root.optimizer, "momentum", 0.0) or 0.0),
-        bf16_masters=str(root.precision.master_dtype) == "bf16", tp=root.parallel.tp, pp=root.parallel.pp, sp=root.parallel.sp)
+        bf16_masters=steps_bf16_masters(root.precision), tp=root.parallel.tp, pp=root.parallel.pp, sp=root.parallel.sp)
     return RecipeFacts(memory, gpt.flops_per_token(seq_len), str(root.activation_checkpointing.mode) == "full",
                        trial_device(str(root.trainer.device)))
 

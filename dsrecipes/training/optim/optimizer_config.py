@@ -103,7 +103,9 @@ def _onebit_model_parallel(root, dims):
 
 
 def _compact_state_of_bf16_masters(root, dims):
-    if str(getattr(root.precision, "master_dtype", "fp32")) != "bf16":
+    from dsrecipes.training.precision import steps_bf16_masters
+
+    if not steps_bf16_masters(root.precision):
         return None
     if root.optimizer.name == "adamw8bit" or str(getattr(root.optimizer, "state_dtype", "fp32")) != "fp32":
         what = ("optimizer=adamw8bit" if root.optimizer.name == "adamw8bit"
