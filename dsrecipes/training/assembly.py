@@ -104,7 +104,7 @@ def build_engine(
     precision = Precision(cfg.precision, device)
     _to_device(model, device)
     if precision.bf16_masters:  # the weights are the masters: bf16 from here on, for every strategy alike
-        model._apply(lambda t: t.to(torch.bfloat16) if t.is_floating_point() else t)
+        model.to(torch.bfloat16)  # floating parameters and buffers (meta ones too)
     plan = parallelize(model, dims, cfg, precision, device, micro_batches=batch.gradient_accumulation_steps,
                        transforms=transforms, materialize=materialize)
     if model_description:
