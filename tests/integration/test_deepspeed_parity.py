@@ -74,14 +74,15 @@ def _micro_batch(step: int, micro: int, rank: int, world: int, half: bool = Fals
     return (x.half(), y) if half else (x, y)
 
 
-def _run(engine, optimizer, rank, world, steps, fp16=False, scale=None, probe=None):
+def _run(engine, optimizer, rank, world, steps, fp16=False, scale=None, probe=None, inputs_dtype=None):
     """Train; per optimizer step: this rank's micro-batch losses, the lrs the step used, then (fp16) the
-    loss scale and skipped steps after it."""
+    loss scale and skipped steps after it. inputs_dtype: the dtype a DeepSpeed bf16 module takes its inputs in."""
     record = {"loss": [], "lr": [], "scale": [], "skipped": []}
     for step in range(steps):
         record["lr"].append([float(g["lr"]) for g in optimizer.param_groups])
         for micro in range(GAS):
             x, y = _micro_batch(step, micro, rank, world, half=fp16 == "deepspeed")
+            x = x if inputs_dtype is None else x.to(inputs_dtype)
             loss = torch.nn.functional.mse_loss(engine(x).float(), y)
             record["loss"].append(loss.item())
             if fp16 and step in OVERFLOW_STEPS and micro == GAS - 1:
@@ -373,22 +374,6 @@ def _deepspeed_muon_fp32(rank, world):
 BF16_MASTER_STAGES = (1, 2, 3)
 
 
-class _Bf16Inputs:
-    """DeepSpeed's bf16 module takes bf16 inputs (dsrecipes' forward autocasts the fp32 ones)."""
-
-    def __init__(self, engine):
-        self.engine = engine
-
-    def __call__(self, x):
-        return self.engine(x.bfloat16())
-
-    def backward(self, loss):
-        self.engine.backward(loss)
-
-    def step(self):
-        self.engine.step()
-
-
 def _state_dtypes(optimizer) -> list[str]:
     inner = getattr(optimizer, "optimizer", optimizer)  # DeepSpeed's ZeRO optimizer wraps torch's
     params = {str(p.dtype) for g in inner.param_groups for p in g["params"]}
@@ -420,7 +405,7 @@ def _deepspeed_bf16_masters(rank, world):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             engine, optimizer, _, _ = deepspeed.initialize(model=net, model_parameters=groups, config=cfg)
-        out[stage] = _run(_Bf16Inputs(engine), optimizer, rank, world, TRAIN_STEPS)
+        out[stage] = _run(engine, optimizer, rank, world, TRAIN_STEPS, inputs_dtype=torch.bfloat16)  # its module's
         out[stage]["dtypes"] = _state_dtypes(optimizer)
         engine.destroy()
     return out
