@@ -18,7 +18,6 @@ Writes optimizers.csv/.json/.md/.png to --out.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import tempfile
 import time
 from pathlib import Path
@@ -41,7 +40,9 @@ LOSS_TARGET = 0.02  # the final validation loss within 2% of AdamW fp32's
 
 def available(name: str) -> str | None:
     """Why the variant cannot run here (None: it can)."""
-    if name == "adamw8bit" and importlib.util.find_spec("torchao") is None:
+    from dsrecipes.training.optim.optimizer_config import torchao_installed
+
+    if name == "adamw8bit" and not torchao_installed():
         return "torchao is not installed (pip install 'dsrecipes[torchao]')"
     return None
 

@@ -361,13 +361,18 @@ class AdamW8bitConfig(OptimizerConfig):
     bf16_stochastic_round: bool = False
 
     def check(self, facts: RecipeFacts) -> None:
-        import importlib.util
-
-        if importlib.util.find_spec("torchao") is None:
+        if not torchao_installed():
             raise ValueError("optimizer=adamw8bit needs torchao, which is not installed: pip install "
                              "'dsrecipes[torchao]' (or choose optimizer.state_dtype=bf16 with optimizer=adamw, 4 bytes "
                              "of state per parameter)")
         super().check(facts)
+
+
+def torchao_installed() -> bool:
+    """Whether optimizer=adamw8bit can be built here (torchao importable; not imported by this check)."""
+    import importlib.util
+
+    return importlib.util.find_spec("torchao") is not None
 
 
 @dataclass
